@@ -1,0 +1,1 @@
+"""Thin Typer CLI (installed as ``gradscope.cli``)."""

@@ -1,0 +1,26 @@
+"""The gradscope command line. Each command lives in its own module; this file only wires them."""
+
+from __future__ import annotations
+
+import typer
+
+from .train import train_command
+
+app = typer.Typer(
+    name="gradscope",
+    help="Analysis and diagnostics for trained sequence-model checkpoints (GRU, LSTM, Elman RNN, S4D): "
+         "train on synthetic tasks, then measure gradient stability and frequency-conditioned accuracy.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+app.command("train")(train_command)
+
+
+@app.callback()
+def _root() -> None:
+    """gradscope: why do sequence models train well or badly?"""
+
+
+def main() -> None:
+    app()

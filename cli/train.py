@@ -1,0 +1,157 @@
+"""`gradscope train`: parse options → build configs → call gradscope.train.train → print results."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gradscope.config import RunConfig
+from gradscope.errors import GradscopeError
+from gradscope.presets import PRESETS
+from gradscope.tasks import make_task
+from gradscope.train.loop import is_run_dir, read_run_config, train
+
+from .errors import user_errors
+from .progress import make_progress
+
+console = Console()
+
+# option name → (config section, field)
+FIELDS: dict[str, tuple[str, str]] = {
+    "model": ("model", "core"), "pe": ("model", "pe"), "pe_combine": ("model", "pe_combine"),
+    "layers": ("model", "num_layers"), "embed": ("model", "embed_size"), "hidden": ("model", "hidden_size"),
+    "state_size": ("model", "state_size"), "max_len": ("model", "max_len"),
+    "task": ("task", "name"), "vocab": ("task", "vocab_size"), "length": ("task", "length"),
+    "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
+    "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
+    "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"),
+    "iterations": ("train", "iterations"), "batch_size": ("train", "batch_size"), "lr": ("train", "lr"),
+    "warmup": ("train", "warmup"), "eps": ("train", "eps"), "clip": ("train", "clip"),
+    "checkpoint_every": ("train", "checkpoint_every"), "log_every": ("train", "log_every"),
+    "seed": ("train", "seed"), "device": ("train", "device"), "threads": ("train", "threads"),
+}
+
+
+def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
+    """Preset values, overridden by every option the user gave; the model is sized to the task."""
+    if preset not in PRESETS:
+        raise GradscopeError(f"--preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
+    base = PRESETS[preset]
+    sections: dict[str, dict[str, Any]] = {"model": {}, "task": {}, "train": {}}
+    for name, value in options.items():
+        if value is not None and name in FIELDS:
+            section, field = FIELDS[name]
+            sections[section][field] = value
+    if options.get("beta1") is not None or options.get("beta2") is not None:
+        b1, b2 = base.train.betas
+        sections["train"]["betas"] = (options.get("beta1") or b1, options.get("beta2") or b2)
+    task = dataclasses.replace(base.task, **sections["task"])
+    sections["model"].setdefault("vocab_size", make_task(task).num_classes)
+    sections["model"].setdefault("max_len", max(base.model.max_len, make_task(task).total_len))
+    return RunConfig(model=dataclasses.replace(base.model, **sections["model"]), task=task,
+                     train=dataclasses.replace(base.train, **sections["train"]))
+
+
+def default_run_dir(cfg: RunConfig, preset: str) -> Path:
+    """runs/<preset>-<core>-<pe>-K<K>-s<seed>, numbered -2, -3… if it already exists."""
+    stem = f"{preset}-{cfg.model.core}-{cfg.model.pe}-K{cfg.task.vocab_size}-s{cfg.train.seed}"
+    path, n = Path("runs") / stem, 1
+    while path.exists():
+        n += 1
+        path = Path("runs") / f"{stem}-{n}"
+    return path
+
+
+def print_result(result: dict[str, Any], run_dir: Path) -> None:
+    table = Table(title=f"held-out evaluation after {result['iteration']} iterations", title_justify="left")
+    table.add_column("set")
+    table.add_column("token accuracy", justify="right")
+    table.add_column("sequence accuracy", justify="right")
+    if "uniform" in result:
+        u = result["uniform"]
+        table.add_row(f"uniform (n={u['n']})", f"{u['token_accuracy']:.4f}", f"{u['sequence_accuracy']:.4f}")
+    for cell, acc in result.get("grid", {}).items():
+        table.add_row(f"grid {cell} (target/disturbant)", f"{acc:.4f}", "")
+    console.print(table)
+    console.print(f"run directory: {run_dir}")
+
+
+Opt = typer.Option
+
+
+@user_errors
+def train_command(
+    out: Annotated[Optional[Path], Opt("--out", "-o", help="Run directory to create (default: runs/<preset>-<core>-<pe>-K<K>-s<seed>).")] = None,
+    resume: Annotated[Optional[Path], Opt(help="Continue the run in this directory exactly where its last checkpoint left off.")] = None,
+    preset: Annotated[str, Opt(help="Starting configuration: tiny (≈1 min on 2 CPU cores) or paper (SPEC §3, for a GPU).")] = "tiny",
+    model: Annotated[Optional[str], Opt(help="Core: elman, gru, lstm or s4d.")] = None,
+    pe: Annotated[Optional[str], Opt(help="Positional encoding: none, sinusoidal, learnable, random or dummy.")] = None,
+    pe_combine: Annotated[Optional[str], Opt(help="How PE meets the embedding: concat or add.")] = None,
+    layers: Annotated[Optional[int], Opt(help="Number of layers (RNN) or S4D blocks.")] = None,
+    embed: Annotated[Optional[int], Opt(help="Embedding size E.")] = None,
+    hidden: Annotated[Optional[int], Opt(help="Hidden size H.")] = None,
+    state_size: Annotated[Optional[int], Opt(help="S4D state size N (N/2 complex modes).")] = None,
+    max_len: Annotated[Optional[int], Opt(help="Positions covered by a learnable/random PE (default: the task's length).")] = None,
+    task: Annotated[Optional[str], Opt(help="Task: reverse, reverse-variable, sort, delayed-sum, predecessor or copy.")] = None,
+    vocab: Annotated[Optional[int], Opt(help="Vocabulary size K (copy: data tokens; blank and delimiter are added).")] = None,
+    length: Annotated[Optional[int], Opt(help="Sequence length L (reverse-variable: the maximum).")] = None,
+    min_length: Annotated[Optional[int], Opt(help="reverse-variable: the minimum L.")] = None,
+    distribution: Annotated[Optional[str], Opt(help="Token distribution: uniform or dual (Frequent/Rare halves).")] = None,
+    rarity: Annotated[Optional[float], Opt(help="dual: probability that a position holds a Rare token.")] = None,
+    heldout: Annotated[Optional[int], Opt(help="Size of the uniform held-out test set.")] = None,
+    grid_per_cell: Annotated[Optional[int], Opt(help="dual reverse: held-out sequences per (target, disturbant, position).")] = None,
+    hold_min: Annotated[Optional[int], Opt(help="copy: fewest blanks in the hold phase.")] = None,
+    hold_max: Annotated[Optional[int], Opt(help="copy: most blanks in the hold phase.")] = None,
+    iterations: Annotated[Optional[int], Opt(help="Training iterations.")] = None,
+    batch_size: Annotated[Optional[int], Opt(help="Sequences per batch.")] = None,
+    lr: Annotated[Optional[float], Opt(help="Peak learning rate (linear warm-up, then cosine to 0).")] = None,
+    warmup: Annotated[Optional[int], Opt(help="Warm-up iterations.")] = None,
+    beta1: Annotated[Optional[float], Opt(help="Adam β1.")] = None,
+    beta2: Annotated[Optional[float], Opt(help="Adam β2 (paper 0.999; its reference code 0.98).")] = None,
+    eps: Annotated[Optional[float], Opt(help="Adam ε (reference code: 1e-9).")] = None,
+    clip: Annotated[Optional[float], Opt(help="Gradient-norm clip (0 disables).")] = None,
+    checkpoint_every: Annotated[Optional[int], Opt(help="Write a checkpoint every N iterations.")] = None,
+    log_every: Annotated[Optional[int], Opt(help="Log metrics every N iterations.")] = None,
+    seed: Annotated[Optional[int], Opt(help="Seed for initialisation, held-out data and batches.")] = None,
+    device: Annotated[Optional[str], Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = None,
+    threads: Annotated[Optional[int], Opt(help="torch CPU threads (0 = torch's default).")] = None,
+    stop_after: Annotated[Optional[int], Opt(help="Stop after this many iterations in this invocation (checkpointed; continue with --resume).")] = None,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Train a model on a synthetic task, writing a run directory with checkpoints."""
+    options = {k: v for k, v in locals().items() if k in FIELDS or k in ("beta1", "beta2")}
+    if resume is not None:
+        given = sorted(k for k, v in options.items() if v is not None)
+        if given or out is not None:
+            raise GradscopeError(f"--resume: a resumed run keeps its own configuration; remove "
+                                 f"{', '.join('--' + g.replace('_', '-') for g in given) or '--out'}")
+        if not is_run_dir(resume):
+            raise GradscopeError(f"--resume: {resume} is not a gradscope run directory (no config.json)")
+        cfg, run_dir = read_run_config(resume), resume
+    else:
+        cfg = build_config(preset, options)
+        run_dir = out if out is not None else default_run_dir(cfg, preset)
+    if stop_after is not None and stop_after <= 0:
+        raise GradscopeError(f"--stop-after: got {stop_after}; it must be positive")
+    command = shlex.join(["gradscope", *sys.argv[1:]])
+    with make_progress(console, "loss", "acc") as progress:
+        bar = progress.add_task("training", total=cfg.train.iterations, loss="-", acc="-", visible=not quiet)
+
+        def on_step(iteration: int, log: dict[str, float] | None) -> None:
+            if log is None:
+                progress.update(bar, completed=iteration)
+            else:
+                progress.update(bar, completed=iteration, loss=f"{log['loss']:.3f}", acc=f"{log['accuracy']:.3f}")
+
+        result = train(cfg, run_dir, resume=resume is not None, stop_after=stop_after, on_step=on_step, command=command)
+    if result:
+        print_result(result, run_dir)
+    else:
+        console.print(f"stopped early; continue with: gradscope train --resume {run_dir}")

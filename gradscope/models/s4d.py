@@ -1,0 +1,121 @@
+"""Diagonal state-space core (S4D, SPEC §2), as in the state-spaces reference ``s4d.py``.
+
+Per channel h and mode n (N/2 complex modes): A_n = −exp(log_A_real) + i·A_imag (init −0.5 + iπn),
+dt = exp(log_dt), dA = exp(dt·A), dB = (exp(dt·A) − 1)/A, B = 1.
+Recurrence x_t = dA ⊙ x_{t−1} + dB·u_t, y_t = 2·Re(Σ_n C_n x_{t,n}) + D·u_t → GELU →
+Conv1d(H, 2H, 1) → GLU. Training uses the equivalent FFT convolution with kernel
+K_l = 2·Re(Σ_n C_n dB_n dA_n^l); analysis uses :meth:`S4DCore.step` on a real view of the state.
+State-dict names follow the paper's code: ``in_proj``, ``ssm.<l>.D``, ``ssm.<l>.kernel.{C,
+log_dt, log_A_real, A_imag}``, ``ssm.<l>.output_linear.0``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from gradscope.models.core import Core
+
+
+class S4DKernel(nn.Module):
+    """Parameters of the diagonal SSM of one block: H channels × N/2 complex modes."""
+
+    def __init__(self, channels: int, state_size: int, dt_min: float, dt_max: float) -> None:
+        super().__init__()
+        modes = state_size // 2
+        log_dt = torch.rand(channels) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
+        self.log_dt = nn.Parameter(log_dt)  # (H,)
+        self.C = nn.Parameter(torch.view_as_real(torch.randn(channels, modes, dtype=torch.cfloat)))  # (H, N/2, 2)
+        self.log_A_real = nn.Parameter(torch.log(0.5 * torch.ones(channels, modes)))  # (H, N/2)
+        self.A_imag = nn.Parameter(math.pi * torch.arange(modes, dtype=torch.float32).repeat(channels, 1))
+
+    def _dt_A(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dt·A, A), complex (H, N/2), with A = −exp(log_A_real) + i·A_imag."""
+        A = torch.complex(-torch.exp(self.log_A_real), self.A_imag)
+        return A * torch.exp(self.log_dt)[:, None], A
+
+    def discrete(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dA, dB, C), each complex (H, N/2)."""
+        dtA, A = self._dt_A()
+        dA = torch.exp(dtA)
+        return dA, (dA - 1.0) / A, torch.complex(self.C[..., 0], self.C[..., 1])
+
+    def forward(self, length: int) -> torch.Tensor:
+        """Convolution kernel K (H, L): K_l = 2·Re(Σ_n C_n dB_n dA_n^l)."""
+        dtA, _ = self._dt_A()
+        _, dB, C = self.discrete()
+        powers = torch.exp(dtA[..., None] * torch.arange(length, device=dtA.device))  # (H, N/2, L)
+        return 2 * torch.einsum("hn,hnl->hl", C * dB, powers).real
+
+
+class S4DBlock(nn.Module):
+    """One S4D layer: SSM convolution + D skip → GELU → position-wise Conv1d(H, 2H, 1) + GLU."""
+
+    def __init__(self, channels: int, state_size: int, dt_min: float, dt_max: float) -> None:
+        super().__init__()
+        self.D = nn.Parameter(torch.randn(channels))
+        self.kernel = S4DKernel(channels, state_size, dt_min, dt_max)
+        self.output_linear = nn.Sequential(nn.Conv1d(channels, 2 * channels, kernel_size=1), nn.GLU(dim=-2))
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """FFT path. u (B, H, L) → (B, H, L)."""
+        length = u.shape[-1]
+        k = self.kernel(length)  # (H, L)
+        y = torch.fft.irfft(torch.fft.rfft(u, n=2 * length) * torch.fft.rfft(k, n=2 * length), n=2 * length)
+        y = y[..., :length] + u * self.D[:, None]  # (B, H, L)
+        return self.output_linear(nn.functional.gelu(y))
+
+    def readout(self, y: torch.Tensor) -> torch.Tensor:
+        """Position-wise tail for one step: y (B, H) (before GELU) → (B, H)."""
+        conv = self.output_linear[0]
+        v = nn.functional.gelu(y) @ conv.weight[:, :, 0].T + conv.bias  # (B, 2H)
+        a, b = v.chunk(2, dim=-1)
+        return a * torch.sigmoid(b)
+
+
+class S4DCore(Core):
+    """Linear(in, H) → ``num_layers`` S4D blocks (no residual or norm between them)."""
+
+    def __init__(self, input_size: int, channels: int, num_layers: int, state_size: int,
+                 dt_min: float, dt_max: float) -> None:
+        super().__init__()
+        self.channels = channels
+        self.modes = state_size // 2
+        self.in_proj = nn.Linear(input_size, channels)
+        self.ssm = nn.ModuleList(S4DBlock(channels, state_size, dt_min, dt_max) for _ in range(num_layers))
+
+    @property
+    def block_state(self) -> int:
+        return 2 * self.channels * self.modes
+
+    @property
+    def state_dim(self) -> int:
+        """D = blocks × 2·H·N/2: every block's complex state as real numbers (view_as_real layout)."""
+        return self.block_state * len(self.ssm)
+
+    @property
+    def out_dim(self) -> int:
+        return self.channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """FFT path. x (B, T, in) → (B, T, H)."""
+        u = self.in_proj(x).transpose(1, 2)  # (B, H, T)
+        for block in self.ssm:
+            u = block(u)
+        return u.transpose(1, 2)
+
+
+    def step(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Functional step on the real view. x (B, in), z (B, D) → (output (B, H), z' (B, D))."""
+        u = x @ self.in_proj.weight.T + self.in_proj.bias  # (B, H)
+        new = []
+        for block, part in zip(self.ssm, z.split(self.block_state, dim=-1)):
+            dA, dB, C = block.kernel.discrete()  # (H, N/2) each
+            pair = part.reshape(-1, self.channels, self.modes, 2)
+            state = dA * torch.complex(pair[..., 0], pair[..., 1]) + dB * u[..., None]  # (B, H, N/2)
+            y = 2 * (C * state).real.sum(-1) + block.D * u  # (B, H)
+            u = block.readout(y)
+            new.append(torch.stack([state.real, state.imag], dim=-1).reshape(part.shape))
+        return u, torch.cat(new, dim=-1)

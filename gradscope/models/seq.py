@@ -1,0 +1,63 @@
+"""The sequence model shared by every core (SPEC §2).
+
+``Embedding(K + 1, E)`` (row K is the output-phase query token) → optional positional encoding
+(concatenated or added) → core → ``Linear(H, K)`` logits. Attribute names (``embedding``,
+``time_encoder``, ``to_logits``) follow the paper's public code.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gradscope.config import ModelConfig
+from gradscope.models.core import Core
+from gradscope.models.pe import build_pe
+from gradscope.models.rnn import RNNCore
+from gradscope.models.s4d import S4DCore
+
+
+def build_core(cfg: ModelConfig) -> Core:
+    """The core named by ``cfg.core``. Adding a core = one file + one line here."""
+    if cfg.core == "s4d":
+        return S4DCore(cfg.core_input_size, cfg.hidden_size, cfg.num_layers, cfg.state_size, cfg.dt_min, cfg.dt_max)
+    return RNNCore(cfg.core, cfg.core_input_size, cfg.hidden_size, cfg.num_layers)
+
+
+class SeqModel(nn.Module):
+    """Token ids (B, T) → logits (B, T, K). ``config`` rebuilds the same architecture."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embedding = nn.Embedding(cfg.vocab_size + 1, cfg.embed_size)
+        self.time_encoder = build_pe(cfg.pe, cfg.embed_size, cfg.max_len)
+        self.core = build_core(cfg)
+        self.to_logits = nn.Linear(cfg.hidden_size, cfg.vocab_size)
+
+    @property
+    def query_token(self) -> int:
+        return self.config.vocab_size
+
+    def core_inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The vectors the core reads: tokens (B, T) → (B, T, in), PE at t = 0 … T−1 included."""
+        emb = self.embedding(tokens)  # (B, T, E)
+        if self.config.pe == "none":
+            return emb
+        if self.config.pe == "dummy":
+            pos = emb  # "double vanilla": the embedding itself stands where the PE would
+        else:
+            assert self.time_encoder is not None
+            pos = self.time_encoder(tokens.shape[1]).to(emb.dtype).expand_as(emb)  # (B, T, E)
+        if self.config.pe_combine == "concat":
+            return torch.cat([emb, pos], dim=-1)
+        return emb + pos
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Fused/FFT path used for training and evaluation. (B, T) → (B, T, K)."""
+        return self.to_logits(self.core(self.core_inputs(tokens)))
+
+    def forward_functional(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The same map through the functional step recurrence (what the analysis differentiates)."""
+        y, _ = self.core.scan(self.core_inputs(tokens))
+        return self.to_logits(y)

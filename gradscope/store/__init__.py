@@ -1,0 +1,1 @@
+"""Storage of analysis results (the only package that imports xarray/zarr)."""

@@ -1,0 +1,67 @@
+"""What every task provides, and the batch type it produces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gradscope.config import TaskConfig
+from gradscope.tasks.vocab import sample_tokens
+
+IGNORE = -100  # target value of unscored positions (cross-entropy ignore_index)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """inputs (B, T) token ids (query token = K); targets (B, T), IGNORE where unscored."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def select(self, index: torch.Tensor) -> "Batch":
+        return Batch(self.inputs[index], self.targets[index])
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(self.inputs.to(device), self.targets.to(device))
+
+
+class Task:
+    """A synthetic task. Subclasses implement ``sample`` and ``n_patterns``; sampling is vectorised
+    on the generator's device.
+
+    ``num_classes`` is K for the model (the logits width); the query token id is K.
+    """
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        self.cfg = cfg
+
+    @property
+    def num_classes(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def query(self) -> int:
+        return self.num_classes
+
+    @property
+    def total_len(self) -> int:
+        """T: padded length of every input row."""
+        return 2 * self.cfg.length
+
+    def n_patterns(self) -> int:
+        """How many distinct input rows the task can produce (exact, arbitrary precision)."""
+        raise NotImplementedError
+
+    def sample(self, n: int, gen: torch.Generator) -> Batch:
+        raise NotImplementedError
+
+    def tokens(self, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+        """Tokens from this task's vocabulary distribution."""
+        return sample_tokens(shape, self.cfg.vocab_size, self.cfg.distribution, self.cfg.rarity, gen)
+
+    def full(self, n: int, length: int, value: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.full((n, length), value, dtype=torch.long, device=like.device)

@@ -1,0 +1,27 @@
+"""``reverse`` (SPEC §3): x_1…x_L ↦ x_L…x_1; output-phase inputs are the query token."""
+
+from __future__ import annotations
+
+import torch
+
+from gradscope.tasks.base import IGNORE, Batch, Task
+
+
+class Reverse(Task):
+    def n_patterns(self) -> int:
+        return self.cfg.vocab_size ** self.cfg.length
+
+    def format(self, x: torch.Tensor) -> Batch:
+        """Raw sequences x (n, L) → model inputs/targets (n, 2L)."""
+        n, length = x.shape
+        inputs = torch.cat([x, self.full(n, length, self.query, x)], dim=1)
+        targets = torch.cat([self.full(n, length, IGNORE, x), x.flip(1)], dim=1)
+        return Batch(inputs, targets)
+
+    def sample(self, n: int, gen: torch.Generator) -> Batch:
+        return self.format(self.tokens((n, self.cfg.length), gen))
+
+    @staticmethod
+    def output_index(position: int, length: int) -> int:
+        """0-based output-phase time index at which input position ``position`` (1-based) is recalled."""
+        return 2 * length - position

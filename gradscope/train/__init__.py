@@ -1,0 +1,10 @@
+"""Training: loop, schedule, checkpoint I/O and loading."""
+
+from gradscope.train.checkpoint import (Loaded, checkpoint_name, list_checkpoints, load, load_checkpoint,
+                                        resolve_checkpoints)
+from gradscope.train.evaluate import evaluate_heldout, predict
+from gradscope.train.loop import is_run_dir, read_run_config, train
+from gradscope.train.schedule import lr_at
+
+__all__ = ["Loaded", "checkpoint_name", "evaluate_heldout", "is_run_dir", "list_checkpoints", "load",
+           "load_checkpoint", "lr_at", "predict", "read_run_config", "resolve_checkpoints", "train"]

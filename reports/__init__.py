@@ -1,0 +1,1 @@
+"""Plotly report builders (installed as ``gradscope.reports``)."""
