@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shlex
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -18,6 +16,7 @@ from gradscope.presets import PRESETS
 from gradscope.tasks import make_task
 from gradscope.train.loop import is_run_dir, read_run_config, train
 
+from .common import command_line
 from .errors import user_errors
 from .progress import make_progress
 
@@ -88,6 +87,7 @@ Opt = typer.Option
 
 @user_errors
 def train_command(
+    ctx: typer.Context,
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Run directory to create (default: runs/<preset>-<core>-<pe>-K<K>-s<seed>).")] = None,
     resume: Annotated[Optional[Path], Opt(help="Continue the run in this directory exactly where its last checkpoint left off.")] = None,
     preset: Annotated[str, Opt(help="Starting configuration: tiny (≈1 min on 2 CPU cores) or paper (SPEC §3, for a GPU).")] = "tiny",
@@ -140,7 +140,7 @@ def train_command(
         run_dir = out if out is not None else default_run_dir(cfg, preset)
     if stop_after is not None and stop_after <= 0:
         raise GradscopeError(f"--stop-after: got {stop_after}; it must be positive")
-    command = shlex.join(["gradscope", *sys.argv[1:]])
+    command = command_line(ctx)
     with make_progress(console, "loss", "acc") as progress:
         bar = progress.add_task("training", total=cfg.train.iterations, loss="-", acc="-", visible=not quiet)
 

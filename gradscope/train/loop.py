@@ -44,6 +44,8 @@ class TrainState:
     data_gen: torch.Generator
     heldout: HeldOut
     iteration: int
+    window: torch.Tensor  # (3,) loss sum, correct, scored since the last log line
+    window_steps: int
 
 
 def is_run_dir(path: Path) -> bool:
@@ -67,7 +69,7 @@ def _fresh_state(cfg: RunConfig, device: torch.device) -> TrainState:
     model = SeqModel(cfg.model).to(device)
     optimizer = _optimizer(cfg, model)
     gen = torch.Generator(device=device).manual_seed(cfg.train.seed + 1)
-    return TrainState(model, optimizer, gen, heldout, 0)
+    return TrainState(model, optimizer, gen, heldout, 0, torch.zeros(3, device=device), 0)
 
 
 def _optimizer(cfg: RunConfig, model: SeqModel) -> torch.optim.Adam:
@@ -84,6 +86,7 @@ def _checkpoint(cfg: RunConfig, state: TrainState, metrics: dict[str, float]) ->
         "rng": {"data": state.data_gen.get_state(), "data_device": str(state.data_gen.device),
                 "torch": torch.get_rng_state()},
         "heldout": heldout_to_dict(state.heldout), "metrics": metrics,
+        "log_window": {"sums": state.window.detach().cpu(), "steps": state.window_steps},
     }
 
 
@@ -103,7 +106,9 @@ def _resumed_state(cfg: RunConfig, run_dir: Path, device: torch.device) -> Train
                              f"but this run would use {gen.device}; resume on the same device")
     gen.set_state(raw["rng"]["data"])
     torch.set_rng_state(raw["rng"]["torch"])
-    return TrainState(model, optimizer, gen, loaded.heldout, loaded.iteration)
+    window = raw["log_window"]
+    return TrainState(model, optimizer, gen, loaded.heldout, loaded.iteration, window["sums"].to(device),
+                      int(window["steps"]))
 
 
 def _truncate_metrics(path: Path, iteration: int) -> None:
@@ -155,8 +160,7 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
     t = cfg.train
     end = t.iterations if stop_after is None else min(t.iterations, state.iteration + stop_after)
     model, opt = state.model.train(), state.optimizer
-    window = torch.zeros(3, device=device)  # loss sum, correct, scored since the last log
-    steps_in_window, tic = 0, time.perf_counter()
+    tic, tic_steps = time.perf_counter(), 0
     last: dict[str, float] = {}
     with open(run_dir / METRICS_FILE, "a") as log:
         while state.iteration < end:
@@ -171,20 +175,22 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
             opt.step()
             state.iteration += 1
-            window += torch.stack([loss.detach(), correct.float(), scored.float()])
-            steps_in_window += 1
+            state.window += torch.stack([loss.detach(), correct.float(), scored.float()])
+            state.window_steps += 1
+            tic_steps += 1
             entry = None
-            if state.iteration % t.log_every == 0 or state.iteration == end:
-                loss_sum, n_correct, n_scored = window.tolist()
+            # log on a fixed cadence only, so a stopped-and-resumed run writes the same log
+            if state.iteration % t.log_every == 0 or state.iteration == t.iterations:
+                loss_sum, n_correct, n_scored = state.window.tolist()
                 elapsed = time.perf_counter() - tic
-                entry = {"iteration": state.iteration, "loss": loss_sum / steps_in_window,
+                entry = {"iteration": state.iteration, "loss": loss_sum / state.window_steps,
                          "accuracy": n_correct / max(n_scored, 1), "lr": lr,
-                         "tokens_per_s": steps_in_window * t.batch_size * task.total_len / max(elapsed, 1e-9)}
+                         "tokens_per_s": tic_steps * t.batch_size * task.total_len / max(elapsed, 1e-9)}
                 log.write(json.dumps(entry) + "\n")
                 log.flush()
                 last = {"loss": entry["loss"], "accuracy": entry["accuracy"]}
-                window.zero_()
-                steps_in_window, tic = 0, time.perf_counter()
+                state.window.zero_()
+                state.window_steps, tic, tic_steps = 0, time.perf_counter(), 0
             if state.iteration % t.checkpoint_every == 0 or state.iteration == end:
                 atomic_save(_checkpoint(cfg, state, last), run_dir / checkpoint_name(state.iteration))
             if on_step is not None:
