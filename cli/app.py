@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from .stability import stability_command
 from .train import train_command
 
 app = typer.Typer(
@@ -15,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.command("train")(train_command)
+app.command("stability")(stability_command)
 
 
 @app.callback()

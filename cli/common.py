@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import shlex
+import sys
+from pathlib import Path
 
 import typer
+from rich.console import Console
 
 
 def command_line(ctx: typer.Context) -> str:
@@ -26,3 +29,19 @@ def command_line(ctx: typer.Context) -> str:
             for v in values:
                 parts.extend([param.opts[0], str(v)])
     return shlex.join(p for p in parts if p)
+
+
+def default_out(kind: str, source: Path) -> Path:
+    """<kind>-<name>.zarr in the working directory, numbered -2, -3… so nothing is overwritten."""
+    name = source.name if source.is_dir() else source.stem
+    path, n = Path(f"{kind}-{name}.zarr"), 1
+    while path.exists():
+        n += 1
+        path = Path(f"{kind}-{name}-{n}.zarr")
+    return path
+
+
+def make_console() -> Console:
+    """A console for tables: the terminal's width, or 120 columns when output is piped (rich
+    would otherwise assume 80 and squeeze the tables)."""
+    return Console() if sys.stdout.isatty() else Console(width=120)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from gradscope.config import RunConfig
@@ -16,11 +15,11 @@ from gradscope.presets import PRESETS
 from gradscope.tasks import make_task
 from gradscope.train.loop import is_run_dir, read_run_config, train
 
-from .common import command_line
+from .common import command_line, make_console
 from .errors import user_errors
 from .progress import make_progress
 
-console = Console()
+console = make_console()
 
 # option name → (config section, field)
 FIELDS: dict[str, tuple[str, str]] = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -27,3 +30,21 @@ def small_run(core: str = "gru", pe: str = "none", iterations: int = 20, **task:
         train=TrainConfig(iterations=iterations, batch_size=16, lr=1e-2, warmup=3, checkpoint_every=5,
                           log_every=5, seed=7),
     )
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Small real runs (dual GRU with checkpoints every 10 steps, uniform GRU, dual S4D, dual LSTM)."""
+    from gradscope.train import train
+    base = tmp_path_factory.mktemp("runs")
+    runs = {
+        "gru": small_run("gru", iterations=30),
+        "gru-uniform": small_run("gru", iterations=10, distribution="uniform"),
+        "s4d": small_run("s4d", pe="sinusoidal", iterations=10),
+        "lstm": small_run("lstm", pe="sinusoidal", iterations=10),
+    }
+    for name, cfg in runs.items():
+        if name == "gru":
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint_every=10))
+        train(cfg, base / name)
+    return {name: base / name for name in runs}

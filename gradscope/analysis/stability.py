@@ -1,0 +1,95 @@
+"""Gradient stability of a model on probe triplets (SPEC §4), chunked so memory stays bounded.
+
+For every triplet the Jacobians J = ∂h_{2L}/∂z_p of its three sequences are computed, scored in
+pairs (base, same-target) and (base, same-suffix), and dropped; only per-pair numbers and the top
+singular values are kept, so paper-size models (H = 512, 1024 triplets) fit in a few GB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from gradscope.analysis.jacobian import state_jacobian
+from gradscope.analysis.scores import SCORES, companion_stats, singular_values, wirtinger
+from gradscope.models import S4DCore, SeqModel
+from gradscope.tasks.probes import Probes
+
+PAIRS = ("same-target", "same-suffix")
+
+
+@dataclass(frozen=True)
+class StabilityResult:
+    """Per-pair results; every tensor is on the CPU, float64.
+
+    scores[kind] (2 pair, n); stats[name] (2 pair, n); singular_values (3 member, n, k);
+    wirtinger_real / wirtinger_imag (2 pair, n) for S4D (the conjugate-Wirtinger score), else None.
+    """
+
+    scores: dict[str, torch.Tensor]
+    stats: dict[str, torch.Tensor]
+    singular_values: torch.Tensor
+    wirtinger_real: torch.Tensor | None
+    wirtinger_imag: torch.Tensor | None
+
+
+def wirtinger_score(ja: torch.Tensor, jb: torch.Tensor) -> torch.Tensor:
+    """Complex default score of conjugate-Wirtinger Jacobians (..., D_out, M):
+    Σ_i ⟨a_i, b_i⟩ / Σ_i ‖a_i‖‖b_i‖ with ⟨a, b⟩ = Σ_m a_m conj(b_m). Its real part is the real-view score."""
+    num = (ja * jb.conj()).sum((-2, -1))
+    den = (torch.linalg.vector_norm(ja, dim=-1) * torch.linalg.vector_norm(jb, dim=-1)).sum(-1)
+    return torch.where(den > 0, num / den.where(den > 0, 1.0), torch.full_like(num, complex(float("nan"), 0.0)))
+
+
+def triplets_per_chunk(model: SeqModel, requested: int, budget_bytes: int) -> int:
+    """At most ``requested`` triplets, fewer if their 3 Jacobians (D_out × D each) would exceed the budget.
+    (A paper-size S4D Jacobian is 512 × 32768 floats = 64 MB per sequence.)"""
+    param = next(model.parameters())
+    per_triplet = 3 * model.core.out_dim * model.core.state_dim * param.element_size()
+    return max(1, min(requested, budget_bytes // max(per_triplet, 1)))
+
+
+def probe_stability(model: SeqModel, probes: Probes, position: int, *, method: str = "auto", chunk: int = 32,
+                    top_sv: int = 64, on_chunk: Callable[[int], None] | None = None,
+                    memory_budget: int = 1 << 30) -> StabilityResult:
+    """Stability scores of ``model`` on ``probes`` at target ``position`` (1-based).
+
+    Up to ``chunk`` triplets (3·chunk sequences) are processed at a time, fewer when their Jacobians
+    would exceed ``memory_budget`` bytes; ``on_chunk(k)`` reports progress.
+    """
+    device = next(model.parameters()).device
+    complex_state = isinstance(model.core, S4DCore)
+    chunk = triplets_per_chunk(model, chunk, memory_budget)
+    parts: dict[str, list[torch.Tensor]] = {}
+
+    def keep(name: str, value: torch.Tensor) -> None:
+        parts.setdefault(name, []).append(value.detach().to("cpu", torch.float64))
+
+    for start in range(0, len(probes), chunk):
+        tokens = probes.tokens[start:start + chunk]
+        n = tokens.shape[0]
+        inputs = torch.cat([tokens.reshape(-1, probes.length),
+                            torch.full((3 * n, probes.length), model.query_token)], dim=1).to(device)
+        res = state_jacobian(model, inputs, position, method=method, chunk=3 * n)
+        jac = res.jac.reshape(n, 3, *res.jac.shape[1:])  # (n, 3, D_out, D)
+        out = res.output.reshape(n, 3, -1)  # (n, 3, D_out)
+        ja, jb = jac[:, :1].expand(-1, 2, -1, -1), jac[:, 1:]  # base against both partners: (n, 2, D_out, D)
+        ya, yb = out[:, :1].expand(-1, 2, -1), out[:, 1:]
+        for kind, fn in SCORES.items():
+            keep(f"score_{kind}", fn(ja, jb).T)  # (2, n)
+        for name, value in companion_stats(ja, jb, ya, yb).items():
+            keep(name, value.T)
+        keep("singular_values", singular_values(jac)[..., :top_sv].transpose(0, 1))  # (3, n, k)
+        if complex_state:
+            w = wirtinger_score(wirtinger(ja), wirtinger(jb)).T  # (2, n) complex
+            keep("wirtinger_real", w.real)
+            keep("wirtinger_imag", w.imag)
+        if on_chunk is not None:
+            on_chunk(n)
+    cat = {name: torch.cat(values, dim=1) for name, values in parts.items()}
+    scores = {kind: cat.pop(f"score_{kind}") for kind in SCORES}
+    sv = cat.pop("singular_values")
+    wr, wi = cat.pop("wirtinger_real", None), cat.pop("wirtinger_imag", None)
+    return StabilityResult(scores, cat, sv, wr, wi)

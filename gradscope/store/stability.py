@@ -1,0 +1,75 @@
+"""The stability store: an xarray Dataset of per-triplet scores over checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from gradscope.analysis.stability import PAIRS
+from gradscope.errors import check
+from gradscope.store.io import provenance, read_store, sha256_file
+from gradscope.tasks.probes import MEMBERS, Probes
+from gradscope.workflows.stability import CheckpointResult, StabilityOptions
+
+
+def _strings(values: Any) -> np.ndarray:
+    return np.asarray(list(values), dtype=object)  # variable-length UTF-8 in zarr v3, no warning
+
+
+def stability_dataset(results: list[CheckpointResult], probes: Probes, opts: StabilityOptions,
+                      model_config: dict[str, Any], task_config: dict[str, Any], command: str,
+                      device: str) -> xr.Dataset:
+    """Dims: checkpoint, pair (same-target, same-suffix), triplet, member (base, same-target,
+    same-suffix), sv (singular-value index), position (1…L)."""
+    p = opts.position
+    dims3 = ("checkpoint", "pair", "triplet")
+    data: dict[str, Any] = {}
+    first = results[0].result
+    for kind in first.scores:
+        data[f"score_{kind}"] = (dims3, np.stack([r.result.scores[kind].numpy() for r in results]))
+    for name in first.stats:
+        data[name] = (dims3, np.stack([r.result.stats[name].numpy() for r in results]))
+    if first.wirtinger_real is not None:
+        data["wirtinger_real"] = (dims3, np.stack([r.result.wirtinger_real.numpy() for r in results]))
+        data["wirtinger_imag"] = (dims3, np.stack([r.result.wirtinger_imag.numpy() for r in results]))
+    data["singular_values"] = (("checkpoint", "member", "triplet", "sv"),
+                               np.stack([r.result.singular_values.numpy() for r in results]))
+    data["probe_tokens"] = (("triplet", "member", "position"), probes.tokens.numpy())
+    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run, "sha256": sha256_file(r.path)}
+                   for r in results]
+    coords = {
+        "checkpoint": np.arange(len(results)),
+        "iteration": ("checkpoint", np.array([r.iteration for r in results])),
+        "checkpoint_path": ("checkpoint", _strings(c["path"] for c in checkpoints)),
+        "sha256": ("checkpoint", _strings(c["sha256"] for c in checkpoints)),
+        "run": ("checkpoint", _strings(c["run"] for c in checkpoints)),
+        "pair": _strings(PAIRS),
+        "member": _strings(MEMBERS),
+        "triplet": np.arange(len(probes)),
+        "target_group": ("triplet", _strings(probes.target_group)),
+        "disturbant_group": ("triplet", _strings(probes.disturbant_group)),
+        "condition": ("triplet", _strings(probes.conditions)),
+        "target_token": ("triplet", probes.tokens[:, 0, p - 1].numpy()),
+        "position": np.arange(1, probes.length + 1),
+    }
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()}
+    attrs = provenance("stability", command, device, {
+        "target_position": p, "method": opts.method, "options": options, "model_config": model_config,
+        "task_config": task_config, "checkpoints": checkpoints,
+        "score_definition": "default: sum_i <g_i^A, g_i^B> / sum_i |g_i^A||g_i^B| over rows of "
+                            "J = d h_2L / d z_p (SPEC §4); NaN when every row is zero",
+    })
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def probes_from_store(path: Path) -> Probes:
+    """The probe triplets saved in a stability store (to repeat a run on another model)."""
+    ds = read_store(path, kind="stability")
+    check("probe_tokens" in ds, f"--probes: {path} has no probe_tokens variable")
+    return Probes(torch.from_numpy(ds["probe_tokens"].values.astype(np.int64)),
+                  tuple(map(str, ds["target_group"].values)), tuple(map(str, ds["disturbant_group"].values)))

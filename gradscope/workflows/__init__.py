@@ -1,0 +1,1 @@
+"""Orchestration: load checkpoints → analyse → package results (the CLI calls these)."""
