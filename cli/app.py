@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from .accuracy import accuracy_command
+from .report import report_command
 from .stability import stability_command
+from .summarize import summarize_command
 from .train import train_command
 
 app = typer.Typer(
@@ -17,6 +20,9 @@ app = typer.Typer(
 )
 app.command("train")(train_command)
 app.command("stability")(stability_command)
+app.command("accuracy")(accuracy_command)
+app.command("summarize")(summarize_command)
+app.command("report")(report_command)
 
 
 @app.callback()

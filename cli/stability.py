@@ -84,9 +84,8 @@ def stability_command(
             on_progress=lambda k: progress.advance(bar, k))
     rows = summarize(results, probe_set, score, seed, resamples)
     console.print(stability_table(rows, score, resamples))
-    first = loaded[0].config
-    ds = stability_dataset(results, probe_set, opts, first.model.__dict__, first.task.__dict__,
-                           command_line(ctx), str(resolve_device(device)))
+    ds = stability_dataset(results, probe_set, opts, loaded[0].config, command_line(ctx),
+                           str(resolve_device(device)))
     write_store(ds, out_path, overwrite=overwrite)
     nan = sum(int(r.result.scores[score].isnan().sum()) for r in results)
     if nan:

@@ -68,18 +68,21 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
             "--threads", "1"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", "from gradscope.cli.app import main; main()", "train"]
-    victim = subprocess.Popen([*cmd, "-o", str(tmp_path / "killed"), *args], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # run from tmp_path: from the repo root, '' on sys.path would shadow the installed package
+    victim = subprocess.Popen([*cmd, "-o", str(tmp_path / "killed"), *args], env=env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not list((tmp_path / "killed").glob("step-*.pt")) and time.time() < deadline:
+        assert victim.poll() is None, f"training exited early: {victim.stderr.read() if victim.stderr else ''}"
         time.sleep(0.05)
     time.sleep(0.3)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not list((tmp_path / "killed").glob(".*tmp")), "a temporary file was left behind"
     assert load(tmp_path / "killed").iteration < 4000, "the run finished before it could be killed"
-    subprocess.run([*cmd, "--resume", str(tmp_path / "killed"), "--quiet"], env=env, check=True,
+    subprocess.run([*cmd, "--resume", str(tmp_path / "killed"), "--quiet"], env=env, check=True, cwd=tmp_path,
                    stdout=subprocess.DEVNULL)
-    subprocess.run([*cmd, "-o", str(tmp_path / "whole"), *args], env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*cmd, "-o", str(tmp_path / "whole"), *args], env=env, check=True, cwd=tmp_path,
+                   stdout=subprocess.DEVNULL)
     a, b = _params(tmp_path / "killed"), _params(tmp_path / "whole")
     assert all(torch.equal(a[k], b[k]) for k in a)

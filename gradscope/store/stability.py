@@ -11,6 +11,7 @@ import torch
 import xarray as xr
 
 from gradscope.analysis.stability import PAIRS
+from gradscope.config import RunConfig
 from gradscope.errors import check
 from gradscope.store.io import provenance, read_store, sha256_file
 from gradscope.tasks.probes import MEMBERS, Probes
@@ -21,9 +22,8 @@ def _strings(values: Any) -> np.ndarray:
     return np.asarray(list(values), dtype=object)  # variable-length UTF-8 in zarr v3, no warning
 
 
-def stability_dataset(results: list[CheckpointResult], probes: Probes, opts: StabilityOptions,
-                      model_config: dict[str, Any], task_config: dict[str, Any], command: str,
-                      device: str) -> xr.Dataset:
+def stability_dataset(results: list[CheckpointResult], probes: Probes, opts: StabilityOptions, config: RunConfig,
+                      command: str, device: str) -> xr.Dataset:
     """Dims: checkpoint, pair (same-target, same-suffix), triplet, member (base, same-target,
     same-suffix), sv (singular-value index), position (1…L)."""
     p = opts.position
@@ -59,8 +59,9 @@ def stability_dataset(results: list[CheckpointResult], probes: Probes, opts: Sta
     }
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()}
     attrs = provenance("stability", command, device, {
-        "target_position": p, "method": opts.method, "options": options, "model_config": model_config,
-        "task_config": task_config, "checkpoints": checkpoints,
+        "target_position": p, "method": opts.method, "options": options,
+        "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
+        "train_config": dataclasses.asdict(config.train), "checkpoints": checkpoints,
         "score_definition": "default: sum_i <g_i^A, g_i^B> / sum_i |g_i^A||g_i^B| over rows of "
                             "J = d h_2L / d z_p (SPEC §4); NaN when every row is zero",
     })

@@ -1,0 +1,100 @@
+"""`gradscope accuracy`: parse → gradscope.workflows.accuracy → tables + zarr store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from gradscope.errors import GradscopeError
+from gradscope.store.accuracy import accuracy_dataset
+from gradscope.store.io import write_store
+from gradscope.tasks import GROUP_NAMES
+from gradscope.train.device import resolve_device
+from gradscope.workflows.accuracy import AccuracyOptions, AccuracyResult, bin_edges, run_accuracy
+
+from .common import command_line, default_out, make_console
+from .errors import user_errors
+from .progress import make_progress
+
+console = make_console()
+Opt = typer.Option
+
+
+def parse_bins(text: str) -> int | tuple[int, ...]:
+    """'4' → 4 equal bins; '0,8,64' → explicit 0-based edges."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise GradscopeError(f"--bins: got {text!r}; give a number of bins (4) or edges (0,16,32,64)") from None
+    if len(values) == 1:
+        if values[0] < 1:
+            raise GradscopeError(f"--bins: got {values[0]}; need at least 1 bin")
+        return values[0]
+    if values != sorted(set(values)) or values[0] != 0:
+        raise GradscopeError(f"--bins: got {text!r}; edges must start at 0 and increase")
+    return tuple(values)
+
+
+def overview_table(results: list[AccuracyResult]) -> Table:
+    table = Table(title="held-out accuracy (uniform test set)", title_justify="left")
+    for col in ("iteration", "token accuracy", "sequence full-match", "mean DL distance", "sequences"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(str(r.iteration), f"{r.token_accuracy:.4f}", f"{r.sequence_accuracy:.4f}",
+                      f"{r.dl_distance:.3f}", str(r.sequence_scored.size))
+    return table
+
+
+def grid_table(r: AccuracyResult, bins: int | tuple[int, ...]) -> Table:
+    assert r.grid_bin_correct is not None and r.grid_bin_total is not None
+    edges = bin_edges(r.grid_correct.shape[-1], bins)
+    table = Table(title=f"target accuracy on the frequency grid at iteration {r.iteration}, by target position",
+                  title_justify="left")
+    table.add_column("target/disturbant")
+    for start, end in edges:
+        table.add_column(f"t={start}–{end}", justify="right")
+    table.add_column("n per bin", justify="right")
+    for t in (0, 1):
+        for d in (0, 1):
+            correct, total = r.grid_bin_correct[t, d], r.grid_bin_total[t, d]
+            table.add_row(f"{GROUP_NAMES[t]}/{GROUP_NAMES[d]}", *(f"{c / n:.3f}" for c, n in zip(correct, total)),
+                          str(int(total[0])))
+    return table
+
+
+@user_errors
+def accuracy_command(
+    ctx: typer.Context,
+    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint, oldest first).", show_default=False)],
+    out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: accuracy-<name>.zarr).")] = None,
+    overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
+    bins: Annotated[str, Opt(help="Target-position bins of the grid: a count (4 = quarters) or 0-based edges (0,8,64).")] = "4",
+    grid: Annotated[Optional[bool], Opt("--grid/--no-grid", help="Require (or skip) the frequency grid. Default: evaluate it when the checkpoint has one.")] = None,
+    device: Annotated[str, Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = "auto",
+    batch_size: Annotated[int, Opt(help="Sequences per forward pass.")] = 1024,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (SPEC §5)."""
+    if batch_size < 1:
+        raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
+    opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size)
+    out_path = out if out is not None else default_out("accuracy", checkpoints[0])
+    if out is not None and out.exists() and not overwrite:
+        raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
+    with make_progress(console) as progress:
+        bar = progress.add_task("evaluating", total=None, visible=not quiet)
+        loaded, results = run_accuracy(checkpoints, opts, on_start=lambda n: progress.update(bar, total=n),
+                                       on_progress=lambda k: progress.advance(bar, k))
+    console.print(overview_table(results))
+    last = results[-1]
+    if last.grid_bin_correct is not None:
+        console.print(grid_table(last, opts.bins))
+    if last.length_total is not None:
+        lengths = [(n, c / t) for n, (c, t) in enumerate(zip(last.length_correct, last.length_total)) if t]
+        console.print("token accuracy by sequence length: " + ", ".join(f"L={n}: {a:.3f}" for n, a in lengths))
+    ds = accuracy_dataset(results, loaded[0].config, opts, command_line(ctx), str(resolve_device(device)))
+    write_store(ds, out_path, overwrite=overwrite)
+    console.print(f"wrote {out_path}")

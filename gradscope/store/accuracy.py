@@ -1,0 +1,71 @@
+"""The accuracy store: held-out evaluation over checkpoints (layout in docs/stores.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from gradscope.config import RunConfig
+from gradscope.store.io import provenance, sha256_file
+from gradscope.tasks import GROUP_NAMES
+from gradscope.workflows.accuracy import AccuracyOptions, AccuracyResult, bin_edges
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.maximum(den, 1), np.nan)
+
+
+def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, opts: AccuracyOptions, command: str,
+                     device: str) -> xr.Dataset:
+    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin, length."""
+    first = results[0]
+    stack = lambda name: np.stack([getattr(r, name) for r in results])  # noqa: E731
+    scored_times = np.flatnonzero(first.time_scored > 0)
+    data: dict[str, Any] = {
+        "token_accuracy": ("checkpoint", np.array([r.token_accuracy for r in results])),
+        "sequence_accuracy": ("checkpoint", np.array([r.sequence_accuracy for r in results])),
+        "dl_distance": ("checkpoint", np.array([r.dl_distance for r in results])),
+        "position_accuracy": (("checkpoint", "time"),
+                              _ratio(stack("time_correct"), stack("time_scored"))[:, scored_times]),
+        "sequence_correct": (("checkpoint", "sequence"), stack("sequence_correct")),
+        "sequence_scored": ("sequence", first.sequence_scored),
+        "sequence_dl": (("checkpoint", "sequence"), stack("sequence_dl")),
+    }
+    coords: dict[str, Any] = {
+        "checkpoint": np.arange(len(results)),
+        "iteration": ("checkpoint", np.array([r.iteration for r in results])),
+        "checkpoint_path": ("checkpoint", np.asarray([str(r.path) for r in results], dtype=object)),
+        "run": ("checkpoint", np.asarray([r.run for r in results], dtype=object)),
+        "sequence": np.arange(first.sequence_scored.size),
+        "time": scored_times + 1,
+    }
+    if first.grid_correct is not None:
+        groups = np.asarray(GROUP_NAMES, dtype=object)
+        grid_dims = ("checkpoint", "target_group", "disturbant_group")
+        edges = bin_edges(first.grid_correct.shape[-1], opts.bins)
+        data["grid_accuracy"] = ((*grid_dims, "target_position"), _ratio(stack("grid_correct"), stack("grid_total")))
+        data["grid_bin_accuracy"] = ((*grid_dims, "bin"), _ratio(stack("grid_bin_correct"), stack("grid_bin_total")))
+        data["grid_n"] = (("target_group", "disturbant_group", "bin"), first.grid_bin_total)
+        data["grid_total"] = (("target_group", "disturbant_group", "target_position"), first.grid_total)
+        coords.update({"target_group": groups, "disturbant_group": groups,
+                       "target_position": np.arange(1, first.grid_correct.shape[-1] + 1),
+                       "bin": np.arange(len(edges)), "bin_start": ("bin", np.array([a for a, _ in edges])),
+                       "bin_end": ("bin", np.array([b for _, b in edges]))})
+    if first.length_correct is not None:
+        lengths = np.flatnonzero(first.length_total > 0)
+        data["length_accuracy"] = (("checkpoint", "length"),
+                                   _ratio(stack("length_correct"), stack("length_total"))[:, lengths])
+        coords["length"] = lengths
+    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run, "sha256": sha256_file(r.path)}
+                   for r in results]
+    coords["sha256"] = ("checkpoint", np.asarray([c["sha256"] for c in checkpoints], dtype=object))
+    attrs = provenance("accuracy", command, device, {
+        "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
+        "train_config": dataclasses.asdict(config.train), "checkpoints": checkpoints,
+        "options": {"bins": list(opts.bins) if isinstance(opts.bins, tuple) else opts.bins, "grid": opts.grid},
+    })
+    return xr.Dataset(data, coords=coords, attrs=attrs)

@@ -1,0 +1,150 @@
+"""`gradscope summarize`: combine runs (trials = seeds) into means with confidence intervals.
+
+Works on plain records (see :class:`TrialRecord`), so it is independent of the store format.
+Trial unit (default, as in the paper): one value per seed, bootstrapped across seeds. Token unit:
+the underlying units (tokens, sequences or probe triplets) of all seeds pooled and resampled —
+narrower intervals that ignore between-seed variation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gradscope.analysis.bootstrap import (FEW_TRIALS, Interval, PermutationResult, confidence_interval,
+                                          paired_permutation_test)
+from gradscope.errors import GradscopeError, check
+
+FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_combine", "vocab": "vocab_size",
+                 "hidden": "hidden_size", "embed": "embed_size", "layers": "num_layers", "task": "task",
+                 "length": "length", "distribution": "distribution", "rarity": "rarity", "state": "state_size"}
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One store = one trial: its config fields (as strings), seed, metric values and unit values."""
+
+    path: Path
+    kind: str
+    fields: dict[str, str]
+    seed: int
+    metrics: dict[str, float]
+    units: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SummaryEntry:
+    group: tuple[str, ...]
+    label: str
+    metric: str
+    interval: Interval
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    label: str
+    metric: str
+    a: str
+    b: str
+    result: PermutationResult
+
+
+def parse_by(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    for name in names:
+        check(name in FIELD_ALIASES, f"--by: got {name!r}; valid fields are {', '.join(FIELD_ALIASES)}")
+    return tuple(FIELD_ALIASES[n] for n in names)
+
+
+def group_records(records: list[TrialRecord], by: tuple[str, ...]) -> dict[tuple[str, ...], list[TrialRecord]]:
+    """Group trials by config fields, refusing mixtures that would make a group meaningless."""
+    check(bool(records), "stores: nothing to summarize")
+    kinds = {r.kind for r in records}
+    check(len(kinds) == 1, f"stores: got a mix of {' and '.join(sorted(kinds))} stores; summarize each kind separately")
+    tasks = {r.fields["task"] for r in records}
+    check(len(tasks) == 1 or "task" in by,
+          f"stores: they come from different tasks ({', '.join(sorted(tasks))}); add task to --by")
+    groups: dict[tuple[str, ...], list[TrialRecord]] = {}
+    for r in records:
+        groups.setdefault(tuple(r.fields[f] for f in by), []).append(r)
+    for key, members in groups.items():
+        seeds = [m.seed for m in members]
+        dup = sorted({s for s in seeds if seeds.count(s) > 1})
+        if dup:
+            raise GradscopeError(f"stores: group {label_of(by, key)} has several stores for seed {dup[0]} "
+                                 f"({', '.join(str(m.path) for m in members if m.seed == dup[0])}); "
+                                 f"one store per seed")
+    return dict(sorted(groups.items()))
+
+
+def label_of(by: tuple[str, ...], key: tuple[str, ...]) -> str:
+    return " ".join(f"{f}={v}" for f, v in zip(by, key)) or "all"
+
+
+def unmatched_fields(records: list[TrialRecord], by: tuple[str, ...]) -> list[str]:
+    """Config fields that differ between stores but are not grouped on (worth a warning)."""
+    names = sorted({k for r in records for k in r.fields} - set(by))
+    return [n for n in names if len({r.fields.get(n) for r in records}) > 1]
+
+
+def summarize_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[str, ...], metrics: list[str], *,
+                     unit: str = "trial", method: str = "percentile", confidence: float = 0.95,
+                     resamples: int = 10_000, seed: int = 0) -> list[SummaryEntry]:
+    """Mean and CI of every metric in every group."""
+    check(unit in ("trial", "token"), f"--unit: got {unit!r}; valid values are trial, token")
+    if unit == "token":  # pooled resampling needs unit-level values (per-bin grid metrics have none)
+        metrics = [m for m in metrics if all(m in r.units for rs in groups.values() for r in rs)]
+    entries = []
+    for key, members in groups.items():
+        members = sorted(members, key=lambda m: m.seed)
+        for metric in metrics:
+            values = np.array([m.metrics.get(metric, np.nan) for m in members])
+            if unit == "trial":
+                sample = values
+            else:
+                sample = np.concatenate([m.units[metric] for m in members])
+            interval = confidence_interval(sample, method=method, confidence=confidence, resamples=resamples,
+                                           seed=seed)
+            entries.append(SummaryEntry(key, label_of(by, key), metric, interval,
+                                        tuple(m.seed for m in members), tuple(float(v) for v in values)))
+    return entries
+
+
+def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[str, ...], field_name: str,
+                   metrics: list[str], seed: int = 0) -> list[Comparison]:
+    """Paired permutation tests between the two values of ``field_name`` (e.g. pe: none vs sinusoidal),
+    within each combination of the other grouping fields, pairing trials by seed. Effect = b − a."""
+    field_name = FIELD_ALIASES.get(field_name, field_name)
+    check(field_name in by, f"--compare: got {field_name!r}; it must be one of the --by fields ({', '.join(by)})")
+    index = by.index(field_name)
+    values = sorted({k[index] for k in groups}, key=lambda v: (v != "none", v))
+    check(len(values) == 2, f"--compare: {field_name} takes {len(values)} value(s) here ({', '.join(values)}); "
+                            f"a paired comparison needs exactly two")
+    rest = tuple(f for f in by if f != field_name)
+    out = []
+    for other in sorted({k[:index] + k[index + 1:] for k in groups}):
+        key_a, key_b = (other[:index] + (v,) + other[index:] for v in values)
+        if key_a not in groups or key_b not in groups:
+            continue
+        a = {m.seed: m for m in groups[key_a]}
+        b = {m.seed: m for m in groups[key_b]}
+        common = sorted(set(a) & set(b))
+        if len(common) < 2:
+            continue
+        for metric in metrics:
+            xa = np.array([a[s].metrics.get(metric, np.nan) for s in common])
+            xb = np.array([b[s].metrics.get(metric, np.nan) for s in common])
+            out.append(Comparison(label_of(rest, other), metric, values[0], values[1],
+                                  paired_permutation_test(xb, xa, seed=seed)))
+    if not out:
+        raise GradscopeError(f"--compare: no pair of groups shares at least two seeds across {field_name}="
+                             f"{values[0]} and {values[1]}")
+    return out
+
+
+def few_trials(entries: list[SummaryEntry]) -> bool:
+    return any(e.interval.n < FEW_TRIALS for e in entries)
