@@ -168,3 +168,10 @@ def test_config_errors_name_the_argument() -> None:
         TaskConfig(length=0)
     with pytest.raises(GradscopeError, match="task: got 'nope'"):
         TaskConfig(name="nope")
+
+
+def test_grid_only_for_dual_reverse() -> None:
+    from gradscope.tasks import supports_grid
+    assert supports_grid(make_task(TaskConfig(distribution="dual")))
+    assert not supports_grid(make_task(TaskConfig(name="sort", distribution="dual")))
+    assert not supports_grid(make_task(TaskConfig(distribution="uniform")))

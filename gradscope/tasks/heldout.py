@@ -97,7 +97,7 @@ def sample_excluding(task: Task, n: int, gen: torch.Generator, excluder: Exclude
 
 def supports_grid(task: Task) -> bool:
     """The frequency grid is defined for dual-frequency ``reverse`` (the paper's setting)."""
-    return isinstance(task, Reverse) and task.cfg.distribution == "dual"
+    return task.cfg.name == "reverse" and task.cfg.distribution == "dual"
 
 
 def build_grid(task: Task, gen: torch.Generator) -> torch.Tensor:

@@ -15,8 +15,12 @@ class Reverse(Task):
         """Raw sequences x (n, L) → model inputs/targets (n, 2L)."""
         n, length = x.shape
         inputs = torch.cat([x, self.full(n, length, self.query, x)], dim=1)
-        targets = torch.cat([self.full(n, length, IGNORE, x), x.flip(1)], dim=1)
+        targets = torch.cat([self.full(n, length, IGNORE, x), self.recall(x)], dim=1)
         return Batch(inputs, targets)
+
+    def recall(self, x: torch.Tensor) -> torch.Tensor:
+        """The output phase's targets for raw sequences x (n, L): x_L … x_1."""
+        return x.flip(1)
 
     def sample(self, n: int, gen: torch.Generator) -> Batch:
         return self.format(self.tokens((n, self.cfg.length), gen))
