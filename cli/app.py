@@ -6,6 +6,7 @@ import typer
 
 from .accuracy import accuracy_command
 from .report import report_command
+from .reproduce import reproduce_command
 from .stability import stability_command
 from .summarize import summarize_command
 from .train import train_command
@@ -23,6 +24,7 @@ app.command("stability")(stability_command)
 app.command("accuracy")(accuracy_command)
 app.command("summarize")(summarize_command)
 app.command("report")(report_command)
+app.command("reproduce")(reproduce_command)
 
 
 @app.callback()

@@ -97,6 +97,9 @@ def _resumed_state(cfg: RunConfig, run_dir: Path, device: torch.device) -> Train
                              f"after removing the directory")
     loaded = load_checkpoint(found[-1])
     raw = loaded.raw
+    if raw.get("stripped"):
+        raise GradscopeError(f"resume: {found[-1]} is a stripped sample checkpoint (no optimizer state); it can be "
+                             f"analysed but not resumed")
     model = loaded.model.to(device).train()
     optimizer = _optimizer(cfg, model)
     optimizer.load_state_dict(raw["optimizer"])

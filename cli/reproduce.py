@@ -1,0 +1,134 @@
+"""`gradscope reproduce`: the whole study in one resumable command (thin wrapper over the workflow)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import torch
+import typer
+from rich.table import Table
+
+from gradscope.errors import GradscopeError
+from gradscope.store.io import write_store
+from gradscope.store.summary import summary_attrs, summary_dataset, trial_record
+from gradscope.tasks import make_task
+from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, plan_runs, stability_step,
+                                           train_step, write_report)
+from gradscope.workflows.summarize import group_records, summarize_groups
+
+from .common import command_line, make_console
+from .errors import user_errors
+from .progress import make_progress
+from .summarize import summary_table
+
+console = make_console()
+Opt = typer.Option
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise GradscopeError(f"{name}: got {text!r}; give comma-separated integers such as 1,2,3") from None
+
+
+def seconds_per_step(run: PlannedRun) -> float:
+    """Measured now: one warm-up and three timed training steps of this configuration on the CPU
+    (the fastest counts; other processes on the machine can still inflate it)."""
+    from gradscope.models import SeqModel
+    torch.manual_seed(0)
+    model = SeqModel(run.config.model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = make_task(run.config.task)
+    gen = torch.Generator().manual_seed(0)
+    times = []
+    for _ in range(4):
+        batch = task.sample(run.config.train.batch_size, gen)
+        tic = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(batch.inputs).flatten(0, 1), batch.targets.flatten(),
+                                                 ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - tic)
+    return min(times[1:])
+
+
+def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
+    table = Table(title="plan: train → accuracy → stability over checkpoints → summarize → report",
+                  title_justify="left")
+    for col in ("run", "parameters", "iterations", "training tokens", "≈ training FLOPs",
+                *(("≈ CPU time (measured steps)",) if measure else ())):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    measured: dict[tuple[str, str], float] = {}
+    total = 0.0
+    for r in runs:
+        row = [r.name, f"{r.parameters:,}", f"{r.config.train.iterations:,}", f"{r.tokens:.3g}", f"{r.train_flops:.3g}"]
+        if measure:
+            key = (r.config.model.core, r.config.model.pe)
+            if key not in measured:
+                measured[key] = seconds_per_step(r)
+            est = measured[key] * r.config.train.iterations
+            total += est
+            row.append(f"{est / 60:.1f} min")
+        table.add_row(*row)
+    if measure:
+        table.caption = f"total ≈ {total / 3600:.2f} h of training on this machine's CPU ({torch.get_num_threads()} threads)"
+    return table
+
+
+@user_errors
+def reproduce_command(
+    ctx: typer.Context,
+    scale: Annotated[str, Opt(help="tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: SPEC §3, for a GPU.")] = "tiny",
+    models: Annotated[str, Opt(help="Comma-separated cores: gru, lstm, s4d.")] = "gru,lstm,s4d",
+    seeds: Annotated[str, Opt(help="Comma-separated training seeds (trials).")] = "1,2,3",
+    out: Annotated[Path, Opt("--out", "-o", help="Study directory (re-running it skips finished steps).")] = Path("study"),
+    iterations: Annotated[Optional[int], Opt(help="Override the scale's training iterations (for a quick look).")] = None,
+    triplets: Annotated[int, Opt(help="Stability probe triplets per condition.")] = 64,
+    dry_run: Annotated[bool, Opt("--dry-run", help="Print the plan and estimated compute; run nothing.")] = False,
+    measure: Annotated[bool, Opt(help="With --dry-run: time a few training steps per model to estimate CPU time.")] = True,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
+) -> None:
+    """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report."""
+    if triplets < 1:
+        raise GradscopeError(f"--triplets: got {triplets}; it must be positive")
+    runs = plan_runs(scale, [m.strip() for m in models.split(",") if m.strip()], _ints(seeds, "--seeds"), iterations)
+    if dry_run:
+        console.print(plan_table(runs, measure))
+        return
+    layout = Layout(out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = command_line(ctx)
+    with make_progress(console, "step") as progress:
+        overall = progress.add_task("study", total=3 * len(runs), step="", visible=not quiet)
+        for r in runs:
+            bar = progress.add_task(f"  {r.name}", total=r.config.train.iterations, step="train", visible=not quiet)
+            done = train_step(r, layout, lambda i, _log, bar=bar: progress.update(bar, completed=i), command)
+            progress.update(bar, completed=r.config.train.iterations, step=done, visible=False)
+            progress.advance(overall)
+            for name, make, path in (("accuracy", lambda: accuracy_step(r, layout, command), layout.accuracy(r)),
+                                     ("stability", lambda: stability_step(r, layout, triplets, command),
+                                      layout.stability(r))):
+                progress.update(overall, step=f"{name} {r.name}")
+                ds = make()
+                if ds is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_store(ds, path)
+                progress.advance(overall)
+    fields = ("core", "pe")
+    for kind, summary_path in (("accuracy", layout.summary_accuracy), ("stability", layout.summary_stability)):
+        paths = [layout.accuracy(r) if kind == "accuracy" else layout.stability(r) for r in runs]
+        records = [trial_record(p) for p in paths]
+        metrics = list(dict.fromkeys(m for rec in records for m in rec.metrics))
+        entries = summarize_groups(group_records(records, fields), fields, metrics)
+        write_store(summary_dataset(entries, fields, summary_attrs(command, fields, "trial", "percentile", 0.95,
+                                                                   10_000, paths, kind)),
+                    summary_path, overwrite=True)
+        shown = [m for m in metrics if (m.startswith("stability/same-target/") if kind == "stability"
+                                        else "/bin" not in m and m != "dl_distance")]
+        console.print(summary_table([e for e in entries if e.metric in shown], 0.95, "percentile", "trial"))
+    report = write_report(layout, runs, command)
+    console.print(f"study in {out}: runs/, stores/, summary-accuracy.zarr, summary-stability.zarr, {report.name}")

@@ -1,0 +1,50 @@
+"""Packaging runs as shipped sample checkpoints (sample_checkpoints/, issue #6).
+
+A sample is a copy of a run directory whose checkpoints keep everything analysis needs (configs,
+weights, held-out data, iteration, metrics) but drop the optimizer state, which would double their
+size; they are marked ``"stripped": True`` and cannot be resumed. ``MANIFEST.json`` lists every
+sample with its config, command, seed, held-out accuracy and the sha256 of every file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from gradscope.errors import check
+from gradscope.store.io import sha256_file
+from gradscope.train.checkpoint import list_checkpoints
+from gradscope.train.io import atomic_save, atomic_write_text, safe_load
+from gradscope.train.loop import CONFIG_FILE, EVAL_FILE, METRICS_FILE
+
+MANIFEST = "MANIFEST.json"
+
+
+def strip_checkpoint(src: Path, dst: Path) -> None:
+    """Copy a gradscope checkpoint without its optimizer state (atomically)."""
+    ckpt = safe_load(src)
+    ckpt["optimizer"] = {}
+    ckpt["stripped"] = True
+    atomic_save(ckpt, dst)
+
+
+def package_run(run_dir: Path, dest: Path) -> dict[str, Any]:
+    """Copy one finished run into ``dest`` (stripped checkpoints); returns its manifest entry."""
+    check((run_dir / EVAL_FILE).exists(), f"sample: {run_dir} has not finished training (no {EVAL_FILE})")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (CONFIG_FILE, METRICS_FILE, EVAL_FILE):
+        shutil.copyfile(run_dir / name, dest / name)
+    for ckpt in list_checkpoints(run_dir):
+        strip_checkpoint(ckpt, dest / ckpt.name)
+    config = json.loads((run_dir / CONFIG_FILE).read_text())
+    evaluation = json.loads((run_dir / EVAL_FILE).read_text())
+    return {"run": dest.name, "config": config["config"], "command": config["command"],
+            "seed": config["config"]["train"]["seed"], "heldout": evaluation,
+            "files": {p.name: sha256_file(p) for p in sorted(dest.iterdir())}}
+
+
+def write_manifest(root: Path, entries: list[dict[str, Any]]) -> Path:
+    atomic_write_text(root / MANIFEST, json.dumps({"format": "gradscope-samples", "runs": entries}, indent=1) + "\n")
+    return root / MANIFEST

@@ -1,0 +1,150 @@
+"""`gradscope reproduce`: train × seeds → accuracy → stability over checkpoints → summarize → report.
+
+Resumable: every step writes its output atomically, so a step whose output exists is done and is
+skipped on a re-run; a run directory without ``eval.json`` is resumed from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from gradscope.config import RunConfig
+from gradscope.errors import check
+from gradscope.models import SeqModel
+from gradscope.presets import SCALES
+from gradscope.tasks import make_task
+from gradscope.train.loop import EVAL_FILE, is_run_dir, read_run_config, train
+from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
+from gradscope.workflows.stability import StabilityOptions, run_stability
+
+PES = ("none", "sinusoidal")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    name: str  # <core>-<pe>-s<seed>
+    config: RunConfig
+
+    @property
+    def tokens(self) -> int:
+        """Tokens processed in training (batch × sequence length × iterations)."""
+        t = self.config.train
+        return t.iterations * t.batch_size * make_task(self.config.task).total_len
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in SeqModel(self.config.model).parameters())
+
+    @property
+    def train_flops(self) -> float:
+        """≈ 6 × parameters × tokens (forward + backward), the usual dense-model estimate."""
+        return 6.0 * self.parameters * self.tokens
+
+
+def plan_runs(scale: str, models: list[str], seeds: list[int], iterations: int | None = None,
+              pes: tuple[str, ...] = PES) -> list[PlannedRun]:
+    """Every (model, PE, seed) run of the study, configured from ``SCALES[scale]``."""
+    check(scale in SCALES, f"--scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
+    for m in models:
+        check(m in SCALES[scale], f"--models: got {m!r}; valid models are {', '.join(SCALES[scale])}")
+    check(bool(seeds), "--seeds: give at least one seed")
+    check(iterations is None or iterations > 0, f"--iterations: got {iterations}; it must be positive")
+    runs = []
+    for core in models:
+        base = SCALES[scale][core]
+        task = make_task(base.task)
+        model = dataclasses.replace(base.model, vocab_size=task.num_classes, max_len=task.total_len)
+        train_cfg = base.train
+        if iterations is not None:
+            every = max(1, iterations // 4)
+            train_cfg = dataclasses.replace(train_cfg, iterations=iterations, checkpoint_every=every,
+                                            log_every=max(1, min(train_cfg.log_every, every)),
+                                            warmup=min(train_cfg.warmup, iterations // 10))
+        for pe in pes:
+            for seed in seeds:
+                cfg = RunConfig(model=dataclasses.replace(model, pe=pe), task=base.task,
+                                train=dataclasses.replace(train_cfg, seed=seed))
+                runs.append(PlannedRun(f"{core}-{pe}-s{seed}", cfg))
+    return runs
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a study puts its outputs."""
+
+    root: Path
+
+    def run(self, r: PlannedRun) -> Path:
+        return self.root / "runs" / r.name
+
+    def accuracy(self, r: PlannedRun) -> Path:
+        return self.root / "stores" / f"accuracy-{r.name}.zarr"
+
+    def stability(self, r: PlannedRun) -> Path:
+        return self.root / "stores" / f"stability-{r.name}.zarr"
+
+    @property
+    def summary_accuracy(self) -> Path:
+        return self.root / "summary-accuracy.zarr"
+
+    @property
+    def summary_stability(self) -> Path:
+        return self.root / "summary-stability.zarr"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+
+Event = Callable[[str, str], None]  # (step, message)
+
+
+def train_step(r: PlannedRun, layout: Layout, on_step: Callable[[int, dict | None], None] | None = None,
+               command: str = "") -> str:
+    """Train (or resume, or skip) one run; returns what was done."""
+    run_dir = layout.run(r)
+    resume = is_run_dir(run_dir)
+    if resume:
+        check(read_run_config(run_dir) == r.config, f"{run_dir}: this run was started with a different "
+                                                    f"configuration than the plan; move it away or choose another --out")
+    if (run_dir / EVAL_FILE).exists():
+        return "done earlier"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    train(r.config, run_dir, resume=resume, on_step=on_step, command=command)
+    return "resumed" if resume else "trained"
+
+
+def accuracy_step(r: PlannedRun, layout: Layout, command: str = ""):  # noqa: ANN201 - returns an xr.Dataset
+    """The accuracy store of one run, or None when it exists already."""
+    from gradscope.store.accuracy import accuracy_dataset
+    if layout.accuracy(r).exists():
+        return None
+    opts = AccuracyOptions()
+    loaded, results = run_accuracy([layout.run(r)], opts)
+    return accuracy_dataset(results, loaded[0].config, opts, command, opts.device)
+
+
+def stability_step(r: PlannedRun, layout: Layout, triplets: int, command: str = ""):  # noqa: ANN201
+    """The stability store of one run (all four conditions, every checkpoint), or None when it exists."""
+    from gradscope.store.stability import stability_dataset
+    if layout.stability(r).exists():
+        return None
+    opts = StabilityOptions(triplets=triplets)
+    loaded, probes, results = run_stability([layout.run(r)], opts)
+    return stability_dataset(results, probes, opts, loaded[0].config, command, opts.device)
+
+
+def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:
+    """One offline HTML report over every run's training log and stores, and the summaries."""
+    from gradscope.reports.build import ReportOptions, render_report
+    from gradscope.train.io import atomic_write_text
+    from gradscope.workflows.report import load_inputs
+    paths = [layout.run(r) for r in runs] + [p for r in runs for p in (layout.accuracy(r), layout.stability(r))]
+    paths += [p for p in (layout.summary_accuracy, layout.summary_stability) if p.exists()]
+    page, _ = render_report(load_inputs(paths), ReportOptions(title="gradscope reproduce: vanilla vs positional "
+                                                                    "encoding", command=command))
+    atomic_write_text(layout.report, page)
+    return layout.report
