@@ -1,13 +1,59 @@
-"""`gradscope report` (being written; replaced before this lands)."""
+"""`gradscope report`: parse → gradscope.workflows.report (load) → gradscope.reports (figures, HTML) → write."""
 
 from __future__ import annotations
 
-from gradscope.errors import GradscopeError
+from pathlib import Path
+from typing import Annotated, Optional
 
+import typer
+
+from gradscope.errors import GradscopeError
+from gradscope.reports import STATIC_FORMATS, ReportOptions, export_static, render_report
+from gradscope.train.io import atomic_write_text
+from gradscope.workflows.report import load_inputs
+
+from .common import command_line, make_console
 from .errors import user_errors
+
+console = make_console()
+Opt = typer.Option
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    if not out.parent.is_dir():
+        raise GradscopeError(f"--out: directory {out.parent} does not exist")
+    if out.is_dir():
+        raise GradscopeError(f"--out: {out} is a directory; give an .html file path")
+    if out.exists() and not overwrite:
+        raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
 
 
 @user_errors
-def report_command() -> None:
-    """Render stores and runs into one offline HTML report."""
-    raise GradscopeError("report: not available yet")
+def report_command(
+    ctx: typer.Context,
+    inputs: Annotated[Optional[list[Path]], typer.Argument(help="Stability, accuracy or summary stores and run directories (any mix).", show_default=False)] = None,
+    out: Annotated[Path, Opt("--out", "-o", help="HTML file to write (self-contained, works offline).")] = Path("report.html"),
+    static: Annotated[Optional[str], Opt(help="Also write each figure as png or svg beside the HTML (needs kaleido>=1 and Chrome/Chromium on PATH).")] = None,
+    score: Annotated[str, Opt(help="Stability score to plot: default, frobenius or l1.")] = "default",
+    iteration: Annotated[Optional[int], Opt(help="Checkpoint (training iteration) for distributions, spectra and the accuracy grid. Default: each store's last.")] = None,
+    resamples: Annotated[int, Opt(help="Bootstrap resamples for the stability CIs.")] = 10_000,
+    seed: Annotated[int, Opt(help="Seed of the stability bootstrap.")] = 0,
+    title: Annotated[str, Opt(help="Title of the report.")] = "gradscope report",
+    overwrite: Annotated[bool, Opt(help="Replace an existing report.")] = False,
+) -> None:
+    """Render stores and runs into one offline HTML report (plots, table of contents, provenance)."""
+    if static is not None and static not in STATIC_FORMATS:
+        raise GradscopeError(f"--static: got {static!r}; valid formats are {', '.join(STATIC_FORMATS)}")
+    if resamples < 1:
+        raise GradscopeError(f"--resamples: got {resamples}; it must be positive")
+    check_out(out, overwrite)
+    items = load_inputs(list(inputs or []))
+    opts = ReportOptions(score, iteration, resamples, seed, title, command_line(ctx))
+    page, sections = render_report(items, opts)
+    images = export_static(sections, out, static) if static else []
+    atomic_write_text(out, page)
+    figures = sum(s.figure is not None for s in sections)
+    console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, {figures} figures: "
+                  f"{', '.join(s.id for s in sections if s.figure is not None)})")
+    for path in images:
+        console.print(f"wrote {path}")

@@ -66,9 +66,11 @@ def heldout_to_dict(h: HeldOut) -> dict[str, Any]:
 
 
 def _as_int_tensor(value: Any, what: str, path: Path) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.long:
-        raise GradscopeError(f"checkpoint: {path}: {what} is not a LongTensor")
-    return value
+    """An integer tensor widened to int64 (shipped samples store token ids as int16)."""
+    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype.is_complex \
+            or value.dtype == torch.bool:
+        raise GradscopeError(f"checkpoint: {path}: {what} is not an integer tensor")
+    return value.long()
 
 
 def _load_native(ckpt: dict[str, Any], path: Path) -> Loaded:

@@ -2,7 +2,7 @@
 
 A sample is a copy of a run directory whose checkpoints keep everything analysis needs (configs,
 weights, held-out data, iteration, metrics) but drop the optimizer state, which would double their
-size; they are marked ``"stripped": True`` and cannot be resumed. ``MANIFEST.json`` lists every
+size, and store held-out token ids as int16; they are marked ``"stripped": True`` and cannot be resumed. ``MANIFEST.json`` lists every
 sample with its config, command, seed, held-out accuracy and the sha256 of every file.
 """
 
@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gradscope.errors import check
 from gradscope.store.io import sha256_file
 from gradscope.train.checkpoint import list_checkpoints
@@ -22,11 +24,19 @@ from gradscope.train.loop import CONFIG_FILE, EVAL_FILE, METRICS_FILE
 MANIFEST = "MANIFEST.json"
 
 
+def _narrow(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Token ids as int16 when they fit (they do for K < 32767): a quarter of the int64 size."""
+    if t is None or t.numel() == 0 or int(t.max()) >= 2**15 or int(t.min()) < -(2**15):
+        return t
+    return t.to(torch.int16)
+
+
 def strip_checkpoint(src: Path, dst: Path) -> None:
-    """Copy a gradscope checkpoint without its optimizer state (atomically)."""
+    """Copy a gradscope checkpoint without its optimizer state, held-out ids narrowed (atomically)."""
     ckpt = safe_load(src)
     ckpt["optimizer"] = {}
     ckpt["stripped"] = True
+    ckpt["heldout"] = {k: _narrow(v) for k, v in ckpt["heldout"].items()}
     atomic_save(ckpt, dst)
 
 

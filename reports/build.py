@@ -1,0 +1,147 @@
+"""From loaded inputs to the report: which figures exist, the header, the page, static images."""
+
+from __future__ import annotations
+
+import html
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from gradscope.errors import GradscopeError
+from gradscope.version import __version__
+from gradscope.workflows.report import Input, mean_spectra, stability_curves, stability_samples
+
+from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
+from .html import Section, provenance_html, render_page
+from .stability_figures import distribution_figure, spectra_figure, stability_figure
+
+STATIC_FORMATS = ("png", "svg")
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """score: stability score plotted; iteration: checkpoint for distributions, spectra and the
+    accuracy grid (None: each store's last); resamples/seed: the stability bootstrap."""
+
+    score: str = "default"
+    iteration: int | None = None
+    resamples: int = 10_000
+    seed: int = 0
+    title: str = "gradscope report"
+    command: str = ""  # the command that made the report (shown in the header)
+
+
+def _of(items: list[Input], kind: str) -> list[Input]:
+    return [i for i in items if i.kind == kind]
+
+
+def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
+    """Every figure whose data is present, in the paper's order, then the provenance table."""
+    stability, accuracy = _of(items, "stability"), _of(items, "accuracy")
+    summaries, runs = _of(items, "summary"), _of(items, "run")
+    where = f"iteration {opts.iteration}" if opts.iteration is not None else "last checkpoint"
+    out: list[Section] = []
+    for i, s in enumerate(summaries):
+        suffix = f" ({s.path.name})" if len(summaries) > 1 else ""
+        fig = vocab_figure(s.ds)
+        if fig is not None:
+            out.append(Section(f"vocab-{i}", f"Accuracy vs vocabulary size{suffix}",
+                               f"From the summary store <code>{html.escape(str(s.path))}</code> (metric "
+                               f"token_accuracy, grouped by core, PE and K). Error bars: the store's CI over trials.",
+                               fig))
+    grids = [(i, s, grid_figure_summary(s.ds)) for i, s in enumerate(summaries)]
+    grids = [(i, s, f) for i, s, f in grids if f is not None]
+    for i, s, fig in grids:
+        out.append(Section(f"grid-{i}", f"Frequency grid{f' ({s.path.name})' if len(grids) > 1 else ''}",
+                           f"From the summary store <code>{html.escape(str(s.path))}</code> (metrics "
+                           f"grid/&lt;target&gt;/&lt;disturbant&gt;/bin&lt;k&gt;). Error bars: the store's CI.", fig))
+    if not grids and (fig := grid_figure_accuracy(accuracy, opts.iteration)) is not None:
+        out.append(Section("grid", "Frequency grid", f"From accuracy stores (grid_bin_accuracy at the {where}); a "
+                                                     "single store has no CI — summarize several seeds for one.", fig))
+    if stability:
+        points = stability_curves(stability, opts.score, opts.resamples, opts.seed)
+        out.append(Section("stability", "Gradient stability over training",
+                           f"From {len(stability)} stability store(s). Per checkpoint and condition: mean score and "
+                           f"95% percentile-bootstrap CI ({opts.resamples} resamples, seed {opts.seed}) over the "
+                           f"triplets; stores of one configuration (seeds) are pooled.",
+                           stability_figure(points, opts.score)))
+        out.append(Section("distribution", "Stability distributions",
+                           f"Per-triplet scores at the {where} of each store, same-target vs same-suffix pairs.",
+                           distribution_figure(stability_samples(stability, opts.score, opts.iteration),
+                                               opts.score, where)))
+        spectra = mean_spectra(stability, opts.iteration)
+        if spectra:
+            out.append(Section("spectra", "Singular-value spectra",
+                               "Top singular values of each Jacobian (variable singular_values), averaged per "
+                               "condition over triplets, members and seeds.", spectra_figure(spectra, where)))
+    if (fig := training_figure(runs)) is not None:
+        out.append(Section("training", "Training curves", f"From metrics.jsonl of {len(runs)} run(s).", fig))
+    out.append(Section("provenance", "Provenance", "Every input with its configuration, checkpoint hashes, "
+                                                   "versions and the command that made it.", None,
+                       provenance_html(items)))
+    return out
+
+
+def header_html(items: list[Input], command: str = "") -> str:
+    """What was compared: configurations (with their seeds and input kinds) and the tasks."""
+    configs: dict[str, dict[str, set]] = {}
+    for item in items:
+        if item.kind == "summary":
+            continue
+        entry = configs.setdefault(item.label, {"kinds": set(), "seeds": set()})
+        entry["kinds"].add(item.kind)
+        if item.seed is not None:
+            entry["seeds"].add(item.seed)
+    lis = "".join(f"<li>{html.escape(label)} — {', '.join(sorted(e['kinds']))}"
+                  f"{'; seeds ' + ', '.join(map(str, sorted(e['seeds']))) if e['seeds'] else ''}</li>"
+                  for label, e in configs.items())
+    summaries = [i for i in items if i.kind == "summary"]
+    lis += "".join(f"<li>summary <code>{html.escape(s.path.name)}</code>: groups "
+                   f"{html.escape('; '.join(map(str, s.ds['label'].values)))}</li>" for s in summaries)
+    tasks = sorted({f"{t.get('name')} (K={t.get('vocab_size')}, L={t.get('length')}, {t.get('distribution')})"
+                    for t in (i.task for i in items) if t})
+    counts = ", ".join(f"{sum(i.kind == k for i in items)} {k}{'' if k == 'run' else ' store'}(s)"
+                       for k in ("stability", "accuracy", "summary", "run") if any(i.kind == k for i in items))
+    task_text = f" on {html.escape('; '.join(tasks))}" if tasks else ""
+    return (f"<p>Compared{task_text}, from {counts}:</p><ul>{lis}</ul>"
+            f'<p class="meta">“vanilla” = no positional encoding; “PE (kind)” = with one. Made by gradscope '
+            f"{__version__}{f' with <code>{html.escape(command)}</code>' if command else ''}.</p>")
+
+
+def render_report(items: list[Input], opts: ReportOptions) -> tuple[str, list[Section]]:
+    """The page and its sections (the figures, for static export)."""
+    sections = build_sections(items, opts)
+    return render_page(opts.title, header_html(items, opts.command), sections), sections
+
+
+def _kaleido_major() -> int:
+    try:
+        import kaleido  # noqa: F401
+        return int(importlib.metadata.version("kaleido").split(".")[0])
+    except (ImportError, importlib.metadata.PackageNotFoundError, ValueError):
+        return 0
+
+
+def export_static(sections: list[Section], html_path: Path, fmt: str) -> list[Path]:
+    """Each figure as <html stem>-<section id>.<fmt> beside the page, via kaleido 1.x (which drives a
+    Chrome/Chromium found on PATH). Missing kaleido or browser: a user error."""
+    if fmt not in STATIC_FORMATS:
+        raise GradscopeError(f"--static: got {fmt!r}; valid formats are {', '.join(STATIC_FORMATS)}")
+    import plotly.io as pio
+
+    if _kaleido_major() < 1:
+        raise GradscopeError("--static: needs the kaleido package, version 1 or later (pip install 'kaleido>=1')")
+    figs = [(s.figure, html_path.with_name(f"{html_path.stem}-{s.id}.{fmt}")) for s in sections if s.figure]
+    from kaleido.errors import ChromeNotFoundError
+
+    try:
+        pio.write_images([f for f, _ in figs], [p for _, p in figs], format=fmt, width=1100,
+                         height=[int(f.layout.height or 500) for f, _ in figs])
+    except (ChromeNotFoundError, RuntimeError) as exc:
+        if isinstance(exc, ChromeNotFoundError) or "Chrome" in str(exc):
+            raise GradscopeError("--static: kaleido needs Chrome or Chromium, and none was found on PATH "
+                                 "(install one, e.g. apt-get install chromium, or run plotly_get_chrome)") from None
+        raise
+    return [p for _, p in figs]

@@ -1,0 +1,119 @@
+"""`gradscope report`: a real headless-Chromium render, figure builders against store numbers, errors."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+from typer.testing import CliRunner
+
+from gradscope.cli.app import app
+from gradscope.reports.accuracy_figures import vocab_figure
+from gradscope.reports.stability_figures import stability_figure
+from gradscope.store import read_store, write_store
+from gradscope.workflows.report import load_inputs, stability_curves
+
+
+@pytest.fixture(scope="module")
+def report_inputs(trained_runs: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real tiny stores: stability and accuracy of a dual-frequency GRU run, and a summary of two runs."""
+    runner, d = CliRunner(), tmp_path_factory.mktemp("report-inputs")
+    out = {"run": trained_runs["gru"], "stability": d / "st.zarr", "accuracy": d / "acc.zarr",
+           "accuracy2": d / "acc2.zarr", "summary": d / "sum.zarr"}
+    assert runner.invoke(app, ["stability", str(out["run"]), "-o", str(out["stability"]), "-q", "--triplets", "4",
+                               "--resamples", "200"]).exit_code == 0
+    for key, run in (("accuracy", "gru"), ("accuracy2", "lstm")):
+        assert runner.invoke(app, ["accuracy", str(trained_runs[run]), "-o", str(out[key]), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["summarize", str(out["accuracy"]), str(out["accuracy2"]), "-o", str(out["summary"]),
+                                 "--resamples", "200"])
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("Chromium is not installed: the report must be checked in a real browser (apt-get install chromium)")
+
+
+def test_report_renders_in_headless_chromium(runner: CliRunner, report_inputs: dict, tmp_path: Path) -> None:
+    html = tmp_path / "report.html"
+    args = [str(report_inputs[k]) for k in ("run", "stability", "accuracy", "summary")]
+    result = runner.invoke(app, ["report", *args, "-o", str(html)])
+    assert result.exit_code == 0, result.stderr
+    drawn = int(re.search(r"(\d+) figures", result.stdout).group(1))
+    assert drawn >= 6  # vocabulary, grid, stability, distributions, spectra, training curves
+    page = html.read_text()
+    assert page.count("<script") >= drawn and len(re.findall(r"plotly\.js v\d", page)) <= 2  # plotly.js once
+    assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["']https?://""", page), "the page loads from the network"
+    common = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              f"--user-data-dir={tmp_path / 'profile'}", "--proxy-server=127.0.0.1:9",  # no network at all
+              "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0",
+              "--virtual-time-budget=15000", "--window-size=1200,3000"]
+    dom = subprocess.run([*common, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and ("Uncaught" in line or "Error" in line)]
+    assert not errors, errors
+    plots = re.findall(r'<div[^>]*class="[^"]*js-plotly-plot[^"]*"', dom.stdout)
+    assert len(plots) == drawn
+    assert dom.stdout.count('class="main-svg"') >= 2 * drawn  # every plot drew its SVG layers
+    shot = tmp_path / "report.png"
+    subprocess.run([*common, f"--screenshot={shot}", html.as_uri()], capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 10_000
+
+
+def test_vocab_figure_error_bars_are_the_store_numbers() -> None:
+    from gradscope.analysis.bootstrap import Interval
+    from gradscope.store.summary import summary_dataset
+    from gradscope.workflows.summarize import SummaryEntry
+    known = {("gru", "none", "16"): (0.70, 0.65, 0.74), ("gru", "none", "64"): (0.50, 0.41, 0.55),
+             ("gru", "sinusoidal", "16"): (0.90, 0.88, 0.93), ("gru", "sinusoidal", "64"): (0.85, 0.80, 0.86)}
+    entries = [SummaryEntry(key, " ".join(key), "token_accuracy", Interval(m, lo, hi, 5, 0), (1, 2, 3, 4, 5),
+                            (m,) * 5) for key, (m, lo, hi) in known.items()]
+    ds = summary_dataset(entries, ("core", "pe", "vocab_size"), {"kind": "summary"})
+    fig = vocab_figure(ds)
+    assert fig is not None and len(fig.data) == 2
+    for trace in fig.data:
+        pe = "none" if "vanilla" in trace.name.lower() else "sinusoidal"
+        rows = [known[("gru", pe, k)] for k in ("16", "64")]
+        assert list(trace.x) == [16, 64]
+        assert list(trace.y) == pytest.approx([m for m, _, _ in rows])
+        assert list(trace.error_y.array) == pytest.approx([hi - m for m, _, hi in rows])
+        assert list(trace.error_y.arrayminus) == pytest.approx([m - lo for m, lo, _ in rows])
+
+
+def test_stability_curves_are_the_store_means(report_inputs: dict) -> None:
+    items = load_inputs([report_inputs["stability"]])
+    points = stability_curves(items, resamples=200)
+    ds = read_store(report_inputs["stability"])
+    fig = stability_figure(points)
+    for p in points:
+        mask = ds["condition"].values == p.condition
+        at = int(np.flatnonzero(ds["iteration"].values == p.iteration)[0])
+        expected = ds["score_default"].isel(checkpoint=at).sel(pair=p.pair).values[mask]
+        assert p.interval.mean == pytest.approx(float(np.nanmean(expected)))
+    ys = sorted(round(float(y), 12) for trace in fig.data if trace.y is not None and trace.mode and "lines" in trace.mode
+                for y in trace.y if y is not None)
+    assert sorted(round(p.interval.mean, 12) for p in points) == [y for y in ys if y in
+                                                                 {round(p.interval.mean, 12) for p in points}]
+
+
+def test_report_errors(runner: CliRunner, report_inputs: dict, tmp_path: Path) -> None:
+    none = runner.invoke(app, ["report", "-o", str(tmp_path / "r.html")])
+    assert none.exit_code == 2 and "error:" in none.stderr
+    write_store(xr.Dataset(attrs={"kind": "weird"}), tmp_path / "weird.zarr")
+    weird = runner.invoke(app, ["report", str(tmp_path / "weird.zarr"), "-o", str(tmp_path / "r.html")])
+    assert weird.exit_code == 2 and "not a gradscope store" in weird.stderr
+    missing = runner.invoke(app, ["report", str(report_inputs["stability"]), "-o", str(tmp_path / "no" / "r.html")])
+    assert missing.exit_code == 2 and "does not exist" in missing.stderr
+    for result in (none, weird, missing):
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "r.html").exists()
