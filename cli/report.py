@@ -1,4 +1,4 @@
-"""`gradscope report`: parse → gradscope.workflows.report (load) → gradscope.reports (figures, HTML) → write."""
+"""`gradscope report`: parse → gradscope.store.inputs (load) → gradscope.reports (figures, HTML) → write."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 from gradscope.errors import GradscopeError
 from gradscope.reports import STATIC_FORMATS, ReportOptions, export_static, render_report
 from gradscope.train.io import atomic_write_text
-from gradscope.workflows.report import load_inputs
+from gradscope.store.inputs import load_inputs
 
 from .common import command_line, make_console
 from .errors import user_errors

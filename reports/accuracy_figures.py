@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
-from gradscope.workflows.report import CORE_NAMES, Input, at_iteration, model_label, pe_label
+from gradscope.store.inputs import CORE_NAMES, Input, at_iteration, model_label, pe_label
 
 from .style import NUM, colors, error_arrays, finish, finite_or_none
 

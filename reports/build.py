@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 from gradscope.errors import GradscopeError
 from gradscope.version import __version__
-from gradscope.workflows.report import Input, mean_spectra, stability_curves, stability_samples
+from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
 from .html import Section, provenance_html, render_page

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gradscope.workflows.report import StabilityPoint
+from gradscope.store.inputs import StabilityPoint
 
 from .style import NUM, colors, finish, finite_or_none, group_color, group_dash, rgba
 

@@ -27,6 +27,10 @@ def test_gradscope_checkpoint_round_trip(tmp_path: Path) -> None:
     first = gradscope.load(tmp_path / "run" / "step-0000005.pt")
     assert first.iteration == 5
     assert not torch.equal(first.model.to_logits.weight, loaded.model.to_logits.weight)
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("config.json", "step-0000010.pt", "eval.json"):  # atomic writes keep the usual permissions
+        assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def _paper_checkpoint(path: Path, rnn_name: str, grid: bool) -> tuple[dict, torch.Tensor]:

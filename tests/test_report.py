@@ -16,7 +16,7 @@ from gradscope.cli.app import app
 from gradscope.reports.accuracy_figures import vocab_figure
 from gradscope.reports.stability_figures import stability_figure
 from gradscope.store import read_store, write_store
-from gradscope.workflows.report import load_inputs, stability_curves
+from gradscope.store.inputs import load_inputs, stability_curves
 
 
 @pytest.fixture(scope="module")
