@@ -117,3 +117,18 @@ def test_report_errors(runner: CliRunner, report_inputs: dict, tmp_path: Path) -
     for result in (none, weird, missing):
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_static_export_works_or_says_why(runner: CliRunner, report_inputs: dict, tmp_path: Path) -> None:
+    import importlib.util
+    html = tmp_path / "r.html"
+    result = runner.invoke(app, ["report", str(report_inputs["stability"]), "-o", str(html), "--static", "png"])
+    if importlib.util.find_spec("kaleido") is None:
+        assert result.exit_code == 2 and "kaleido" in result.stderr and result.stderr.count("\n") == 1
+    else:
+        assert result.exit_code == 0, result.stderr
+        pngs = sorted(tmp_path.glob("r-*.png"))
+        assert len(pngs) == 3 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    bad = runner.invoke(app, ["report", str(report_inputs["stability"]), "-o", str(tmp_path / "b.html"),
+                              "--static", "gif"])
+    assert bad.exit_code == 2 and "--static" in bad.stderr
