@@ -40,8 +40,7 @@ def position_counts(preds: torch.Tensor, targets: torch.Tensor) -> tuple[torch.T
 
 def position_accuracy(preds: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Accuracy per time index over the batch: (B, T) → (T,), NaN where no row is scored."""
-    correct, scored = token_correct(preds, targets)
-    return correct.sum(0) / scored.sum(0)
+    return ratio(*position_counts(preds, targets))
 
 
 def sequence_accuracy(preds: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
