@@ -54,6 +54,6 @@ def report_command(
     atomic_write_text(out, page)
     figures = sum(s.figure is not None for s in sections)
     console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, {figures} figures: "
-                  f"{', '.join(s.id for s in sections if s.figure is not None)})")
+                  f"{', '.join(s.id for s in sections if s.figure is not None)})", soft_wrap=True)
     for path in images:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", soft_wrap=True)

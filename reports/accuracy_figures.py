@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
-from gradscope.store.inputs import CORE_NAMES, Input, at_iteration, model_label, pe_label
+from gradscope.store.inputs import CORE_NAMES, Input, at_iteration, field_name, model_label, pe_label
 
 from .style import NUM, colors, error_arrays, finish, finite_or_none
 
@@ -40,7 +40,7 @@ def group_label(ds: xr.Dataset, g: int, skip: tuple[str, ...] = ()) -> str:
         parts.append(model_label({"core": core, "pe": pe}) if core else pe_label(pe))
     elif core:
         parts.append(CORE_NAMES.get(core, core))
-    parts += [f"{k}={v}" for k, v in fields.items() if k not in skip]
+    parts += [f"{field_name(k)}={v}" for k, v in fields.items() if k not in skip]
     return ", ".join(parts) or str(ds["label"].values[g])
 
 

@@ -118,7 +118,7 @@ def spectra_figure(spectra: dict[str, dict[str, tuple[np.ndarray, int]]], where:
                 legendgroup=label, showlegend=i == 0, line=dict(color=palette[label]), marker=dict(size=4),
                 hovertemplate=(f"{label}<br>{condition_text(cond)}<br>σ_%{{x}} mean %{{y{NUM}}}<br>"
                                f"n = {n} Jacobians<extra></extra>")), r + 1, c + 1)
-        fig.update_yaxes(type="log", row=r + 1, col=c + 1,
+        fig.update_yaxes(type="log", exponentformat="power", row=r + 1, col=c + 1,
                          title_text="mean singular value σ_k (dimensionless)" if c == 0 else None)
         fig.update_xaxes(title_text="singular value index k" if r == rows - 1 else None, row=r + 1, col=c + 1)
     return finish(fig, f"Singular-value spectra of ∂h_2L/∂z_p at the {where} (mean over triplets and the three "

@@ -22,11 +22,18 @@ from gradscope.train.checkpoint import list_checkpoints
 
 CORE_NAMES = {"gru": "GRU", "lstm": "LSTM", "elman": "Elman RNN", "s4d": "S4D"}
 NOT_CONFIG = ("seed", "device", "threads")  # train fields that do not make a different configuration
+SHORT = {"vocab_size": "K", "length": "L", "hidden_size": "H", "embed_size": "E", "num_layers": "layers",
+         "state_size": "N"}  # how labels write config fields
 
 
 def strings(da: xr.DataArray) -> np.ndarray:
     """A string coordinate as a numpy array of str (zarr may return numpy's StringDType)."""
     return np.array([str(v) for v in np.asarray(da.values).ravel()], dtype=object)
+
+
+def field_name(name: str) -> str:
+    """Short name of a config field in labels (vocab_size → K)."""
+    return SHORT.get(name, name)
 
 
 def pe_label(pe: str) -> str:
@@ -131,7 +138,7 @@ def label_inputs(items: list[Input]) -> None:
                  **{f"train.{k}": v for k, v in m.train.items() if k not in NOT_CONFIG}} for m in members]
         differ = sorted({k for f in flat for k in f if len({json.dumps(g.get(k)) for g in flat}) > 1})
         for m, f in zip(members, flat):
-            extra = ", ".join(f"{k.split('.', 1)[1]}={f.get(k)}" for k in differ)
+            extra = ", ".join(f"{field_name(k.split('.', 1)[1])}={f.get(k)}" for k in differ)
             names[_config_key(m)] = f"{base} [{extra}]" if extra else base
     for item in keyed:
         item.label = names[_config_key(item)]
