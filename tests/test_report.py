@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -12,11 +13,15 @@ import pytest
 import xarray as xr
 from typer.testing import CliRunner
 
+from gradscope.analysis.bootstrap import bootstrap_mean
 from gradscope.cli.app import app
-from gradscope.reports.accuracy_figures import vocab_figure
-from gradscope.reports.stability_figures import stability_figure
-from gradscope.store import read_store, write_store
-from gradscope.store.inputs import load_inputs, stability_curves
+from gradscope.errors import GradscopeError
+from gradscope.reports import ReportOptions, build_sections, render_page
+from gradscope.reports.accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
+from gradscope.reports.stability_figures import condition_text, distribution_figure, spectra_figure, stability_figure
+from gradscope.store import provenance, read_store, write_store
+from gradscope.store.inputs import (load_inputs, mean_spectra, model_label, pe_label, stability_curves,
+                                    stability_samples)
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +174,209 @@ def test_static_export_works_or_says_why(runner: CliRunner, report_inputs: dict,
     bad = runner.invoke(app, ["report", str(report_inputs["stability"]), "-o", str(tmp_path / "b.html"),
                               "--static", "gif"])
     assert bad.exit_code == 2 and "--static" in bad.stderr
+
+
+# --- figure builders against the stores' numbers ------------------------------------------------
+
+def _summary(entries: dict[tuple[str, ...], dict[str, tuple[float, float, float]]], by: tuple[str, ...]) -> xr.Dataset:
+    from gradscope.analysis.bootstrap import Interval
+    from gradscope.store.summary import summary_dataset
+    from gradscope.workflows.summarize import SummaryEntry
+    rows = [SummaryEntry(key, " ".join(key), metric, Interval(m, lo, hi, 3, 0), (1, 2, 3), (m,) * 3)
+            for key, metrics in entries.items() for metric, (m, lo, hi) in metrics.items()]
+    return summary_dataset(rows, by, {"kind": "summary", "by": json.dumps(list(by)), "confidence": 0.95})
+
+
+def _cell(fig, trace, rows: tuple[str, ...], cols: tuple[str, ...]) -> tuple[str, str]:
+    """(row, column) names of the subplot a trace sits in (make_subplots numbers axes row-major)."""
+    k = int(trace.xaxis[1:] or 1) - 1
+    return rows[k // len(cols)], cols[k % len(cols)]
+
+
+def test_grid_figure_from_a_summary_has_the_store_cis() -> None:
+    rng = np.random.default_rng(0)
+    cells = [(t, d) for t in ("frequent", "rare") for d in ("frequent", "rare")]
+    known = {}
+    for pe in ("none", "sinusoidal"):
+        metrics = {}
+        for t, d in cells:
+            for b in (1, 2, 3):
+                m = float(rng.uniform(0.2, 0.8))
+                low, high = m - float(rng.uniform(0.01, 0.1)), m + float(rng.uniform(0.01, 0.1))
+                metrics[f"grid/{t}/{d}/bin{b}"] = (m, low, high)
+            metrics[f"grid/{t}/{d}"] = (0.5, 0.4, 0.6)  # the cell total is not a bin: not plotted
+        known[("gru", pe)] = metrics
+    fig = grid_figure_summary(_summary(known, ("core", "pe")))
+    assert fig is not None and len(fig.data) == 2 * 4
+    for trace in fig.data:
+        pe = "none" if trace.name == "GRU vanilla" else "sinusoidal"
+        assert trace.name in ("GRU vanilla", "GRU PE (sinusoidal)")
+        t, d = _cell(fig, trace, ("frequent", "rare"), ("frequent", "rare"))
+        rows = [known[("gru", pe)][f"grid/{t}/{d}/bin{b}"] for b in (1, 2, 3)]
+        assert list(trace.x) == [1, 2, 3]
+        assert list(trace.y) == pytest.approx([m for m, _, _ in rows])
+        assert list(trace.error_y.array) == pytest.approx([hi - m for m, _, hi in rows])
+        assert list(trace.error_y.arrayminus) == pytest.approx([m - lo for m, lo, _ in rows])
+        assert [c[2] for c in trace.customdata] == [3, 3, 3] and "n = " in trace.hovertemplate
+    assert grid_figure_summary(_summary({("gru", "none"): {"token_accuracy": (0.5, 0.4, 0.6)}}, ("core", "pe"))) is None
+    assert vocab_figure(_summary({("gru", "none"): {"token_accuracy": (0.5, 0.4, 0.6)}}, ("core", "pe"))) is None
+
+
+def _accuracy_store(path: Path, seed: int) -> Path:
+    """An accuracy store in the documented layout (two checkpoints, 2×2 grid, 3 bins), known numbers."""
+    rng = np.random.default_rng(seed)
+    groups = np.asarray(["frequent", "rare"], dtype=object)
+    ds = xr.Dataset(
+        {"token_accuracy": ("checkpoint", rng.uniform(size=2)),
+         "grid_bin_accuracy": (("checkpoint", "target_group", "disturbant_group", "bin"),
+                               rng.uniform(size=(2, 2, 2, 3))),
+         "grid_n": (("target_group", "disturbant_group", "bin"), rng.integers(5, 50, size=(2, 2, 3)))},
+        coords={"checkpoint": [0, 1], "iteration": ("checkpoint", [100, 200]), "target_group": groups,
+                "disturbant_group": groups, "bin": [0, 1, 2], "bin_start": ("bin", [1, 4, 7]),
+                "bin_end": ("bin", [3, 6, 8])},
+        attrs=provenance("accuracy", "test", "cpu", {
+            "model_config": {"core": "lstm", "pe": "sinusoidal"}, "task_config": {"name": "reverse", "vocab_size": 8},
+            "train_config": {"seed": seed}, "checkpoints": []}))
+    return write_store(ds, path)
+
+
+def test_grid_figure_from_accuracy_stores_has_no_ci(tmp_path: Path) -> None:
+    paths = [_accuracy_store(tmp_path / f"a{s}.zarr", s) for s in (1, 2)]
+    items = load_inputs(paths)
+    assert {i.label for i in items} == {"LSTM PE (sinusoidal)"}  # same configuration, two seeds
+    for iteration, k in ((None, 1), (100, 0)):
+        fig = grid_figure_accuracy(items, iteration)
+        assert len(fig.data) == 2 * 4
+        for trace in fig.data:
+            seed = int(trace.name.rsplit(" ", 1)[1])
+            ds = read_store(paths[seed - 1])
+            t, d = _cell(fig, trace, ("frequent", "rare"), ("frequent", "rare"))
+            assert list(trace.y) == pytest.approx(
+                ds["grid_bin_accuracy"].isel(checkpoint=k).sel(target_group=t, disturbant_group=d).values)
+            n = ds["grid_n"].sel(target_group=t, disturbant_group=d).values.tolist()
+            assert [c[2] for c in trace.customdata] == n
+            assert trace.error_y.array is None
+    assert list(fig.layout.xaxis3.ticktext) == ["1–3", "4–6", "7–8"]
+    with pytest.raises(GradscopeError, match="--iteration: got 150"):
+        grid_figure_accuracy(items, 150)
+
+
+def test_stability_bands_are_bootstrap_cis_over_pooled_seeds(report_inputs: dict, tmp_path: Path) -> None:
+    """A second seed of the same configuration is pooled: CIs over the triplets of both stores."""
+    ds = read_store(report_inputs["stability"])
+    twin = ds.copy(deep=True)
+    twin["score_default"] = twin["score_default"] * 0.5  # different numbers, same layout
+    train = json.loads(twin.attrs["train_config"])
+    twin.attrs["train_config"] = json.dumps({**train, "seed": train["seed"] + 1})
+    write_store(twin, tmp_path / "twin.zarr")
+    items = load_inputs([report_inputs["stability"], tmp_path / "twin.zarr"])
+    assert len({i.label for i in items}) == 1
+    points = stability_curves(items, resamples=300, seed=3)
+    conditions = sorted(set(map(str, ds["condition"].values)))
+    assert len(points) == 2 * len(conditions) * ds.sizes["checkpoint"]
+    fig = stability_figure(points)
+    for p in points:
+        at = int(np.flatnonzero(ds["iteration"].values == p.iteration)[0])
+        one = ds["score_default"].isel(checkpoint=at).sel(pair=p.pair)
+        values = one.where(one["condition"] == p.condition, drop=True).values
+        pooled = np.concatenate([values, values * 0.5])
+        ref = bootstrap_mean(pooled, resamples=300, seed=3)
+        assert (p.interval.mean, p.interval.low, p.interval.high, p.interval.n) == \
+            pytest.approx((pooled.mean(), ref.low, ref.high, pooled.size))
+        assert p.stores == 2
+    for t in fig.data:  # the band edges and the line are the intervals, in iteration order
+        if t.name.endswith((" upper", " lower")):
+            continue
+        mine = [p for p in points if condition_text(p.condition) == t.name and p.pair in t.hovertemplate
+                and int(t.xaxis[1:] or 1) % 2 == (1 if p.pair == "same-target" else 0)]
+        mine.sort(key=lambda p: p.iteration)
+        cond = mine[0].condition
+        assert list(t.y) == pytest.approx([p.interval.mean for p in mine])
+        assert [c[2] for c in t.customdata] == [p.interval.n for p in mine]
+        uppers = [u for u in fig.data if u.name == f"{cond} upper" and u.xaxis == t.xaxis]
+        lowers = [u for u in fig.data if u.name == f"{cond} lower" and u.xaxis == t.xaxis]
+        assert list(uppers[0].y) == pytest.approx([p.interval.high for p in mine])
+        assert list(lowers[0].y) == pytest.approx([p.interval.low for p in mine])
+    lines = [t for t in fig.data if not t.name.endswith((" upper", " lower"))]
+    assert len(lines) == 2 * len(conditions) and sum(bool(t.showlegend) for t in lines) == len(conditions)
+    assert {t.legendgrouptitle.text for t in lines} == {"GRU vanilla"}
+
+
+def test_distributions_and_spectra_are_the_store_numbers(report_inputs: dict) -> None:
+    ds = read_store(report_inputs["stability"])
+    items = load_inputs([report_inputs["stability"]])
+    fig = distribution_figure(stability_samples(items))
+    assert [t.name for t in fig.data] == ["GRU vanilla"] * 2
+    last = ds["score_default"].isel(checkpoint=-1)
+    for t in fig.data:
+        pair = "same-target" if (t.xaxis or "x") == "x" else "same-suffix"
+        for cond in set(map(str, ds["condition"].values)):
+            got = [y for x, y in zip(t.x, t.y) if x == cond]
+            want = last.sel(pair=pair).where(last["condition"] == cond, drop=True).values
+            assert sorted(got) == pytest.approx(sorted(want))
+    spectra = spectra_figure(mean_spectra(items))
+    sv = ds["singular_values"].isel(checkpoint=-1)
+    means = sv.groupby("condition").mean(("member", "triplet"))  # independent route: xarray groupby
+    for t in spectra.data:
+        cond = next(c for c in map(str, means["condition"].values) if condition_text(c) in t.hovertemplate)
+        assert list(t.y) == pytest.approx(means.sel(condition=cond).values)
+        assert f"n = {3 * int((ds['condition'] == cond).sum())} Jacobians" in t.hovertemplate
+    assert spectra.layout.yaxis.type == "log"
+
+
+def test_training_figure_is_metrics_jsonl(trained_runs: dict) -> None:
+    run = trained_runs["gru"]
+    items = load_inputs([run])
+    fig = training_figure(items)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    loss, acc, star = fig.data
+    assert list(loss.x) == [m["iteration"] for m in lines] and list(loss.y) == [m["loss"] for m in lines]
+    assert list(acc.y) == [m["accuracy"] for m in lines]
+    evaluation = json.loads((run / "eval.json").read_text())
+    assert list(star.y) == [evaluation["uniform"]["token_accuracy"]] and list(star.x) == [evaluation["iteration"]]
+    assert loss.name == "GRU vanilla, seed 7"
+
+
+def test_labels_say_vanilla_or_pe_and_what_differs(trained_runs: dict) -> None:
+    assert pe_label("none") == "vanilla" and pe_label("learnable") == "PE (learnable)"
+    assert model_label({"core": "s4d", "pe": "sinusoidal"}) == "S4D PE (sinusoidal)"
+    items = load_inputs([trained_runs["gru"], trained_runs["gru-uniform"], trained_runs["lstm"]])
+    labels = [i.label for i in items]
+    assert labels[2] == "LSTM PE (sinusoidal)"
+    assert labels[0].startswith("GRU vanilla [") and "distribution=dual" in labels[0] and labels[0] != labels[1]
+
+
+def test_only_figures_with_data_are_shown(trained_runs: dict, report_inputs: dict) -> None:
+    sections = build_sections(load_inputs([trained_runs["gru"]]), ReportOptions())
+    assert [s.id for s in sections] == ["training", "provenance"]
+    sections = build_sections(load_inputs([report_inputs["accuracy"]]), ReportOptions())
+    assert [s.id for s in sections] == ["grid", "provenance"]  # no runs, no stability: no such figures
+    page = render_page("t", "", sections)
+    assert page.count("plotly.js v") <= 2 and page.count("<section") == 2
+
+
+def test_more_bad_inputs_are_one_line_errors(runner: CliRunner, report_inputs: dict, tmp_path: Path) -> None:
+    store = str(report_inputs["stability"])
+    (tmp_path / "exists.html").write_text("x")
+    cases = {
+        "does not exist": [str(tmp_path / "nope.zarr"), "-o", str(tmp_path / "r.html")],
+        "is a file": [str(tmp_path / "exists.html"), "-o", str(tmp_path / "r.html")],
+        "already exists": [store, "-o", str(tmp_path / "exists.html")],
+        "--iteration: got 7": [store, "--iteration", "7", "-o", str(tmp_path / "r.html")],
+        "--score: got 'cosine'": [store, "--score", "cosine", "-o", str(tmp_path / "r.html")],
+    }
+    for message, args in cases.items():
+        result = runner.invoke(app, ["report", *args])
+        assert result.exit_code == 2 and message in result.stderr, (message, result.stderr)
+        assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_static_export_without_a_browser_is_one_line_error(runner: CliRunner, report_inputs: dict, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("kaleido", reason="without kaleido the error is about kaleido (tested above)")
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-chromium"))  # kaleido's browser lookup honours it
+    html = tmp_path / "r.html"
+    result = runner.invoke(app, ["report", str(report_inputs["stability"]), "-o", str(html), "--static", "svg"])
+    assert result.exit_code == 2 and "Chromium" in result.stderr and result.stderr.count("\n") == 1
+    assert not html.exists() and not list(tmp_path.glob("r-*.svg"))

@@ -173,3 +173,17 @@ def test_chunk_shrinks_to_the_memory_budget() -> None:
     assert triplets_per_chunk(s4d, 32, 10 * per_triplet) == 10
     assert triplets_per_chunk(s4d, 32, 1) == 1
     assert triplets_per_chunk(s4d, 4, 1 << 30) == 4
+
+
+def test_precomputed_svd_gives_the_same_statistics() -> None:
+    from gradscope.analysis.scores import companion_stats
+    g = torch.Generator().manual_seed(5)
+    ja, jb = torch.randn(4, 2, 6, 9, generator=g, dtype=torch.float64), torch.randn(4, 2, 6, 9, generator=g,
+                                                                                       dtype=torch.float64)
+    ya, yb = torch.randn(4, 2, 6, generator=g, dtype=torch.float64), torch.randn(4, 2, 6, generator=g,
+                                                                                 dtype=torch.float64)
+    svd = lambda j: tuple(torch.linalg.svd(j, full_matrices=False)[:2])  # noqa: E731
+    plain = companion_stats(ja, jb, ya, yb)
+    reused = companion_stats(ja, jb, ya, yb, svd_a=svd(ja), svd_b=svd(jb))
+    for name in plain:
+        torch.testing.assert_close(plain[name], reused[name], equal_nan=True)

@@ -99,7 +99,9 @@ def effective_rank(sigma: Tensor) -> Tensor:
     return torch.exp(-plogp.sum(-1)).where(~p.isnan().any(-1), NAN)
 
 
-def subspace_similarity(ja: Tensor, jb: Tensor, k: int | None = None) -> Tensor:
+def subspace_similarity(ja: Tensor, jb: Tensor, k: int | None = None,
+                        svd_a: tuple[Tensor, Tensor] | None = None,
+                        svd_b: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Mean cos² of the principal angles between the top-k left singular subspaces of ja, jb. (...)
 
     With Q_A, Q_B (..., D_out, k) the top-k left singular vectors, this is ‖Q_Aᵀ Q_B‖_F² / k, the mean
@@ -107,14 +109,15 @@ def subspace_similarity(ja: Tensor, jb: Tensor, k: int | None = None) -> Tensor:
     D_out ≤ D_in the full column space of a full-rank Jacobian is all of R^D_out and would score 1 for
     any pair, so the default compares the dominant half of the output directions. Pass
     k = min(D_out, D_in) to compare whole column spaces. k is clipped to min(D_out, D_in); NaN where
-    σ_k = 0 in either Jacobian (the top-k subspace is then not determined).
+    σ_k = 0 in either Jacobian (the top-k subspace is then not determined). ``svd_a``/``svd_b``:
+    precomputed (U, S) of ja/jb (thin SVD), so callers decompose each Jacobian once.
     """
     _check_pair(ja, jb)
     limit = min(ja.shape[-2], ja.shape[-1])
     check(k is None or k >= 1, f"k: got {k}; expected a positive int or None")
     k = max(1, limit // 2) if k is None else min(k, limit)
-    ua, sa, _ = torch.linalg.svd(ja, full_matrices=False)
-    ub, sb, _ = torch.linalg.svd(jb, full_matrices=False)
+    ua, sa = svd_a if svd_a is not None else torch.linalg.svd(ja, full_matrices=False)[:2]
+    ub, sb = svd_b if svd_b is not None else torch.linalg.svd(jb, full_matrices=False)[:2]
     overlap = ua[..., :k].transpose(-2, -1) @ ub[..., :k]  # (..., k, k)
     sim = overlap.square().sum((-2, -1)) / k
     return sim.where((sa[..., k - 1] > 0) & (sb[..., k - 1] > 0), NAN)
@@ -128,18 +131,23 @@ def _nan_extreme(x: Tensor, largest: bool) -> Tensor:
     return out.where(~x.isnan().all(-1), NAN)
 
 
-def companion_stats(ja: Tensor, jb: Tensor, ya: Tensor, yb: Tensor, k: int | None = None) -> dict[str, Tensor]:
+def companion_stats(ja: Tensor, jb: Tensor, ya: Tensor, yb: Tensor, k: int | None = None,
+                    svd_a: tuple[Tensor, Tensor] | None = None,
+                    svd_b: tuple[Tensor, Tensor] | None = None) -> dict[str, Tensor]:
     """Per-pair statistics beside the score; Jacobians (..., D_out, D_in), outputs ya, yb (..., D_out).
 
     Every entry has shape (...): cos_mean / cos_min / cos_max (unweighted over rows, NaN rows skipped),
     fro_a, fro_b (‖J‖_F), fro_diff (‖J^A − J^B‖_F), spectral_a/b (σ_max), eff_rank_a/b
     (`effective_rank`), subspace_sim (`subspace_similarity` with k), forward_sim (cosine of ya, yb).
+    ``svd_a``/``svd_b``: precomputed thin-SVD (U, S) of ja/jb, to decompose each Jacobian only once.
     """
     _check_pair(ja, jb)
     check(ya.shape[-1] == ja.shape[-2] and yb.shape[-1] == ja.shape[-2],
           f"ya, yb: got trailing sizes {ya.shape[-1]}, {yb.shape[-1]}; expected D_out = {ja.shape[-2]}")
     cos = row_cosines(ja, jb)  # (..., D_out)
-    sa, sb = singular_values(ja), singular_values(jb)  # (..., R)
+    svd_a = svd_a if svd_a is not None else tuple(torch.linalg.svd(ja, full_matrices=False)[:2])
+    svd_b = svd_b if svd_b is not None else tuple(torch.linalg.svd(jb, full_matrices=False)[:2])
+    sa, sb = svd_a[1], svd_b[1]  # (..., R)
     fwd_dot, fwd_na, fwd_nb = _rows(ya, yb)
     return {
         "cos_mean": torch.nanmean(cos, dim=-1),
@@ -152,7 +160,7 @@ def companion_stats(ja: Tensor, jb: Tensor, ya: Tensor, yb: Tensor, k: int | Non
         "spectral_b": sb[..., 0],
         "eff_rank_a": effective_rank(sa),
         "eff_rank_b": effective_rank(sb),
-        "subspace_sim": subspace_similarity(ja, jb, k),
+        "subspace_sim": subspace_similarity(ja, jb, k, svd_a, svd_b),
         "forward_sim": _ratio(fwd_dot, fwd_na * fwd_nb),
     }
 

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from gradscope.analysis.jacobian import state_jacobian
-from gradscope.analysis.scores import SCORES, companion_stats, singular_values, wirtinger
+from gradscope.analysis.scores import SCORES, companion_stats, wirtinger
 from gradscope.models import S4DCore, SeqModel
 from gradscope.tasks.probes import Probes
 
@@ -77,11 +77,14 @@ def probe_stability(model: SeqModel, probes: Probes, position: int, *, method: s
         out = res.output.reshape(n, 3, -1)  # (n, 3, D_out)
         ja, jb = jac[:, :1].expand(-1, 2, -1, -1), jac[:, 1:]  # base against both partners: (n, 2, D_out, D)
         ya, yb = out[:, :1].expand(-1, 2, -1), out[:, 1:]
+        u, s, _ = torch.linalg.svd(jac, full_matrices=False)  # one decomposition per sequence, reused
+        svd_a = (u[:, :1].expand(-1, 2, -1, -1), s[:, :1].expand(-1, 2, -1))
+        svd_b = (u[:, 1:], s[:, 1:])
         for kind, fn in SCORES.items():
             keep(f"score_{kind}", fn(ja, jb).T)  # (2, n)
-        for name, value in companion_stats(ja, jb, ya, yb).items():
+        for name, value in companion_stats(ja, jb, ya, yb, svd_a=svd_a, svd_b=svd_b).items():
             keep(name, value.T)
-        keep("singular_values", singular_values(jac)[..., :top_sv].transpose(0, 1))  # (3, n, k)
+        keep("singular_values", s[..., :top_sv].transpose(0, 1))  # (3, n, k)
         if complex_state:
             w = wirtinger_score(wirtinger(ja), wirtinger(jb)).T  # (2, n) complex
             keep("wirtinger_real", w.real)
