@@ -14,6 +14,7 @@ from gradscope.errors import GradscopeError
 from gradscope.store.io import write_store
 from gradscope.store.summary import summary_attrs, summary_dataset, trial_record
 from gradscope.tasks import make_task
+from gradscope.train.loop import loss_and_correct
 from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, plan_runs, stability_step,
                                            train_step, write_report)
 from gradscope.workflows.summarize import group_records, summarize_groups
@@ -47,8 +48,7 @@ def seconds_per_step(run: PlannedRun) -> float:
     for _ in range(4):
         batch = task.sample(run.config.train.batch_size, gen)
         tic = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(batch.inputs).flatten(0, 1), batch.targets.flatten(),
-                                                 ignore_index=-100)
+        loss, _, _ = loss_and_correct(model, batch)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -11,7 +11,7 @@ import xarray as xr
 from gradscope.config import RunConfig
 from gradscope.store.io import provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES
-from gradscope.workflows.accuracy import AccuracyOptions, AccuracyResult, bin_edges
+from gradscope.workflows.accuracy import AccuracyOptions, AccuracyResult, bin_edges, bins_arg
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -66,6 +66,6 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, opts: Acc
     attrs = provenance("accuracy", command, device, {
         "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
         "train_config": dataclasses.asdict(config.train), "checkpoints": checkpoints,
-        "options": {"bins": list(opts.bins) if isinstance(opts.bins, tuple) else opts.bins, "grid": opts.grid},
+        "options": {"bins": bins_arg(opts.bins), "grid": opts.grid},
     })
     return xr.Dataset(data, coords=coords, attrs=attrs)

@@ -128,7 +128,8 @@ def _truncate_metrics(path: Path, iteration: int) -> None:
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
 
-def _loss_and_correct(model: SeqModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def loss_and_correct(model: SeqModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training objective on one batch: (mean cross-entropy over scored positions, # right, # scored)."""
     logits = model(batch.inputs)  # (B, T, K)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
     scored = batch.targets != IGNORE
@@ -171,7 +172,7 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
             for group in opt.param_groups:
                 group["lr"] = lr
             batch = sample_excluding(task, t.batch_size, state.data_gen, excluder)
-            loss, correct, scored = _loss_and_correct(model, batch)
+            loss, correct, scored = loss_and_correct(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if t.clip > 0:

@@ -89,7 +89,7 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
     if held.grid is not None and opts.grid is not False:
         gpreds = predict(model, grid_batch(task, held.grid).inputs, opts.chunk).reshape(*held.grid.shape[:-1], -1)
         gc, gt = grid_counts(gpreds, held.grid)
-        bc, bt = binned_counts(gc, gt, list(opts.bins) if isinstance(opts.bins, tuple) else opts.bins)
+        bc, bt = binned_counts(gc, gt, bins_arg(opts.bins))
         grid = (gc.numpy(), gt.numpy(), bc.numpy(), bt.numpy())
     model.to("cpu")
     return AccuracyResult(
@@ -124,4 +124,9 @@ def run_accuracy(paths: list[Path], opts: AccuracyOptions,
 
 def bin_edges(length: int, bins: int | tuple[int, ...]) -> list[tuple[int, int]]:
     """1-based inclusive (start, end) of each target-position bin."""
-    return position_bins(length, list(bins) if isinstance(bins, tuple) else bins)
+    return position_bins(length, bins_arg(bins))
+
+
+def bins_arg(bins: int | tuple[int, ...]) -> int | list[int]:
+    """The bins option as the analysis functions take it (a count, or a list of edges)."""
+    return list(bins) if isinstance(bins, tuple) else bins
