@@ -9,6 +9,7 @@ from .report import report_command
 from .reproduce import reproduce_command
 from .stability import stability_command
 from .summarize import summarize_command
+from .sweep import sweep_command
 from .train import train_command
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ app.command("accuracy")(accuracy_command)
 app.command("summarize")(summarize_command)
 app.command("report")(report_command)
 app.command("reproduce")(reproduce_command)
+app.command("sweep")(sweep_command)
 
 
 @app.callback()

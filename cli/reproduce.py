@@ -17,6 +17,7 @@ from gradscope.tasks import make_task
 from gradscope.train.loop import loss_and_correct
 from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, plan_runs, stability_step,
                                            train_step, write_report)
+from gradscope.workflows.stability import StabilityOptions
 from gradscope.workflows.summarize import group_records, summarize_groups
 
 from .common import command_line, make_console
@@ -110,7 +111,7 @@ def reproduce_command(
             progress.update(bar, completed=r.config.train.iterations, step=done, visible=False)
             progress.advance(overall)
             for name, make, path in (("accuracy", lambda: accuracy_step(r, layout, command), layout.accuracy(r)),
-                                     ("stability", lambda: stability_step(r, layout, triplets, command),
+                                     ("stability", lambda: stability_step(r, layout, StabilityOptions(triplets=triplets), command),
                                       layout.stability(r))):
                 progress.update(overall, step=f"{name} {r.name}")
                 ds = make()

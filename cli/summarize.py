@@ -60,7 +60,8 @@ def comparison_table(comparisons: list[Comparison], field: str) -> Table:
 @user_errors
 def summarize_command(
     ctx: typer.Context,
-    stores: Annotated[list[str], typer.Argument(help="Accuracy or stability stores (one per trial/seed); quoted wildcards are expanded.", show_default=False)],
+    stores: Annotated[list[str], typer.Argument(help="Accuracy or stability stores (one per trial/seed), or a sweep directory; quoted wildcards are expanded.", show_default=False)],
+    kind: Annotated[Optional[str], Opt(help="With a sweep directory: summarize its accuracy or its stability stores.")] = None,
     by: Annotated[str, Opt(help="Config fields to group by: model, pe, vocab, task, hidden, layers, length, rarity, distribution, combine, embed, state.")] = "model,pe,vocab",
     unit: Annotated[str, Opt(help="Resampling unit: trial (seeds, as in the paper) or token (pooled tokens/sequences/triplets).")] = "trial",
     resamples: Annotated[int, Opt(help="Bootstrap resamples.")] = 10_000,
@@ -84,7 +85,7 @@ def summarize_command(
     if out is not None and out.exists() and not overwrite:
         raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
     fields = parse_by(by)
-    paths = expand_store_paths(stores)
+    paths = expand_store_paths(stores, kind)
     records = [trial_record(p, score) for p in paths]
     groups = group_records(records, fields)
     all_metrics = list(dict.fromkeys(m for r in records for m in r.metrics))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -11,8 +10,7 @@ from rich.table import Table
 
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError
-from gradscope.presets import PRESETS
-from gradscope.tasks import make_task
+from gradscope.presets import FIELDS, PRESETS, build_config
 from gradscope.train.loop import is_run_dir, read_run_config, train
 
 from .common import command_line, make_console
@@ -20,42 +18,6 @@ from .errors import user_errors
 from .progress import make_progress
 
 console = make_console()
-
-# option name → (config section, field)
-FIELDS: dict[str, tuple[str, str]] = {
-    "model": ("model", "core"), "pe": ("model", "pe"), "pe_combine": ("model", "pe_combine"),
-    "layers": ("model", "num_layers"), "embed": ("model", "embed_size"), "hidden": ("model", "hidden_size"),
-    "state_size": ("model", "state_size"), "max_len": ("model", "max_len"),
-    "task": ("task", "name"), "vocab": ("task", "vocab_size"), "length": ("task", "length"),
-    "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
-    "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
-    "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"),
-    "iterations": ("train", "iterations"), "batch_size": ("train", "batch_size"), "lr": ("train", "lr"),
-    "warmup": ("train", "warmup"), "eps": ("train", "eps"), "clip": ("train", "clip"),
-    "checkpoint_every": ("train", "checkpoint_every"), "log_every": ("train", "log_every"),
-    "seed": ("train", "seed"), "device": ("train", "device"), "threads": ("train", "threads"),
-}
-
-
-def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
-    """Preset values, overridden by every option the user gave; the model is sized to the task."""
-    if preset not in PRESETS:
-        raise GradscopeError(f"--preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
-    base = PRESETS[preset]
-    sections: dict[str, dict[str, Any]] = {"model": {}, "task": {}, "train": {}}
-    for name, value in options.items():
-        if value is not None and name in FIELDS:
-            section, field = FIELDS[name]
-            sections[section][field] = value
-    if options.get("beta1") is not None or options.get("beta2") is not None:
-        b1, b2 = base.train.betas
-        sections["train"]["betas"] = (options.get("beta1") or b1, options.get("beta2") or b2)
-    task = dataclasses.replace(base.task, **sections["task"])
-    sections["model"].setdefault("vocab_size", make_task(task).num_classes)
-    sections["model"].setdefault("max_len", max(base.model.max_len, make_task(task).total_len))
-    return RunConfig(model=dataclasses.replace(base.model, **sections["model"]), task=task,
-                     train=dataclasses.replace(base.train, **sections["train"]))
-
 
 def default_run_dir(cfg: RunConfig, preset: str) -> Path:
     """runs/<preset>-<core>-<pe>-K<K>-s<seed>, numbered -2, -3… if it already exists."""
@@ -135,6 +97,8 @@ def train_command(
             raise GradscopeError(f"--resume: {resume} is not a gradscope run directory (no config.json)")
         cfg, run_dir = read_run_config(resume), resume
     else:
+        if preset not in PRESETS:
+            raise GradscopeError(f"--preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
         cfg = build_config(preset, options)
         run_dir = out if out is not None else default_run_dir(cfg, preset)
     if stop_after is not None and stop_after <= 0:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from gradscope.errors import GradscopeError
 
 PRESETS: dict[str, RunConfig] = {
     # About a minute on 2 CPU cores: dual-frequency reverse, small GRU.
@@ -52,3 +56,52 @@ SCALES: dict[str, dict[str, RunConfig]] = {
     # dual-frequency vocabularies of the paper's Figure 3: GRU K=64, LSTM K=1024, S4D K=2048
     "paper": {"gru": _paper("gru", 64), "lstm": _paper("lstm", 1024), "s4d": _paper("s4d", 2048)},
 }
+
+
+# option name (as in `gradscope train --<name>` and a sweep spec) → (config section, field)
+FIELDS: dict[str, tuple[str, str]] = {
+    "model": ("model", "core"), "pe": ("model", "pe"), "pe_combine": ("model", "pe_combine"),
+    "layers": ("model", "num_layers"), "embed": ("model", "embed_size"), "hidden": ("model", "hidden_size"),
+    "state_size": ("model", "state_size"), "max_len": ("model", "max_len"),
+    "task": ("task", "name"), "vocab": ("task", "vocab_size"), "length": ("task", "length"),
+    "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
+    "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
+    "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"),
+    "iterations": ("train", "iterations"), "batch_size": ("train", "batch_size"), "lr": ("train", "lr"),
+    "warmup": ("train", "warmup"), "eps": ("train", "eps"), "clip": ("train", "clip"),
+    "checkpoint_every": ("train", "checkpoint_every"), "log_every": ("train", "log_every"),
+    "seed": ("train", "seed"), "device": ("train", "device"), "threads": ("train", "threads"),
+}
+
+
+def _checked(name: str, value: Any, default: Any) -> Any:
+    """``value`` if it has the type of the field's ``default`` (an int is accepted for a float)."""
+    kind = type(default)
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise GradscopeError(f"{name}: got {value!r}; expected {'a number' if kind is float else kind.__name__}")
+    return value
+
+
+def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
+    """Preset values, overridden by every option given (names as in :data:`FIELDS`, plus beta1 and
+    beta2); the model's vocabulary and PE length are sized to the task."""
+    if preset not in PRESETS:
+        raise GradscopeError(f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
+    base = PRESETS[preset]
+    sections: dict[str, dict[str, Any]] = {"model": {}, "task": {}, "train": {}}
+    for name, value in options.items():
+        if value is not None and name in FIELDS:
+            section, field = FIELDS[name]
+            sections[section][field] = _checked(name, value, getattr(getattr(base, section), field))
+    if options.get("beta1") is not None or options.get("beta2") is not None:
+        b1, b2 = base.train.betas
+        sections["train"]["betas"] = (options.get("beta1") or b1, options.get("beta2") or b2)
+    from gradscope.tasks import make_task  # tasks import configs; keep this module light to import
+    task = dataclasses.replace(base.task, **sections["task"])
+    sections["model"].setdefault("vocab_size", make_task(task).num_classes)
+    sections["model"].setdefault("max_len", max(base.model.max_len, make_task(task).total_len))
+    return RunConfig(model=dataclasses.replace(base.model, **sections["model"]), task=task,
+                     train=dataclasses.replace(base.train, **sections["train"]))

@@ -18,6 +18,7 @@ import xarray as xr
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
 from gradscope.errors import GradscopeError, check
 from gradscope.store.io import attr_json, read_store, sha256_file
+from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
 from gradscope.train.checkpoint import list_checkpoints
 
 CORE_NAMES = {"gru": "GRU", "lstm": "LSTM", "elman": "Elman RNN", "s4d": "S4D"}
@@ -111,8 +112,13 @@ def load_store(path: Path) -> Input:
 def load_inputs(paths: list[Path]) -> list[Input]:
     """Stores and run directories, checked; a user error names the first bad path."""
     check(bool(paths), "inputs: give at least one store (stability, accuracy, summary) or run directory")
+    expanded: list[Path] = []
+    for path in map(Path, paths):  # a sweep stands for its finished runs and their stores
+        sweep = manifest_outputs(path, OUTPUTS) if manifest_path(path) is not None else [path]
+        check(bool(sweep), f"inputs: the sweep {path} has no finished points yet")
+        expanded.extend(sweep)
     out = []
-    for path in map(Path, paths):
+    for path in expanded:
         check(path.exists(), f"inputs: {path} does not exist")
         check(path.is_dir(), f"inputs: {path} is a file; expected a zarr store or a run directory")
         out.append(load_run(path) if (path / "config.json").is_file() else load_store(path))

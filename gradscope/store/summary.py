@@ -11,6 +11,7 @@ import xarray as xr
 
 from gradscope.errors import GradscopeError, check
 from gradscope.store.io import attr_json, provenance, read_store
+from gradscope.store.manifest import manifest_outputs, manifest_path
 from gradscope.train.io import atomic_write_text
 from gradscope.workflows.summarize import SummaryEntry, TrialRecord
 
@@ -18,18 +19,34 @@ CONFIG_FIELDS = {"model_config": ("core", "pe", "pe_combine", "hidden_size", "em
                  "task_config": ("vocab_size", "length", "distribution", "rarity")}
 
 
-def expand_store_paths(patterns: list[str]) -> list[Path]:
-    """Paths as given; patterns with wildcards (quoted, so the shell left them) are globbed."""
+def expand_store_paths(patterns: list[str], kind: str | None = None) -> list[Path]:
+    """Paths as given; patterns with wildcards (quoted, so the shell left them) are globbed; a
+    sweep directory (or its sweep.json) stands for the stores of its finished points, of ``kind``
+    (accuracy or stability) — required when the sweep has both."""
+    check(kind in (None, "accuracy", "stability"), f"--kind: got {kind!r}; valid kinds are accuracy, stability")
     out: list[Path] = []
     for pattern in patterns:
         if any(ch in pattern for ch in "*?["):
             matches = sorted(glob.glob(pattern))
             check(bool(matches), f"stores: the pattern {pattern!r} matches nothing")
             out.extend(Path(m) for m in matches)
+        elif manifest_path(Path(pattern)) is not None:
+            out.extend(_sweep_stores(Path(pattern), kind))
         else:
             out.append(Path(pattern))
     check(bool(out), "stores: give at least one store")
     return out
+
+
+def _sweep_stores(path: Path, kind: str | None) -> list[Path]:
+    found = {k: manifest_outputs(path, (k,)) for k in ("accuracy", "stability")}
+    if kind is None:
+        present = [k for k, v in found.items() if v]
+        check(len(present) < 2, f"stores: the sweep {path} has accuracy and stability stores; choose one with "
+                                f"--kind accuracy or --kind stability")
+        kind = present[0] if present else "accuracy"
+    check(bool(found[kind]), f"stores: the sweep {path} has no finished {kind} stores yet")
+    return found[kind]
 
 
 def _fields(ds: xr.Dataset) -> dict[str, str]:

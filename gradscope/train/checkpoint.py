@@ -37,14 +37,16 @@ def checkpoint_name(iteration: int) -> str:
     return f"step-{iteration:07d}.pt"
 
 
+def checkpoint_iteration(path: Path) -> int:
+    """The training iteration in a checkpoint's file name (gradscope or paper naming), or -1."""
+    m = CHECKPOINT_RE.match(Path(path).name) or PAPER_RE.match(Path(path).name)
+    return int(m.group(1)) if m else -1
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoints in a run directory (gradscope or paper naming), oldest first."""
-    found = []
-    for p in Path(run_dir).iterdir():
-        m = CHECKPOINT_RE.match(p.name) or PAPER_RE.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+    found = [(checkpoint_iteration(p), p) for p in Path(run_dir).iterdir()]
+    return [p for i, p in sorted(found) if i >= 0]
 
 
 @dataclass(frozen=True)

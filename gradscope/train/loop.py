@@ -52,6 +52,24 @@ def is_run_dir(path: Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
+def resumable(run_dir: Path) -> bool:
+    """True when the run directory holds a training checkpoint to resume from."""
+    return any(p.name.startswith("step-") for p in list_checkpoints(run_dir))
+
+
+def discard_unstarted(run_dir: Path) -> None:
+    """Make a run killed before its first checkpoint startable again. Such a directory holds only
+    its config, a few log lines and perhaps a temporary file of an interrupted write; a fresh start
+    redoes all of it, so nothing is lost. Anything else in the directory is refused, not deleted."""
+    run_dir = Path(run_dir)
+    others = sorted(p.name for p in run_dir.iterdir()
+                    if p.name not in (CONFIG_FILE, METRICS_FILE) and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+    check(not others, f"run directory: {run_dir} has no checkpoint to resume from but holds {', '.join(others)}; "
+                      f"move it away to start the run again")
+    for p in run_dir.iterdir():
+        p.unlink()
+
+
 def read_run_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / CONFIG_FILE
     try:

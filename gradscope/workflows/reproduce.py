@@ -16,7 +16,8 @@ from gradscope.errors import check
 from gradscope.models import SeqModel
 from gradscope.presets import SCALES
 from gradscope.tasks import make_task
-from gradscope.train.loop import EVAL_FILE, is_run_dir, read_run_config, train
+from gradscope.train.checkpoint import checkpoint_iteration, resolve_checkpoints
+from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
 from gradscope.workflows.stability import StabilityOptions, run_stability
 
@@ -112,28 +113,46 @@ def train_step(r: PlannedRun, layout: Layout, on_step: Callable[[int, dict | Non
                                                     f"configuration than the plan; move it away or choose another --out")
     if (run_dir / EVAL_FILE).exists():
         return "done earlier"
+    if resume and not resumable(run_dir):  # killed before its first checkpoint
+        discard_unstarted(run_dir)
+        resume = False
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     train(r.config, run_dir, resume=resume, on_step=on_step, command=command)
     return "resumed" if resume else "trained"
 
 
-def accuracy_step(r: PlannedRun, layout: Layout, command: str = ""):  # noqa: ANN201 - returns an xr.Dataset
-    """The accuracy store of one run, or None when it exists already."""
+def accuracy_step(r: PlannedRun, layout: Layout, command: str = "", opts: AccuracyOptions = AccuracyOptions(),
+                  checkpoints: str | tuple[int, ...] = "all"):  # noqa: ANN201 - returns an xr.Dataset
+    """The accuracy store of one run (at the chosen checkpoints), or None when it exists already."""
     from gradscope.store.accuracy import accuracy_dataset
     if layout.accuracy(r).exists():
         return None
-    opts = AccuracyOptions()
-    loaded, results = run_accuracy([layout.run(r)], opts)
+    loaded, results = run_accuracy(select_checkpoints(layout.run(r), checkpoints), opts)
     return accuracy_dataset(results, loaded[0].config, opts, command, opts.device)
 
 
-def stability_step(r: PlannedRun, layout: Layout, triplets: int, command: str = ""):  # noqa: ANN201
-    """The stability store of one run (all four conditions, every checkpoint), or None when it exists."""
+def select_checkpoints(run_dir: Path, which: str | tuple[int, ...]) -> list[Path]:
+    """The run's checkpoints to analyse: "all", "last", or those at the given iterations."""
+    found = resolve_checkpoints(run_dir)
+    if which == "all":
+        return found
+    if which == "last":
+        return found[-1:]
+    by_iteration = {checkpoint_iteration(p): p for p in found}
+    missing = [i for i in which if i not in by_iteration]
+    check(not missing, f"checkpoints: {run_dir} has no checkpoint at iteration(s) "
+                       f"{', '.join(map(str, missing))}; it has {', '.join(map(str, by_iteration))}")
+    return [by_iteration[i] for i in which]
+
+
+def stability_step(r: PlannedRun, layout: Layout, opts: StabilityOptions, command: str = "",
+                   checkpoints: str | tuple[int, ...] = "all"):  # noqa: ANN201
+    """The stability store of one run (``opts``' conditions at the chosen checkpoints), or None
+    when it exists."""
     from gradscope.store.stability import stability_dataset
     if layout.stability(r).exists():
         return None
-    opts = StabilityOptions(triplets=triplets)
-    loaded, probes, results = run_stability([layout.run(r)], opts)
+    loaded, probes, results = run_stability(select_checkpoints(layout.run(r), checkpoints), opts)
     return stability_dataset(results, probes, opts, loaded[0].config, command, opts.device)
 
 

@@ -1,0 +1,327 @@
+"""Sweeps: a TOML spec → grid points → one task per point (train → accuracy → stability).
+
+This module is the pure part: parsing and checking the spec, expanding the grid, and the task that
+runs one point (what a dask worker executes). Scheduling lives in :mod:`gradscope.workflows.cluster`.
+
+A spec (see ``examples/sweep-tiny.toml``)::
+
+    name = "tiny-grid"
+    preset = "tiny"                 # base configuration; [settings] overrides it
+    [settings]                      # any `gradscope train` option, e.g. hidden = 32
+    iterations = 400
+    [axes]                          # every combination of these lists is one grid point
+    pe = ["none", "sinusoidal"]
+    vocab = [16, 32]
+    [accuracy]                      # omit the table to skip the analysis
+    checkpoints = "all"             # "all", "last" or a list of iterations
+    [stability]
+    checkpoints = "last"
+    target_freq = ["rare"]
+    disturbant = ["frequent", "rare"]
+    triplets = 16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gradscope.errors import GradscopeError, check
+from gradscope.presets import FIELDS, PRESETS, build_config
+from gradscope.workflows.accuracy import AccuracyOptions
+from gradscope.workflows.reproduce import Layout, PlannedRun, accuracy_step, stability_step, train_step
+from gradscope.workflows.stability import STABILITY_TASKS, StabilityOptions, conditions_for
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+SPEC_KEYS = ("name", "preset", "settings", "axes", "accuracy", "stability")
+SETTINGS = (*FIELDS, "beta1", "beta2")
+ACCURACY_KEYS = ("checkpoints", "bins", "device")
+STABILITY_KEYS = ("checkpoints", "target_freq", "disturbant", "triplets", "position", "seed", "device")
+Checkpoints = str | tuple[int, ...]  # "all", "last" or iterations
+
+
+@dataclass(frozen=True)
+class Analyses:
+    """What runs on each trained point; None skips an analysis."""
+
+    accuracy: AccuracyOptions | None = AccuracyOptions()
+    accuracy_checkpoints: Checkpoints = "all"
+    stability: StabilityOptions | None = StabilityOptions(triplets=16)
+    stability_checkpoints: Checkpoints = "all"
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready description (stored in the manifest; a re-run must match it)."""
+        def opts(o: Any) -> Any:
+            return None if o is None else {k: (str(v) if isinstance(v, Path) else v)
+                                           for k, v in dataclasses.asdict(o).items()}
+        described = {"accuracy": opts(self.accuracy), "accuracy_checkpoints": self.accuracy_checkpoints,
+                     "stability": opts(self.stability), "stability_checkpoints": self.stability_checkpoints}
+        return json.loads(json.dumps(described))  # as the manifest will hold it (tuples become lists)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    preset: str
+    settings: tuple[tuple[str, Any], ...]
+    axes: tuple[tuple[str, tuple[Any, ...]], ...]
+    analyses: Analyses
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One grid point: its run (name and configuration) and its axis values."""
+
+    run: PlannedRun
+    axes: tuple[tuple[str, Any], ...]
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+
+@dataclass(frozen=True)
+class PointOutcome:
+    """What one task did: each step's result ("trained", "resumed", "written", "done earlier"),
+    wall-clock seconds, and where it ran."""
+
+    name: str
+    steps: tuple[tuple[str, str], ...]
+    seconds: float
+    worker: str
+    threads: int
+
+
+def _unknown(where: str, given: Any, valid: tuple[str, ...]) -> None:
+    bad = sorted(set(given) - set(valid))
+    check(not bad, f"spec: unknown key(s) {', '.join(map(repr, bad))} in {where}; valid keys are {', '.join(valid)}")
+
+
+def _checkpoints(where: str, value: Any) -> Checkpoints:
+    if value in ("all", "last"):
+        return str(value)
+    ok = isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                   for v in value)
+    check(bool(ok), f"spec: [{where}] checkpoints: got {value!r}; give \"all\", \"last\" or a list of iterations "
+                    f"such as [500, 1000]")
+    return tuple(sorted(set(value)))
+
+
+def _groups(where: str, key: str, value: Any) -> tuple[str, ...]:
+    value = [value] if isinstance(value, str) else value
+    check(isinstance(value, list) and all(isinstance(v, str) for v in value),
+          f"spec: [{where}] {key}: got {value!r}; give a list of groups such as [\"frequent\", \"rare\"]")
+    return tuple(value)
+
+
+def _int(where: str, key: str, value: Any, minimum: int) -> int:
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+          f"spec: [{where}] {key}: got {value!r}; expected an integer >= {minimum}")
+    return int(value)
+
+
+def _analyses(doc: dict[str, Any]) -> Analyses:
+    acc, acc_ckpt = None, "all"
+    if "accuracy" in doc:
+        table = doc["accuracy"]
+        check(isinstance(table, dict), "spec: accuracy must be a table ([accuracy])")
+        _unknown("[accuracy]", table, ACCURACY_KEYS)
+        bins = table.get("bins", 4)
+        bins = _int("accuracy", "bins", bins, 1) if not isinstance(bins, list) else tuple(
+            _int("accuracy", "bins", b, 0) for b in bins)
+        acc = AccuracyOptions(bins=bins, device=str(table.get("device", "auto")))
+        acc_ckpt = _checkpoints("accuracy", table.get("checkpoints", "all"))
+    stab, stab_ckpt = None, "all"
+    if "stability" in doc:
+        table = doc["stability"]
+        check(isinstance(table, dict), "spec: stability must be a table ([stability])")
+        _unknown("[stability]", table, STABILITY_KEYS)
+        stab = StabilityOptions(target_groups=_groups("stability", "target_freq", table.get("target_freq", [])),
+                                disturbant_groups=_groups("stability", "disturbant", table.get("disturbant", [])),
+                                triplets=_int("stability", "triplets", table.get("triplets", 16), 1),
+                                position=_int("stability", "position", table.get("position", 1), 1),
+                                seed=_int("stability", "seed", table.get("seed", 0), 0),
+                                device=str(table.get("device", "auto")))
+        stab_ckpt = _checkpoints("stability", table.get("checkpoints", "all"))
+    return Analyses(acc, acc_ckpt, stab, stab_ckpt)
+
+
+def parse_spec(text: str, source: str = "spec") -> SweepSpec:
+    """Parse and check a TOML sweep spec; user errors name the key and what is valid."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise GradscopeError(f"spec: {source} is not valid TOML ({exc})") from None
+    _unknown("the spec", doc, SPEC_KEYS)
+    preset = doc.get("preset", "tiny")
+    check(preset in PRESETS, f"spec: preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
+    settings = doc.get("settings", {})
+    axes = doc.get("axes", {})
+    check(isinstance(settings, dict), "spec: settings must be a table ([settings])")
+    check(isinstance(axes, dict) and bool(axes), "spec: give at least one axis in [axes], e.g. seed = [1, 2]")
+    _unknown("[settings]", settings, SETTINGS)
+    _unknown("[axes]", axes, tuple(FIELDS))
+    both = sorted(set(settings) & set(axes))
+    check(not both, f"spec: {', '.join(both)} is both a setting and an axis; keep it in one place")
+    for name, values in axes.items():
+        check(isinstance(values, list) and len(values) > 0,
+              f"spec: [axes] {name}: got {values!r}; give a non-empty list of values")
+        check(len({repr(v) for v in values}) == len(values), f"spec: [axes] {name}: repeated values in {values!r}")
+    name = str(doc.get("name", "sweep"))
+    return SweepSpec(name, preset, tuple(settings.items()), tuple((k, tuple(v)) for k, v in axes.items()),
+                     _analyses(doc))
+
+
+def read_spec(path: Path) -> SweepSpec:
+    path = Path(path)
+    check(path.is_file(), f"spec: {path} does not exist or is not a file")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GradscopeError(f"spec: cannot read {path} ({type(exc).__name__})") from None
+    return parse_spec(text, str(path))
+
+
+def _tag(axis: str, value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.+_-]", "_", f"{axis}{value}")
+
+
+def point_name(config: Any, axes: tuple[tuple[str, Any], ...]) -> str:
+    """<core>-<pe>-K<vocab>[-<other axis><value>…]-s<seed>: readable and unique within a grid."""
+    named = ("model", "pe", "vocab", "seed")
+    extra = [_tag(a, v) for a, v in axes if a not in named]
+    task = [config.task.name] if any(a == "task" for a, _ in axes) else []
+    return "-".join([*task, config.model.core, config.model.pe, f"K{config.task.vocab_size}", *extra,
+                     f"s{config.train.seed}"])
+
+
+def _check_point(point: SweepPoint, analyses: Analyses) -> None:
+    cfg, name = point.run.config, point.name
+    every, total = cfg.train.checkpoint_every, cfg.train.iterations
+    saved = set(range(every, total + 1, every)) | {total}
+    for which, chosen in (("accuracy", analyses.accuracy_checkpoints), ("stability", analyses.stability_checkpoints)):
+        if isinstance(chosen, tuple):
+            missing = sorted(set(chosen) - saved)
+            check(not missing, f"spec: [{which}] checkpoints: {name} saves checkpoints every {every} of {total} "
+                               f"iterations, so there is none at {', '.join(map(str, missing))}")
+    if analyses.stability is not None:
+        check(cfg.task.name in STABILITY_TASKS, f"spec: [stability] {name} trains on {cfg.task.name!r}; stability "
+                                                f"probes are defined for {', '.join(STABILITY_TASKS)}")
+        try:
+            conditions_for(cfg.task, analyses.stability.target_groups, analyses.stability.disturbant_groups)
+        except GradscopeError as exc:
+            raise GradscopeError(f"spec: [stability] {name}: {exc}") from None
+        check(1 <= analyses.stability.position <= cfg.task.length,
+              f"spec: [stability] position: got {analyses.stability.position}; {name} has positions 1…{cfg.task.length}")
+
+
+def plan_points(spec: SweepSpec) -> list[SweepPoint]:
+    """Every combination of the axes (the last axis varies fastest), each a checked run."""
+    names = [a for a, _ in spec.axes]
+    points = []
+    for values in itertools.product(*(v for _, v in spec.axes)):
+        axes = tuple(zip(names, values))
+        options = {**dict(spec.settings), **dict(axes)}
+        try:
+            config = build_config(spec.preset, options)
+        except GradscopeError as exc:
+            where = ", ".join(f"{a}={v}" for a, v in axes)
+            raise GradscopeError(f"spec: at {where}: {exc}") from None
+        point = SweepPoint(PlannedRun(point_name(config, axes), config), axes)
+        _check_point(point, spec.analyses)
+        points.append(point)
+    seen: dict[str, SweepPoint] = {}
+    for p in points:
+        if p.name in seen:
+            raise GradscopeError(f"spec: two grid points share the name {p.name} ({dict(seen[p.name].axes)} and "
+                                 f"{dict(p.axes)}); they would write the same run")
+        seen[p.name] = p
+    return points
+
+
+def point_outputs(point: SweepPoint, layout: Layout, analyses: Analyses) -> dict[str, Path | None]:
+    """Where a point's outputs go (None: that analysis is not run)."""
+    return {"run": layout.run(point.run),
+            "accuracy": layout.accuracy(point.run) if analyses.accuracy is not None else None,
+            "stability": layout.stability(point.run) if analyses.stability is not None else None}
+
+
+def point_finished(point: SweepPoint, layout: Layout, analyses: Analyses) -> bool:
+    """Every output of the point exists (a finished run has its held-out evaluation)."""
+    from gradscope.train.loop import EVAL_FILE
+    out = point_outputs(point, layout, analyses)
+    return (out["run"] / EVAL_FILE).is_file() and all(p.exists() for k, p in out.items() if k != "run" and p)
+
+
+def remove_stale_temporaries(point: SweepPoint, layout: Layout) -> None:
+    """Temporary files and stores left by a task that was killed mid-write (the real outputs are
+    only ever renamed into place, so these are never needed)."""
+    run_dir, stores = layout.run(point.run), layout.accuracy(point.run).parent
+    for folder, prefixes in ((run_dir, (".",)), (stores, (f".accuracy-{point.name}.zarr.", f".stability-{point.name}.zarr."))):
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if p.name.startswith(prefixes) and p.name.endswith((".tmp", ".old")):
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def run_point(point: SweepPoint, root: str, analyses: Analyses, threads: int, command: str = "") -> PointOutcome:
+    """The task of one grid point: train (or resume, or skip), then the analyses whose stores are
+    missing. Every output is written atomically, so a task killed at any moment can be re-run."""
+    import torch
+    from gradscope.store.io import write_store
+    tic = time.perf_counter()
+    torch.set_num_threads(max(1, threads))
+    layout = Layout(Path(root))
+    remove_stale_temporaries(point, layout)
+    steps = [("train", train_step(point.run, layout, command=command))]
+    out = point_outputs(point, layout, analyses)
+    if analyses.accuracy is not None:
+        ds = accuracy_step(point.run, layout, command, analyses.accuracy, analyses.accuracy_checkpoints)
+        steps.append(("accuracy", "done earlier" if ds is None else "written"))
+        if ds is not None:
+            out["accuracy"].parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+            write_store(ds, out["accuracy"])  # type: ignore[arg-type]
+    if analyses.stability is not None:
+        ds = stability_step(point.run, layout, analyses.stability, command, analyses.stability_checkpoints)
+        steps.append(("stability", "done earlier" if ds is None else "written"))
+        if ds is not None:
+            out["stability"].parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+            write_store(ds, out["stability"])  # type: ignore[arg-type]
+    return PointOutcome(point.name, tuple(steps), time.perf_counter() - tic, f"{socket.gethostname()}:{os.getpid()}",
+                        torch.get_num_threads())
+
+
+def manifest_entry(point: SweepPoint, layout: Layout, analyses: Analyses, status: str,
+                   outcome: PointOutcome | None = None, error: str | None = None) -> dict[str, Any]:
+    """One point of the sweep's manifest (paths relative to the sweep directory)."""
+    outputs = {k: (str(p.relative_to(layout.root)) if p is not None else None)
+               for k, p in point_outputs(point, layout, analyses).items()}
+    entry: dict[str, Any] = {"name": point.name, "axes": dict(point.axes), "status": status, "outputs": outputs,
+                             "error": error}
+    if outcome is not None:
+        entry.update(steps=dict(outcome.steps), seconds=round(outcome.seconds, 3), worker=outcome.worker,
+                     threads=outcome.threads)
+    return entry
+
+
+def check_existing(points: list[SweepPoint], layout: Layout) -> None:
+    """Refuse to mix runs: a point whose run directory was started with another configuration."""
+    from gradscope.train.loop import is_run_dir, read_run_config
+    clash = [p.name for p in points if is_run_dir(layout.run(p.run)) and read_run_config(layout.run(p.run)) != p.run.config]
+    check(not clash, f"--out: {layout.root} holds run(s) started with a different configuration than this spec "
+                     f"({', '.join(clash[:5])}{' …' if len(clash) > 5 else ''}); choose another --out or restore the spec")

@@ -1,0 +1,254 @@
+"""`gradscope sweep`: spec parsing, the per-point task, and real dask clusters (local, killed worker,
+separate scheduler and worker processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+import gradscope
+from gradscope.cli.app import app
+from gradscope.errors import GradscopeError
+from gradscope.store import read_store
+from gradscope.store.manifest import read_manifest
+from gradscope.train import list_checkpoints
+from gradscope.workflows.reproduce import Layout
+from gradscope.workflows.sweep import parse_spec, plan_points, run_point
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-c", "from gradscope.cli.app import main; main()"]
+
+# A 2 × 2 grid (PE × seed) of very small GRUs: seconds per point on one core.
+GRID = """
+name = "grid"
+preset = "tiny"
+[settings]
+hidden = 16
+embed = 8
+vocab = 8
+length = 4
+heldout = 64
+grid_per_cell = 2
+batch_size = 16
+iterations = {iterations}
+checkpoint_every = {every}
+warmup = 5
+log_every = 10
+[axes]
+pe = ["none", "sinusoidal"]
+seed = {seeds}
+[accuracy]
+checkpoints = "all"
+[stability]
+checkpoints = "last"
+triplets = 2
+"""
+
+
+def grid(tmp_path: Path, iterations: int = 40, every: int = 20, seeds: str = "[1, 2]") -> Path:
+    spec = tmp_path / "grid.toml"
+    spec.write_text(GRID.format(iterations=iterations, every=every, seeds=seeds))
+    return spec
+
+
+def sweep(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh process (cwd outside the repository, so the installed package is used)."""
+    return subprocess.run([*CLI, "sweep", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def check_outputs(out: Path, names: list[str]) -> dict[str, dict]:
+    """Every point done; every checkpoint loads; every store opens; nothing half-written is left."""
+    manifest = read_manifest(out)
+    points = {p["name"]: p for p in manifest["points"]}
+    assert sorted(points) == sorted(names)
+    for name, p in points.items():
+        assert p["status"] == "done", p
+        run = out / p["outputs"]["run"]
+        assert (run / "eval.json").is_file()
+        for ckpt in list_checkpoints(run):
+            gradscope.load(ckpt)
+        assert read_store(out / p["outputs"]["accuracy"], kind="accuracy").sizes["checkpoint"] >= 1
+        assert read_store(out / p["outputs"]["stability"], kind="stability").sizes["checkpoint"] == 1
+    leftovers = [p for p in out.rglob(".*") if p.name.endswith((".tmp", ".old"))]
+    assert not leftovers, leftovers
+    return points
+
+
+# --- the spec ----------------------------------------------------------------------------------
+
+def test_the_documented_example_spec_plans_a_2x2_grid() -> None:
+    spec = parse_spec((REPO / "docs" / "sweep-tiny.toml").read_text())
+    points = plan_points(spec)
+    assert [p.name for p in points] == ["gru-none-K16-s111", "gru-none-K32-s111", "gru-sinusoidal-K16-s111",
+                                        "gru-sinusoidal-K32-s111"]
+    cfg = points[3].run.config
+    assert (cfg.model.pe, cfg.task.vocab_size, cfg.model.hidden_size, cfg.train.iterations) == ("sinusoidal", 32, 32, 1500)
+    assert cfg.model.vocab_size == 32 and cfg.model.max_len >= 2 * cfg.task.length + 1  # sized to the task
+    assert spec.analyses.stability is not None and spec.analyses.stability.target_groups == ("frequent", "rare")
+
+
+def test_other_axes_name_the_points(tmp_path: Path) -> None:
+    spec = parse_spec('[axes]\nlr = [0.01, 0.003]\nmodel = ["lstm"]\n')
+    assert [p.name for p in plan_points(spec)] == ["lstm-none-K16-lr0.01-s111", "lstm-none-K16-lr0.003-s111"]
+    assert [p.run.config.train.lr for p in plan_points(spec)] == [0.01, 0.003]
+    assert spec.analyses.accuracy is None and spec.analyses.stability is None  # no tables: train only
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[axes]\nseed = [1]\ncolour = [1]\n", "unknown key(s) 'colour' in [axes]"),
+    ("[axes]\nseed = []\n", "give a non-empty list"),
+    ("[axes]\nseed = [1, 1]\n", "repeated values"),
+    ("[settings]\nseed = 1\n[axes]\nseed = [2]\n", "seed is both a setting and an axis"),
+    ("[settings]\nhidden = \"32\"\n[axes]\nseed = [1]\n", "hidden: got '32'; expected int"),
+    ("[axes]\nmodel = [\"transformer\"]\n", "at model=transformer: core: got 'transformer'"),
+    ("preset = \"huge\"\n[axes]\nseed = [1]\n", "preset: got 'huge'"),
+    ("[axes]\nseed = [1]\n[stability]\ncheckpoints = [1234]\n", "there is none at 1234"),
+    ("[settings]\ndistribution = \"uniform\"\n[axes]\nseed = [1]\n[stability]\ntarget_freq = [\"rare\"]\n",
+     "no frequent/rare split"),
+    ("[settings]\ntask = \"copy\"\n[axes]\nseed = [1]\n[stability]\n", "stability probes are defined for"),
+    ("[axes]\nseed = [1]\n[stability]\ntriplets = 0\n", "triplets: got 0"),
+    ("[axes]\nseed = [1\n", "not valid TOML"),
+    ("[settings]\nhidden = 8\n", "give at least one axis"),
+])
+def test_bad_specs_are_one_line_errors(text: str, message: str, runner: CliRunner, tmp_path: Path) -> None:
+    with pytest.raises(GradscopeError, match=None) as err:
+        plan_points(parse_spec(text))
+    assert message in str(err.value)
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text)
+    result = runner.invoke(app, ["sweep", str(spec), "--dry-run"])
+    assert result.exit_code == 2 and result.stderr.startswith("error: spec") and result.stderr.count("\n") <= 2
+
+
+def test_dry_run_lists_the_grid_and_runs_nothing(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["sweep", str(grid(tmp_path)), "--dry-run", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.stderr
+    assert "gru-sinusoidal-K8-s2" in result.stdout and "to run" in result.stdout
+    assert not (tmp_path / "out").exists()
+    both = runner.invoke(app, ["sweep", str(grid(tmp_path)), "--scheduler", "tcp://127.0.0.1:1", "--workers", "2",
+                               "-o", str(tmp_path / "o2")])
+    assert both.exit_code == 2 and "--workers" in both.stderr
+
+
+# --- one point, without dask -------------------------------------------------------------------
+
+def test_run_point_resumes_and_skips_and_cleans_up_after_a_kill(tmp_path: Path) -> None:
+    from gradscope.train import train
+    spec = parse_spec(grid(tmp_path, seeds="[1]").read_text())
+    point = plan_points(spec)[0]
+    layout = Layout(tmp_path / "out")
+    # a run killed before its first checkpoint: config and log only, plus a half-written checkpoint file
+    train(point.run.config, layout.run(point.run), stop_after=3)
+    for ckpt in list_checkpoints(layout.run(point.run)):
+        ckpt.unlink()
+    (layout.run(point.run) / ".step-0000020.pt.abc.tmp").write_bytes(b"half")
+    (layout.root / "stores" / f".accuracy-{point.name}.zarr.xyz.tmp").mkdir(parents=True)
+    outcome = run_point(point, str(layout.root), spec.analyses, threads=1)
+    assert dict(outcome.steps) == {"train": "trained", "accuracy": "written", "stability": "written"}
+    assert layout.accuracy(point.run).is_dir() and layout.stability(point.run).is_dir()
+    assert not list(layout.root.rglob("*.tmp"))
+    again = run_point(point, str(layout.root), spec.analyses, threads=1)
+    assert set(dict(again.steps).values()) == {"done earlier"}
+
+
+# --- real clusters -----------------------------------------------------------------------------
+
+def test_two_worker_local_cluster_runs_the_grid_then_summarize_reads_it(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = sweep(str(grid(tmp_path)), "--out", str(out), "--workers", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "on 2 worker(s) (local cluster)" in result.stdout and "4 point(s) done now" in result.stdout
+    points = check_outputs(out, ["gru-none-K8-s1", "gru-none-K8-s2", "gru-sinusoidal-K8-s1", "gru-sinusoidal-K8-s2"])
+    assert len({p["worker"] for p in points.values()}) == 2  # both workers ran points
+    assert {p["threads"] for p in points.values()} == {max(1, len(os.sched_getaffinity(0)) // 2)}
+    # summarize reads the sweep directory directly: seeds are the trials
+    summary = subprocess.run([*CLI, "summarize", str(out), "--kind", "accuracy", "--by", "model,pe", "-o",
+                              str(tmp_path / "summary.zarr")], cwd=tmp_path, capture_output=True, text=True)
+    assert summary.returncode == 0, summary.stderr
+    ds = read_store(tmp_path / "summary.zarr", kind="summary")
+    assert ds["n"].sel(metric="token_accuracy").values.tolist() == [2, 2]
+    assert sorted(ds["seed"].values.ravel().tolist()) == [1, 1, 2, 2]
+    # a re-run skips every finished point and rewrites nothing
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "stores").iterdir()}
+    again = sweep(str(grid(tmp_path)), "--out", str(out), "--workers", "2", cwd=tmp_path)
+    assert again.returncode == 0 and "0 point(s) done now, 4 done earlier" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in (out / "stores").iterdir()} == stamps
+
+
+def _workers_of(pid: int) -> list[psutil.Process]:
+    """The dask worker processes a LocalCluster in process ``pid`` spawned."""
+    return [c for c in psutil.Process(pid).children(recursive=True)
+            if "spawn_main" in " ".join(c.cmdline())]
+
+
+def test_a_killed_worker_loses_only_work_since_the_last_checkpoint(tmp_path: Path) -> None:
+    spec = grid(tmp_path, iterations=1500, every=50, seeds="[1]")
+    out = tmp_path / "out"
+    victim = subprocess.Popen([*CLI, "sweep", str(spec), "--out", str(out), "--workers", "2", "-q"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = [out / "runs" / "gru-none-K8-s1", out / "runs" / "gru-sinusoidal-K8-s1"]
+    deadline = time.monotonic() + 120
+    while not all(r.is_dir() and list_checkpoints(r) for r in runs):  # both points are mid-training
+        assert victim.poll() is None and time.monotonic() < deadline, victim.communicate()
+        time.sleep(0.1)
+    assert not any((r / "eval.json").exists() for r in runs)
+    workers = _workers_of(victim.pid)
+    assert len(workers) == 2
+    workers[0].send_signal(signal.SIGKILL)
+    stdout, stderr = victim.communicate(timeout=300)
+    assert victim.returncode in (0, 1), stderr  # dask reschedules the task; if it gave up, the re-run finishes
+    rerun = sweep(str(spec), "--out", str(out), "--workers", "2", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
+    points = check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
+    # the killed point resumed from its last checkpoint instead of starting again
+    assert "resumed" in {p["steps"]["train"] for p in points.values()}, stdout + json.dumps(points)
+    for run in runs:  # its log has one line per logged iteration: the redone work replaced, not appended
+        iterations = [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert iterations == list(range(10, 1501, 10))
+
+
+def test_separate_scheduler_and_worker_processes(tmp_path: Path) -> None:
+    dask = [str(Path(sys.executable).parent / "dask")]  # the console script users run: dask scheduler / worker
+    scheduler_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([*dask, "scheduler", "--scheduler-file", str(scheduler_file), "--port", "0", "--dashboard-address",
+                               ":0"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists():
+            assert time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        address = json.loads(scheduler_file.read_text())["address"]
+        procs.append(subprocess.Popen([*dask, "worker", address, "--nthreads", "1",
+                                       "--nworkers", "1", "--resources", "GPU=1"], cwd=tmp_path,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        out = tmp_path / "out"
+        missing = sweep(str(grid(tmp_path, seeds="[1]")), "--out", str(out), "--scheduler", address,
+                        "--resources", "MEM=1", cwd=tmp_path)
+        assert missing.returncode == 2 and "no worker of" in missing.stderr and "MEM=1" in missing.stderr
+        result = sweep(str(grid(tmp_path, seeds="[1]")), "--out", str(out), "--scheduler", address, "--resources",
+                       "GPU=1", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr + result.stdout
+        assert f"scheduler {address}" in result.stdout and "dashboard: http" in result.stdout
+        check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
+        report = subprocess.run([*CLI, "report", str(out), "-o", str(tmp_path / "r.html")], cwd=tmp_path,
+                                capture_output=True, text=True)
+        assert report.returncode == 0 and "stability" in report.stdout, report.stderr
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    unreachable = sweep(str(grid(tmp_path, seeds="[1]")), "--out", str(tmp_path / "o2"), "--scheduler",
+                        "tcp://127.0.0.1:9", cwd=tmp_path, timeout=120)
+    assert unreachable.returncode == 2 and "cannot reach a dask scheduler" in unreachable.stderr
