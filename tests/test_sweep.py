@@ -138,6 +138,8 @@ def test_dry_run_lists_the_grid_and_runs_nothing(runner: CliRunner, tmp_path: Pa
     both = runner.invoke(app, ["sweep", str(grid(tmp_path)), "--scheduler", "tcp://127.0.0.1:1", "--workers", "2",
                                "-o", str(tmp_path / "o2")])
     assert both.exit_code == 2 and "--workers" in both.stderr
+    bad = runner.invoke(app, ["sweep", str(grid(tmp_path)), "--resources", "GPU", "-o", str(tmp_path / "o3")])
+    assert bad.exit_code == 2 and "--resources: got 'GPU'" in bad.stderr and not (tmp_path / "o3").exists()
 
 
 # --- one point, without dask -------------------------------------------------------------------
@@ -252,3 +254,22 @@ def test_separate_scheduler_and_worker_processes(tmp_path: Path) -> None:
     unreachable = sweep(str(grid(tmp_path, seeds="[1]")), "--out", str(tmp_path / "o2"), "--scheduler",
                         "tcp://127.0.0.1:9", cwd=tmp_path, timeout=120)
     assert unreachable.returncode == 2 and "cannot reach a dask scheduler" in unreachable.stderr
+
+
+def test_failed_points_are_listed_with_their_error_and_the_exit_status_says_so(tmp_path: Path) -> None:
+    spec, out = grid(tmp_path, seeds="[1]"), tmp_path / "out"
+    blocked = out / "runs" / "gru-sinusoidal-K8-s1"
+    blocked.mkdir(parents=True)
+    (blocked / "notes.txt").write_text("not a run")  # a directory the run must not overwrite
+    result = sweep(str(spec), "--out", str(out), "--workers", "1", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert "1 point(s) failed" in result.stdout and "gru-sinusoidal-K8-s1" in result.stdout
+    assert "already exists and is not empty" in result.stdout and "1 point(s) done now" in result.stdout
+    points = {p["name"]: p for p in read_manifest(out)["points"]}
+    assert points["gru-none-K8-s1"]["status"] == "done" and points["gru-sinusoidal-K8-s1"]["status"] == "failed"
+    assert "already exists" in points["gru-sinusoidal-K8-s1"]["error"]
+    assert (blocked / "notes.txt").read_text() == "not a run"  # nothing of the user's was touched
+    (blocked / "notes.txt").unlink()
+    again = sweep(str(spec), "--out", str(out), "--workers", "1", cwd=tmp_path)
+    assert again.returncode == 0 and "1 point(s) done now, 1 done earlier" in again.stdout, again.stdout
+    check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])

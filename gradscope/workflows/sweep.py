@@ -279,11 +279,26 @@ def remove_stale_temporaries(point: SweepPoint, layout: Layout) -> None:
                 shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
 
+def _write(ds: Any, path: Path | None) -> str:
+    """Write a step's store (None: it existed). A store that appeared meanwhile — a copy of this
+    task that dask started elsewhere after losing contact with this worker — is kept, not replaced."""
+    from gradscope.store.io import write_store
+    if ds is None or path is None:
+        return "done earlier"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write_store(ds, path)
+    except GradscopeError:
+        if path.exists():
+            return "done earlier"
+        raise
+    return "written"
+
+
 def run_point(point: SweepPoint, root: str, analyses: Analyses, threads: int, command: str = "") -> PointOutcome:
     """The task of one grid point: train (or resume, or skip), then the analyses whose stores are
     missing. Every output is written atomically, so a task killed at any moment can be re-run."""
     import torch
-    from gradscope.store.io import write_store
     tic = time.perf_counter()
     torch.set_num_threads(max(1, threads))
     layout = Layout(Path(root))
@@ -292,16 +307,10 @@ def run_point(point: SweepPoint, root: str, analyses: Analyses, threads: int, co
     out = point_outputs(point, layout, analyses)
     if analyses.accuracy is not None:
         ds = accuracy_step(point.run, layout, command, analyses.accuracy, analyses.accuracy_checkpoints)
-        steps.append(("accuracy", "done earlier" if ds is None else "written"))
-        if ds is not None:
-            out["accuracy"].parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-            write_store(ds, out["accuracy"])  # type: ignore[arg-type]
+        steps.append(("accuracy", _write(ds, out["accuracy"])))
     if analyses.stability is not None:
         ds = stability_step(point.run, layout, analyses.stability, command, analyses.stability_checkpoints)
-        steps.append(("stability", "done earlier" if ds is None else "written"))
-        if ds is not None:
-            out["stability"].parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-            write_store(ds, out["stability"])  # type: ignore[arg-type]
+        steps.append(("stability", _write(ds, out["stability"])))
     return PointOutcome(point.name, tuple(steps), time.perf_counter() - tic, f"{socket.gethostname()}:{os.getpid()}",
                         torch.get_num_threads())
 
