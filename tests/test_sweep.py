@@ -273,3 +273,12 @@ def test_failed_points_are_listed_with_their_error_and_the_exit_status_says_so(t
     again = sweep(str(spec), "--out", str(out), "--workers", "1", cwd=tmp_path)
     assert again.returncode == 0 and "1 point(s) done now, 1 done earlier" in again.stdout, again.stdout
     check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
+
+
+def test_the_paper_scale_example_plans_60_points() -> None:
+    spec = parse_spec((REPO / "docs" / "sweep-paper-vocab.toml").read_text())
+    points = plan_points(spec)
+    assert len(points) == 60 and len({p.name for p in points}) == 60
+    cfg = points[-1].run.config
+    assert (cfg.model.hidden_size, cfg.task.length, cfg.train.iterations, cfg.train.seed) == (512, 64, 300_000, 555)
+    assert (cfg.task.vocab_size, cfg.model.pe) == (1024, "sinusoidal") and spec.analyses.stability_checkpoints[-1] == 300_000
