@@ -39,6 +39,7 @@ from typing import Any
 from gradscope.errors import GradscopeError, check
 from gradscope.presets import FIELDS, PRESETS, build_config
 from gradscope.workflows.accuracy import AccuracyOptions
+from gradscope.workflows.lock import point_lock
 from gradscope.workflows.reproduce import Layout, PlannedRun, accuracy_step, stability_step, train_step
 from gradscope.workflows.stability import STABILITY_TASKS, StabilityOptions, conditions_for
 
@@ -267,6 +268,11 @@ def point_finished(point: SweepPoint, layout: Layout, analyses: Analyses) -> boo
     return (out["run"] / EVAL_FILE).is_file() and all(p.exists() for k, p in out.items() if k != "run" and p)
 
 
+def lock_path(point: SweepPoint, layout: Layout) -> Path:
+    """The point's runner lock (see :mod:`gradscope.workflows.lock`)."""
+    return layout.run(point.run).parent / f".{point.name}.lock"
+
+
 def remove_stale_temporaries(point: SweepPoint, layout: Layout) -> None:
     """Temporary files and stores left by a task that was killed mid-write (the real outputs are
     only ever renamed into place, so these are never needed)."""
@@ -297,20 +303,22 @@ def _write(ds: Any, path: Path | None) -> str:
 
 def run_point(point: SweepPoint, root: str, analyses: Analyses, threads: int, command: str = "") -> PointOutcome:
     """The task of one grid point: train (or resume, or skip), then the analyses whose stores are
-    missing. Every output is written atomically, so a task killed at any moment can be re-run."""
+    missing. Every output is written atomically, so a task killed at any moment can be re-run. A
+    second runner of the same point at the same time is refused (a user error naming the first)."""
     import torch
     tic = time.perf_counter()
     torch.set_num_threads(max(1, threads))
     layout = Layout(Path(root))
-    remove_stale_temporaries(point, layout)
-    steps = [("train", train_step(point.run, layout, command=command))]
-    out = point_outputs(point, layout, analyses)
-    if analyses.accuracy is not None:
-        ds = accuracy_step(point.run, layout, command, analyses.accuracy, analyses.accuracy_checkpoints)
-        steps.append(("accuracy", _write(ds, out["accuracy"])))
-    if analyses.stability is not None:
-        ds = stability_step(point.run, layout, analyses.stability, command, analyses.stability_checkpoints)
-        steps.append(("stability", _write(ds, out["stability"])))
+    with point_lock(lock_path(point, layout), f"point {point.name}"):
+        remove_stale_temporaries(point, layout)  # safe: no other runner of this point exists now
+        steps = [("train", train_step(point.run, layout, command=command))]
+        out = point_outputs(point, layout, analyses)
+        if analyses.accuracy is not None:
+            ds = accuracy_step(point.run, layout, command, analyses.accuracy, analyses.accuracy_checkpoints)
+            steps.append(("accuracy", _write(ds, out["accuracy"])))
+        if analyses.stability is not None:
+            ds = stability_step(point.run, layout, analyses.stability, command, analyses.stability_checkpoints)
+            steps.append(("stability", _write(ds, out["stability"])))
     return PointOutcome(point.name, tuple(steps), time.perf_counter() - tic, f"{socket.gethostname()}:{os.getpid()}",
                         torch.get_num_threads())
 
