@@ -35,13 +35,16 @@ def plan_table(spec: SweepSpec, points: list[SweepPoint], done: set[str]) -> Tab
     return table
 
 
-def _check_manifest(out: Path, spec: SweepSpec) -> None:
+def _previous(out: Path, spec: SweepSpec) -> dict[str, dict[str, Any]]:
+    """The points an earlier run of this sweep recorded, by name; refuses a sweep directory whose
+    analyses differ from this spec's (their stores would mix settings)."""
     if manifest_path(out) is None:
-        return
-    before = read_manifest(out).get("analyses")
-    if before is not None and before != spec.analyses.describe():
+        return {}
+    doc = read_manifest(out)
+    if doc.get("analyses") is not None and doc["analyses"] != spec.analyses.describe():
         raise GradscopeError(f"--out: {out} holds a sweep whose analyses ([accuracy]/[stability]) differ from this "
                              f"spec's; its stores would mix settings. Choose another --out or restore the spec")
+    return {e.get("name"): e for e in doc["points"]}
 
 
 @user_errors
@@ -67,7 +70,7 @@ def sweep_command(
         raise GradscopeError(f"--retries: got {retries}; it must be >= 0")
     layout = Layout(out)
     check_existing(points, layout)
-    _check_manifest(out, spec)
+    before = _previous(out, spec)
     finished = {p.name for p in points if point_finished(p, layout, spec.analyses)}
     if dry_run:
         console.print(plan_table(spec, points, finished))
@@ -77,7 +80,6 @@ def sweep_command(
     command = command_line(ctx)
     header = {"name": spec.name, "spec": spec_file.read_text(), "command": command,
               "analyses": spec.analyses.describe()}
-    before = {e.get("name"): e for e in read_manifest(out)["points"]} if manifest_path(out) else {}
     entries = {p.name: ({**before[p.name], "status": "done"} if p.name in finished and p.name in before else
                         manifest_entry(p, layout, spec.analyses, "done" if p.name in finished else "pending"))
                for p in points}  # finished points keep what the manifest recorded when they ran

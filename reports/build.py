@@ -7,8 +7,6 @@ import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
-import plotly.graph_objects as go
-
 from gradscope.errors import GradscopeError
 from gradscope.version import __version__
 from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples

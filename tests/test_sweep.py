@@ -282,3 +282,20 @@ def test_the_paper_scale_example_plans_60_points() -> None:
     cfg = points[-1].run.config
     assert (cfg.model.hidden_size, cfg.task.length, cfg.train.iterations, cfg.train.seed) == (512, 64, 300_000, 555)
     assert (cfg.task.vocab_size, cfg.model.pe) == (1024, "sinusoidal") and spec.analyses.stability_checkpoints[-1] == 300_000
+
+
+def test_a_directory_holding_other_settings_is_refused_before_anything_runs(runner: CliRunner, tmp_path: Path) -> None:
+    from gradscope.store.manifest import write_manifest
+    from gradscope.train import train
+    spec, out = grid(tmp_path, seeds="[1]"), tmp_path / "out"
+    parsed = parse_spec(spec.read_text())
+    write_manifest(out.mkdir() or out, {"analyses": {"accuracy": None}}, [])  # a sweep made with other analyses
+    result = runner.invoke(app, ["sweep", str(spec), "--out", str(out)])
+    assert result.exit_code == 2 and "analyses ([accuracy]/[stability]) differ" in result.stderr
+    (out / "sweep.json").unlink()
+    point = plan_points(parsed)[0]
+    other = plan_points(parse_spec(GRID.format(iterations=60, every=20, seeds="[1]")))[0]
+    train(other.run.config, Layout(out).run(point.run), stop_after=2)  # same name, other configuration
+    result = runner.invoke(app, ["sweep", str(spec), "--out", str(out)])
+    assert result.exit_code == 2 and f"different configuration than this spec ({point.name})" in result.stderr
+    assert not (out / "sweep.json").exists() and gradscope.load(Layout(out).run(point.run)).iteration == 2
