@@ -50,7 +50,7 @@ def _previous(out: Path, spec: SweepSpec) -> dict[str, dict[str, Any]]:
 @user_errors
 def sweep_command(
     ctx: typer.Context,
-    spec_file: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="Sweep spec (TOML): preset, settings, axes, analyses. Example: examples/sweep-tiny.toml.", show_default=False)],
+    spec_file: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="Sweep spec (TOML): preset, settings, axes, analyses. Example: docs/sweep-tiny.toml.", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Sweep directory (default: sweep-<spec name>). Re-running skips finished points and resumes half-trained runs.")] = None,
     scheduler: Annotated[Optional[str], Opt(help="Address of a running dask scheduler, e.g. tcp://host:8786 (default: start a local cluster).")] = None,
     workers: Annotated[Optional[int], Opt(help="Local cluster: worker processes (1 thread each; default: the CPU cores, at most one per point).")] = None,

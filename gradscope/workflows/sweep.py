@@ -3,7 +3,7 @@
 This module is the pure part: parsing and checking the spec, expanding the grid, and the task that
 runs one point (what a dask worker executes). Scheduling lives in :mod:`gradscope.workflows.cluster`.
 
-A spec (see ``examples/sweep-tiny.toml``)::
+A spec (see ``docs/sweep-tiny.toml``)::
 
     name = "tiny-grid"
     preset = "tiny"                 # base configuration; [settings] overrides it
