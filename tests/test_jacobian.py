@@ -5,11 +5,13 @@ single-block S4D closed form (2a, −2b) with C·dA^(T−p) = a + ib."""
 from __future__ import annotations
 
 import functools
+import sys
+import threading
 
 import pytest
 import torch
 
-from gradscope.analysis.jacobian import METHODS, state_jacobian, wirtinger_view
+from gradscope.analysis.jacobian import METHODS, iter_state_jacobian, state_jacobian, wirtinger_view
 from gradscope.config import ModelConfig
 from gradscope.errors import GradscopeError
 from gradscope.models.seq import SeqModel
@@ -224,3 +226,23 @@ def test_user_errors_name_the_argument() -> None:
         state_jacobian(cached("s4d", 2), toks, 1, method="analytic")
     with pytest.raises(GradscopeError, match="model"):
         wirtinger_view(torch.zeros(1, H, H), model)
+
+
+def test_gradients_stay_on_in_the_callers_thread() -> None:
+    """A suspended chunk generator must not leave gradients off for its caller, nor when it is finalised
+    on another thread (as when a profiler thread holds the frame). An intermittent sweep failure on a dask
+    worker (a training task without gradients) was traced to this; that exact trigger was not isolated."""
+    model, toks = cached("gru"), tokens()
+    parts = iter_state_jacobian(model, toks, 1, chunk=1)
+    next(parts)
+    assert torch.is_grad_enabled()  # suspended mid-iteration: the caller's mode is untouched
+    held = []  # what dask's profiler does: another thread keeps the frame (and its generator) alive
+    worker = threading.Thread(target=lambda: held.append(sys._current_frames()[threading.main_thread().ident]))
+    worker.start()
+    worker.join()
+    state_jacobian(model, toks, 1, chunk=B)  # one chunk: returns before its generator is exhausted
+    assert torch.is_grad_enabled()
+    finaliser = threading.Thread(target=lambda: (held.clear(), parts.close()))
+    finaliser.start()
+    finaliser.join()
+    assert torch.is_grad_enabled()

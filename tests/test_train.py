@@ -86,3 +86,13 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
                    stdout=subprocess.DEVNULL)
     a, b = _params(tmp_path / "killed"), _params(tmp_path / "whole")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_training_computes_gradients_inside_a_callers_no_grad(tmp_path: Path) -> None:
+    """A worker thread whose gradient mode was left off (by any earlier task) still trains."""
+    cfg = small_run(iterations=10)
+    train(cfg, tmp_path / "plain")
+    with torch.no_grad():
+        train(cfg, tmp_path / "no-grad")
+    a, b = _params(tmp_path / "plain"), _params(tmp_path / "no-grad")
+    assert all(torch.equal(a[k], b[k]) for k in a)

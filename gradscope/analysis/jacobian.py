@@ -313,15 +313,18 @@ def iter_state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, meth
     name = resolve_method(core, method)
     engine = METHODS[name]
     tokens = tokens.to(next(model.parameters()).device)
-    with torch.no_grad():  # torch.func transforms still differentiate; nothing else builds a graph
-        for start in range(0, tokens.shape[0], chunk):
-            rows = slice(start, min(start + chunk, tokens.shape[0]))
+    for start in range(0, tokens.shape[0], chunk):
+        rows = slice(start, min(start + chunk, tokens.shape[0]))
+        # no_grad per chunk, never across the yield: grad mode is thread-local, and a generator suspended
+        # (or finalised later, on another thread) inside no_grad would leave its caller without gradients
+        with torch.no_grad():  # torch.func transforms still differentiate; nothing else builds a graph
             x = model.core_inputs(tokens[rows])  # (b, T, in), held fixed
             ys, zs = core.scan(x)  # (b, T, H), (b, T, D)
             jac = engine(core, x, zs, position)
             # clone: views would keep the whole (b, T, D) scan alive
-            yield rows, JacobianResult(jac=jac, output=ys[:, T - 1].clone(), state=zs[:, position - 1].clone(),
-                                       method=name)
+            result = JacobianResult(jac=jac, output=ys[:, T - 1].clone(), state=zs[:, position - 1].clone(),
+                                    method=name)
+        yield rows, result
 
 
 def state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, method: str = "auto",

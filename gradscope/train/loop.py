@@ -184,7 +184,8 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
     model, opt = state.model.train(), state.optimizer
     tic, tic_steps = time.perf_counter(), 0
     last: dict[str, float] = {}
-    with open(run_dir / METRICS_FILE, "a") as log:
+    # enable_grad: never inherit a caller's (or an earlier task on this worker thread's) no_grad
+    with open(run_dir / METRICS_FILE, "a") as log, torch.enable_grad():
         while state.iteration < end:
             lr = lr_at(state.iteration, t.lr, t.warmup, t.iterations)
             for group in opt.param_groups:
