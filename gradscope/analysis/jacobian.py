@@ -340,6 +340,7 @@ def state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, method: s
     parts = iter_state_jacobian(model, tokens, position, method=method, chunk=chunk)
     rows, first = next(parts)
     if rows.stop == tokens.shape[0]:  # one chunk: no copy (J can be most of the memory in use)
+        parts.close()  # finalise now, on this thread (it holds the chunk's scan until then)
         return first
     jac = first.jac.new_empty(tokens.shape[0], *first.jac.shape[1:])
     output = first.output.new_empty(tokens.shape[0], *first.output.shape[1:])
