@@ -64,7 +64,8 @@ def sync(device: torch.device) -> None:
 
 def build(core: str, H: int, L: int, device: torch.device, N: int = 64) -> SeqModel:
     torch.manual_seed(SEED)
-    cfg = ModelConfig(core=core, vocab_size=K, embed_size=H, hidden_size=H, pe="none", max_len=2 * L, state_size=N)
+    cfg = ModelConfig(core=core, vocab_size=K, embed_size=H, hidden_size=H, pe="none", max_len=2 * L,
+                      core_config={"state_size": N} if core == "s4d" else None)
     model = SeqModel(cfg)
     if core != "s4d":
         with torch.no_grad():

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from gradscope.errors import GradscopeError
-from gradscope.store.accuracy import accuracy_dataset
-from gradscope.store.io import write_store
-from gradscope.tasks import GROUP_NAMES
-from gradscope.train.device import resolve_device
-from gradscope.workflows.accuracy import AccuracyOptions, AccuracyResult, bin_edges, run_accuracy
 
 from .common import command_line, default_out, make_console
 from .errors import user_errors
 from .progress import make_progress
+
+if TYPE_CHECKING:
+    from gradscope.store.records import AccuracyResult
 
 console = make_console()
 Opt = typer.Option
@@ -50,6 +48,9 @@ def overview_table(results: list[AccuracyResult]) -> Table:
 
 def grid_table(r: AccuracyResult, bins: int | tuple[int, ...]) -> Table:
     assert r.grid_bin_correct is not None and r.grid_bin_total is not None
+    from gradscope.analysis.accuracy import bin_edges
+    from gradscope.tasks import GROUP_NAMES
+
     edges = bin_edges(r.grid_correct.shape[-1], bins)
     table = Table(title=f"target accuracy on the frequency grid at iteration {r.iteration}, by target position",
                   title_justify="left")
@@ -78,6 +79,9 @@ def accuracy_command(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (SPEC §5)."""
+    from gradscope.store.io import write_store
+    from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
+
     if batch_size < 1:
         raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
     opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size)
@@ -86,8 +90,9 @@ def accuracy_command(
         raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
     with make_progress(console) as progress:
         bar = progress.add_task("evaluating", total=None, visible=not quiet)
-        loaded, results = run_accuracy(checkpoints, opts, on_start=lambda n: progress.update(bar, total=n),
-                                       on_progress=lambda k: progress.advance(bar, k))
+        run = run_accuracy(checkpoints, opts, on_start=lambda n: progress.update(bar, total=n),
+                           on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
+    results = run.results
     console.print(overview_table(results))
     last = results[-1]
     if last.grid_bin_correct is not None:
@@ -95,6 +100,5 @@ def accuracy_command(
     if last.length_total is not None:
         lengths = [(n, c / t) for n, (c, t) in enumerate(zip(last.length_correct, last.length_total)) if t]
         console.print("token accuracy by sequence length: " + ", ".join(f"L={n}: {a:.3f}" for n, a in lengths))
-    ds = accuracy_dataset(results, loaded[0].config, opts, command_line(ctx), str(resolve_device(device)))
-    write_store(ds, out_path, overwrite=overwrite)
+    write_store(run.to_xarray(), out_path, overwrite=overwrite)
     console.print(f"wrote {out_path}")

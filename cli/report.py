@@ -8,9 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from gradscope.errors import GradscopeError
-from gradscope.reports import STATIC_FORMATS, ReportOptions, export_static, render_report
-from gradscope.train.io import atomic_write_text
-from gradscope.store.inputs import load_inputs
 
 from .common import command_line, make_console
 from .errors import user_errors
@@ -42,6 +39,13 @@ def report_command(
     overwrite: Annotated[bool, Opt(help="Replace an existing report.")] = False,
 ) -> None:
     """Render stores and runs into one offline HTML report (plots, table of contents, provenance)."""
+    from gradscope.reports import ReportOptions
+    from gradscope.reports import STATIC_FORMATS
+    from gradscope.reports import export_static
+    from gradscope.reports import render_report
+    from gradscope.store.inputs import load_inputs
+    from gradscope.train.io import atomic_write_text
+
     if static is not None and static not in STATIC_FORMATS:
         raise GradscopeError(f"--static: got {static!r}; valid formats are {', '.join(STATIC_FORMATS)}")
     if resamples < 1:

@@ -6,19 +6,10 @@ import time
 from pathlib import Path
 from typing import Annotated, Optional
 
-import torch
 import typer
 from rich.table import Table
 
 from gradscope.errors import GradscopeError
-from gradscope.store.io import write_store
-from gradscope.store.summary import summary_attrs, summary_dataset, trial_record
-from gradscope.tasks import make_task
-from gradscope.train.loop import loss_and_correct
-from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, plan_runs, stability_step,
-                                           train_step, write_report)
-from gradscope.workflows.stability import StabilityOptions
-from gradscope.workflows.summarize import group_records, summarize_groups
 
 from .common import command_line, make_console
 from .errors import user_errors
@@ -39,7 +30,11 @@ def _ints(text: str, name: str) -> list[int]:
 def seconds_per_step(run: PlannedRun) -> float:
     """Measured now: one warm-up and three timed training steps of this configuration on the CPU
     (the fastest counts; other processes on the machine can still inflate it)."""
+    import torch
     from gradscope.models import SeqModel
+    from gradscope.tasks import make_task
+    from gradscope.train.loop import loss_and_correct
+
     torch.manual_seed(0)
     model = SeqModel(run.config.model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -58,6 +53,8 @@ def seconds_per_step(run: PlannedRun) -> float:
 
 
 def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
+    import torch
+
     table = Table(title="plan: train → accuracy → stability over checkpoints → summarize → report",
                   title_justify="left")
     for col in ("run", "parameters", "iterations", "training tokens", "≈ training FLOPs",
@@ -94,6 +91,19 @@ def reproduce_command(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report."""
+    from gradscope.store.io import write_store
+    from gradscope.store.summary import summary_attrs
+    from gradscope.store.summary import summary_dataset
+    from gradscope.store.summary import trial_record
+    from gradscope.workflows.reproduce import Layout
+    from gradscope.workflows.reproduce import accuracy_step
+    from gradscope.workflows.reproduce import plan_runs
+    from gradscope.workflows.reproduce import stability_step
+    from gradscope.workflows.reproduce import train_step
+    from gradscope.workflows.stability import StabilityOptions
+    from gradscope.workflows.summarize import group_records
+    from gradscope.workflows.summarize import summarize_groups
+
     if triplets < 1:
         raise GradscopeError(f"--triplets: got {triplets}; it must be positive")
     runs = plan_runs(scale, [m.strip() for m in models.split(",") if m.strip()], _ints(seeds, "--seeds"), iterations)
@@ -133,3 +143,18 @@ def reproduce_command(
         console.print(summary_table([e for e in entries if e.metric in shown], 0.95, "percentile", "trial"))
     report = write_report(layout, runs, command)
     console.print(f"study in {out}: runs/, stores/, summary-accuracy.zarr, summary-stability.zarr, {report.name}")
+
+
+def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:
+    """One offline HTML report over every run's training log and stores, and the summaries."""
+    from gradscope.reports.build import ReportOptions
+    from gradscope.reports.build import render_report
+    from gradscope.store.inputs import load_inputs
+    from gradscope.train.io import atomic_write_text
+
+    paths = [layout.run(r) for r in runs] + [p for r in runs for p in (layout.accuracy(r), layout.stability(r))]
+    paths += [p for p in (layout.summary_accuracy, layout.summary_stability) if p.exists()]
+    page, _ = render_report(load_inputs(paths), ReportOptions(title="gradscope reproduce: vanilla vs positional "
+                                                                    "encoding", command=command))
+    atomic_write_text(layout.report, page)
+    return layout.report

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from gradscope.analysis.bootstrap import Interval
 from gradscope.errors import GradscopeError
-from gradscope.store.io import write_store
-from gradscope.store.stability import stability_dataset
-from gradscope.train.device import resolve_device
-from gradscope.workflows.stability import StabilityOptions, SummaryRow, run_stability, summarize
 
 from .common import command_line, default_out, make_console
 from .errors import user_errors
 from .progress import make_progress
+
+if TYPE_CHECKING:
+    from gradscope.analysis.bootstrap import Interval
+    from gradscope.workflows.stability import SummaryRow
 
 console = make_console()
 Opt = typer.Option
@@ -65,29 +64,43 @@ def stability_command(
     method: Annotated[str, Opt(help="Jacobian engine: auto, analytic, vjp or func.")] = "auto",
     sv: Annotated[int, Opt(help="Singular values kept per Jacobian.")] = 64,
     resamples: Annotated[int, Opt(help="Bootstrap resamples for the CIs.")] = 10_000,
+    model_factory: Annotated[Optional[str], Opt("--model-factory", help="Your own model: FILE.py:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...). Runs your code (see the README's trust note).")] = None,
+    token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.")] = None,
+    length: Annotated[Optional[int], Opt(help="With --token-counts: the probe length L.")] = None,
+    filler: Annotated[Optional[int], Opt(help="With --model-factory: output phase of L copies of this token id after each probe (default: none).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4)."""
+    from gradscope.store.io import write_store
+    from gradscope.workflows.factory import build_model
+    from gradscope.workflows.stability import StabilityOptions, run_model_stability, run_stability
+
     for name, value in (("--triplets", triplets), ("--batch-size", batch_size), ("--sv", sv),
                         ("--resamples", resamples)):
         if value < 1:
             raise GradscopeError(f"{name}: got {value}; it must be positive")
+    if model_factory is None and (token_counts is not None or length is not None or filler is not None):
+        raise GradscopeError("--token-counts/--length/--filler: they describe probes for --model-factory models; "
+                             "gradscope checkpoints generate their own")
     opts = StabilityOptions(tuple(target_freq or ()), tuple(disturbant or ()), target_pos, triplets, probes, seed,
-                            method, batch_size, sv, device)
+                            method, batch_size, sv, device, token_counts, length, filler)
     out_path = out if out is not None else default_out("stability", checkpoints[0] if checkpoints else Path("x"))
     if out is not None and out.exists() and not overwrite:
         raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
     with make_progress(console) as progress:
         bar = progress.add_task("jacobians", total=None, visible=not quiet)
-        loaded, probe_set, results = run_stability(
-            checkpoints, opts, on_start=lambda total: progress.update(bar, total=total),
-            on_progress=lambda k: progress.advance(bar, k))
-    rows = summarize(results, probe_set, score, seed, resamples)
-    console.print(stability_table(rows, score, resamples))
-    ds = stability_dataset(results, probe_set, opts, loaded[0].config, command_line(ctx),
-                           str(resolve_device(device)))
-    write_store(ds, out_path, overwrite=overwrite)
-    nan = sum(int(r.result.scores[score].isnan().sum()) for r in results)
+        hooks = {"on_start": lambda total: progress.update(bar, total=total),
+                 "on_progress": lambda k: progress.advance(bar, k)}
+        if model_factory is not None:
+            if len(checkpoints) != 1:
+                raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
+            model = build_model(model_factory, checkpoints[0])
+            run = run_model_stability(model, opts, source=checkpoints[0], command=command_line(ctx), **hooks)
+        else:
+            run = run_stability(checkpoints, opts, command=command_line(ctx), **hooks)
+    console.print(stability_table(run.summary(score, seed, resamples), score, resamples))
+    write_store(run.to_xarray(), out_path, overwrite=overwrite)
+    nan = run.nan_count[score]
     if nan:
         console.print(f"[yellow]{nan} NaN scores (an all-zero Jacobian) were left out of the means.[/]")
     console.print(f"wrote {out_path}")

@@ -8,12 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from gradscope.analysis.bootstrap import FEW_TRIALS
 from gradscope.errors import GradscopeError
-from gradscope.store.io import write_store
-from gradscope.store.summary import expand_store_paths, summary_attrs, summary_dataset, trial_record, write_csv
-from gradscope.workflows.summarize import (Comparison, SummaryEntry, compare_groups, few_trials, group_records,
-                                           parse_by, summarize_groups, unmatched_fields)
 
 from .common import command_line, default_out, make_console
 from .errors import user_errors
@@ -76,6 +71,20 @@ def summarize_command(
     seed: Annotated[int, Opt(help="Seed of the bootstrap and permutation resampling.")] = 0,
 ) -> None:
     """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs."""
+    from gradscope.analysis.bootstrap import FEW_TRIALS
+    from gradscope.store.io import write_store
+    from gradscope.store.summary import expand_store_paths
+    from gradscope.store.summary import summary_attrs
+    from gradscope.store.summary import summary_dataset
+    from gradscope.store.summary import trial_record
+    from gradscope.store.summary import write_csv
+    from gradscope.workflows.summarize import compare_groups
+    from gradscope.workflows.summarize import few_trials
+    from gradscope.workflows.summarize import group_records
+    from gradscope.workflows.summarize import parse_by
+    from gradscope.workflows.summarize import summarize_groups
+    from gradscope.workflows.summarize import unmatched_fields
+
     if method not in METHODS:
         raise GradscopeError(f"--method: got {method!r}; valid values are {', '.join(METHODS)}")
     if not 0 < ci < 1:

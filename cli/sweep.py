@@ -10,11 +10,6 @@ import typer
 from rich.table import Table
 
 from gradscope.errors import GradscopeError
-from gradscope.store.manifest import read_manifest, manifest_path, write_manifest
-from gradscope.workflows.cluster import ClusterOptions, Tally, dashboard_link, open_client, parse_resources, run_sweep
-from gradscope.workflows.reproduce import Layout
-from gradscope.workflows.sweep import (SweepPoint, SweepSpec, check_existing, manifest_entry, plan_points,
-                                       point_finished, read_spec)
 
 from .common import command_line, make_console
 from .errors import user_errors
@@ -38,6 +33,9 @@ def plan_table(spec: SweepSpec, points: list[SweepPoint], done: set[str]) -> Tab
 def _previous(out: Path, spec: SweepSpec) -> dict[str, dict[str, Any]]:
     """The points an earlier run of this sweep recorded, by name; refuses a sweep directory whose
     analyses differ from this spec's (their stores would mix settings)."""
+    from gradscope.store.manifest import manifest_path
+    from gradscope.store.manifest import read_manifest
+
     if manifest_path(out) is None:
         return {}
     doc = read_manifest(out)
@@ -61,6 +59,20 @@ def sweep_command(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Run a grid of train → accuracy → stability tasks on dask.distributed, resumably."""
+    from gradscope.store.manifest import write_manifest
+    from gradscope.workflows.cluster import ClusterOptions
+    from gradscope.workflows.cluster import Tally
+    from gradscope.workflows.cluster import dashboard_link
+    from gradscope.workflows.cluster import open_client
+    from gradscope.workflows.cluster import parse_resources
+    from gradscope.workflows.cluster import run_sweep
+    from gradscope.workflows.reproduce import Layout
+    from gradscope.workflows.sweep import check_existing
+    from gradscope.workflows.sweep import manifest_entry
+    from gradscope.workflows.sweep import plan_points
+    from gradscope.workflows.sweep import point_finished
+    from gradscope.workflows.sweep import read_spec
+
     spec = read_spec(spec_file)
     points = plan_points(spec)
     out = out if out is not None else Path(f"sweep-{spec.name}")

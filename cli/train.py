@@ -8,10 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError
-from gradscope.presets import FIELDS, PRESETS, build_config
-from gradscope.train.loop import is_run_dir, read_run_config, train
 
 from .common import command_line, make_console
 from .errors import user_errors
@@ -87,6 +84,13 @@ def train_command(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train a model on a synthetic task, writing a run directory with checkpoints."""
+    from gradscope.presets import FIELDS
+    from gradscope.presets import PRESETS
+    from gradscope.presets import build_config
+    from gradscope.train.loop import is_run_dir
+    from gradscope.train.loop import read_run_config
+    from gradscope.train.loop import train
+
     options = {k: v for k, v in locals().items() if k in FIELDS or k in ("beta1", "beta2")}
     if resume is not None:
         given = sorted(k for k, v in options.items() if v is not None)

@@ -9,61 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from gradscope.errors import GradscopeError, check
+from gradscope.fields import from_dict, one_of as _one_of, positive as _positive
+from gradscope.models.config import PE_COMBINE, PE_KINDS, ModelConfig
+from gradscope.models.registry import CORES
 
-CORES = ("elman", "gru", "lstm", "s4d")
-PE_KINDS = ("none", "sinusoidal", "learnable", "random", "dummy")
-PE_COMBINE = ("concat", "add")
 TASKS = ("reverse", "reverse-variable", "sort", "delayed-sum", "predecessor", "copy")
 DISTRIBUTIONS = ("uniform", "dual")
-
-
-def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
-    check(value in valid, f"{name}: got {value!r}; valid values are {', '.join(valid)}")
-
-
-def _positive(name: str, value: float) -> None:
-    check(value > 0, f"{name}: got {value}; it must be positive")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A sequence model: embedding (K+1 rows, row K = query token) → PE → core → Linear(H, K)."""
-
-    core: str = "gru"
-    vocab_size: int = 64  # K output classes; the embedding has K + 1 rows
-    embed_size: int = 512
-    hidden_size: int = 512
-    num_layers: int = 1
-    pe: str = "none"
-    pe_combine: str = "concat"
-    max_len: int = 128  # positions a learnable/random PE covers (>= total sequence length)
-    state_size: int = 64  # S4D state size N (N/2 complex modes)
-    dt_min: float = 1e-3
-    dt_max: float = 1e-1
-
-    def __post_init__(self) -> None:
-        _one_of("core", self.core, CORES)
-        _one_of("pe", self.pe, PE_KINDS)
-        _one_of("pe_combine", self.pe_combine, PE_COMBINE)
-        for name in ("vocab_size", "embed_size", "hidden_size", "num_layers", "max_len", "state_size"):
-            _positive(name, getattr(self, name))
-        check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
-        if self.pe == "sinusoidal":
-            check(self.embed_size % 2 == 0,
-                  f"embed_size: got {self.embed_size}; a sinusoidal PE needs an even size")
-        check(self.state_size % 2 == 0,
-              f"state_size: got {self.state_size}; S4D needs an even state size (N/2 complex modes)")
-        check(0 < self.dt_min <= self.dt_max, f"dt_min/dt_max: got {self.dt_min}/{self.dt_max}")
-
-    @property
-    def core_input_size(self) -> int:
-        """Width of the vector fed to the core at each step."""
-        if self.pe != "none" and self.pe_combine == "concat":
-            return 2 * self.embed_size
-        return self.embed_size
+__all__ = ["CORES", "DISTRIBUTIONS", "PE_COMBINE", "PE_KINDS", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
+           "TrainConfig", "from_dict"]
 
 
 @dataclass(frozen=True)
@@ -129,19 +85,6 @@ class TrainConfig:
         check(self.threads >= 0, f"threads: got {self.threads}; it must be >= 0")
 
 
-C = TypeVar("C")
-
-
-def from_dict(cls: type[C], data: dict[str, Any]) -> C:
-    """Build config ``cls`` from a plain dict (JSON or checkpoint), rejecting unknown keys."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise GradscopeError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
-    clean = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return cls(**clean)
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines one training run."""
@@ -157,9 +100,9 @@ class RunConfig:
     def from_dict(data: dict[str, Any]) -> "RunConfig":
         try:
             return RunConfig(
-                model=from_dict(ModelConfig, data["model"]),
+                model=ModelConfig.from_dict(data["model"]),
                 task=from_dict(TaskConfig, data["task"]),
                 train=from_dict(TrainConfig, data["train"]),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
             raise GradscopeError(f"run config: malformed ({exc})") from None

@@ -6,7 +6,9 @@ import dataclasses
 from typing import Any
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-from gradscope.errors import GradscopeError
+from gradscope.errors import GradscopeError, check
+from gradscope.models import core_class
+from gradscope.tasks import make_task
 
 PRESETS: dict[str, RunConfig] = {
     # About a minute on 2 CPU cores: dual-frequency reverse, small GRU.
@@ -32,7 +34,7 @@ def _study(core: str, vocab: int, **train: object) -> RunConfig:
     """The CPU-scale study configuration (issue #6): dual-frequency reverse, L = 16, about 5–10
     minutes per model on 2 CPU cores. Starting point: the GRU region measured in FACTS.md."""
     return RunConfig(
-        model=ModelConfig(core=core, embed_size=64, hidden_size=128, state_size=64),
+        model=ModelConfig(core=core, embed_size=64, hidden_size=128),
         task=TaskConfig(name="reverse", vocab_size=vocab, length=16, distribution="dual", rarity=0.125,
                         heldout_size=1024, grid_per_cell=16),
         train=TrainConfig(**{"iterations": 6000, "batch_size": 128, "lr": 3e-3, "warmup": 200,
@@ -43,7 +45,7 @@ def _study(core: str, vocab: int, **train: object) -> RunConfig:
 def _paper(core: str, vocab: int) -> RunConfig:
     """SPEC §3 at paper scale: E = H = 512, L = 64, batch 512, 300k iterations (for a GPU)."""
     return RunConfig(
-        model=ModelConfig(core=core, embed_size=512, hidden_size=512, state_size=64),
+        model=ModelConfig(core=core, embed_size=512, hidden_size=512),
         task=TaskConfig(name="reverse", vocab_size=vocab, length=64, distribution="dual", rarity=0.125,
                         heldout_size=1024, grid_per_cell=16),
         train=TrainConfig(iterations=300_000, batch_size=512, lr=1e-3, warmup=1000, checkpoint_every=5000),
@@ -62,7 +64,7 @@ SCALES: dict[str, dict[str, RunConfig]] = {
 FIELDS: dict[str, tuple[str, str]] = {
     "model": ("model", "core"), "pe": ("model", "pe"), "pe_combine": ("model", "pe_combine"),
     "layers": ("model", "num_layers"), "embed": ("model", "embed_size"), "hidden": ("model", "hidden_size"),
-    "state_size": ("model", "state_size"), "max_len": ("model", "max_len"),
+    "state_size": ("core", "state_size"), "max_len": ("model", "max_len"),
     "task": ("task", "name"), "vocab": ("task", "vocab_size"), "length": ("task", "length"),
     "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
     "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
@@ -91,17 +93,24 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
     if preset not in PRESETS:
         raise GradscopeError(f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
     base = PRESETS[preset]
-    sections: dict[str, dict[str, Any]] = {"model": {}, "task": {}, "train": {}}
+    sections: dict[str, dict[str, Any]] = {"model": {}, "task": {}, "train": {}, "core": {}}
+    core = options.get("model") or base.model.core
+    own = core_class(core).Config() if core != base.model.core else base.model.core_config
     for name, value in options.items():
         if value is not None and name in FIELDS:
             section, field = FIELDS[name]
-            sections[section][field] = _checked(name, value, getattr(getattr(base, section), field))
+            if section == "core":  # a setting of the chosen core's own config
+                check(hasattr(own, field), f"{name}: the {core!r} core has no {field} setting")
+                default = getattr(own, field)
+            else:
+                default = getattr(getattr(base, section), field)
+            sections[section][field] = _checked(name, value, default)
     if options.get("beta1") is not None or options.get("beta2") is not None:
         b1, b2 = base.train.betas
         sections["train"]["betas"] = (options.get("beta1") or b1, options.get("beta2") or b2)
-    from gradscope.tasks import make_task  # tasks import configs; keep this module light to import
     task = dataclasses.replace(base.task, **sections["task"])
     sections["model"].setdefault("vocab_size", make_task(task).num_classes)
     sections["model"].setdefault("max_len", max(base.model.max_len, make_task(task).total_len))
+    sections["model"]["core_config"] = dataclasses.replace(own, **sections["core"])
     return RunConfig(model=dataclasses.replace(base.model, **sections["model"]), task=task,
                      train=dataclasses.replace(base.train, **sections["train"]))

@@ -25,7 +25,7 @@ def small_run(core: str = "gru", pe: str = "none", iterations: int = 20, **task:
                              "distribution": "dual", "grid_per_cell": 2, **task})
     return RunConfig(
         model=ModelConfig(core=core, vocab_size=task_cfg.vocab_size, embed_size=8, hidden_size=16, pe=pe,
-                          max_len=16, state_size=4),
+                          max_len=16, core_config={"state_size": 4} if core == "s4d" else None),
         task=task_cfg,
         train=TrainConfig(iterations=iterations, batch_size=16, lr=1e-2, warmup=3, checkpoint_every=5,
                           log_every=5, seed=7),

@@ -91,7 +91,7 @@ def test_paper_s4d_checkpoint_loads(tmp_path: Path) -> None:
     from gradscope.config import ModelConfig
     from gradscope.models import SeqModel
     torch.manual_seed(12)
-    ours = SeqModel(ModelConfig(core="s4d", vocab_size=6, embed_size=4, hidden_size=5, num_layers=2, state_size=8))
+    ours = SeqModel(ModelConfig(core="s4d", vocab_size=6, embed_size=4, hidden_size=5, num_layers=2, core_config={"state_size": 8}))
     sd = {k.replace("core.", "", 1): v for k, v in ours.state_dict().items()}
     assert "ssm.1.kernel.log_A_real" in sd and "in_proj.weight" in sd
     ckpt = {"modules": {"ssm": {"module_name": "SSM", "init_args": {"vocab_size": 6}, "state_dict": sd}},
@@ -99,7 +99,7 @@ def test_paper_s4d_checkpoint_loads(tmp_path: Path) -> None:
     torch.save(ckpt, tmp_path / "checkpoint_after-5-iters.pt")
     loaded = gradscope.load(tmp_path / "checkpoint_after-5-iters.pt")
     assert loaded.config.model.core == "s4d" and loaded.config.model.num_layers == 2
-    assert loaded.config.model.state_size == 8
+    assert loaded.config.model.core_config.state_size == 8
     tokens = loaded.heldout.uniform.inputs
     assert torch.allclose(loaded.model(tokens), ours(tokens), atol=1e-6)
 

@@ -48,8 +48,8 @@ def test_stop_after_then_resume(runner: CliRunner, tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, message", [
     (["--task", "predecessor", "--vocab", "4", "--length", "8"], "vocab_size"),
     (["--vocab", "2", "--length", "3", "--heldout", "100"], "heldout_size"),
-    (["--model", "transformer"], "core: got 'transformer'"),
-    (["--hidden", "0"], "hidden_size: got 0"),
+    (["--model", "transformer"], "--model: got 'transformer'"),
+    (["--hidden", "0"], "--hidden: got 0"),
     (["--iterations", "-5"], "iterations: got -5"),
     (["--rarity", "1.5"], "rarity"),
     (["--device", "cuda:7"], "device"),

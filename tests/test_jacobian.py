@@ -13,18 +13,20 @@ import torch
 from gradscope.analysis.jacobian import METHODS, iter_state_jacobian, state_jacobian, wirtinger_view
 from gradscope.config import ModelConfig
 from gradscope.errors import GradscopeError
+from gradscope.models import CORES as REGISTERED
 from gradscope.models.seq import SeqModel
 
 B, T, H, E, K = 3, 7, 5, 4, 6  # sequences, steps, hidden, embedding, vocabulary
 ATOL = 1e-10
-CORES = ("elman", "gru", "lstm", "s4d")
+CORES = tuple(REGISTERED)  # every registered core
 
 
 def build(core: str, layers: int = 1, pe: str = "none", seed: int = 0) -> SeqModel:
     """A tiny float64 model whose Jacobians are far from 0 (default-init RNNs give ~1e-13)."""
     torch.manual_seed(seed)
     cfg = ModelConfig(core=core, vocab_size=K, embed_size=E, hidden_size=H, num_layers=layers, pe=pe,
-                      max_len=16, state_size=6, dt_min=0.05, dt_max=0.5)
+                      max_len=16,
+                      core_config={"state_size": 6, "dt_min": 0.05, "dt_max": 0.5} if core == "s4d" else None)
     model = SeqModel(cfg).double()
     if core != "s4d":
         with torch.no_grad():

@@ -257,7 +257,7 @@ def test_grid_figure_from_accuracy_stores_has_no_ci(tmp_path: Path) -> None:
             assert [c[2] for c in trace.customdata] == n
             assert trace.error_y.array is None
     assert list(fig.layout.xaxis3.ticktext) == ["1–3", "4–6", "7–8"]
-    with pytest.raises(GradscopeError, match="--iteration: got 150"):
+    with pytest.raises(GradscopeError, match="iteration: got 150"):
         grid_figure_accuracy(items, 150)
 
 

@@ -15,12 +15,12 @@ from gradscope.analysis.stability import probe_stability
 from gradscope.cli.app import app
 from gradscope.errors import GradscopeError
 from gradscope.store import read_store, write_store
-from gradscope.tasks.probes import make_probes, make_triplets
+from gradscope.tasks.probes import make_probes, make_triplets, vocabulary_groups
 
 
 def test_triplet_structure() -> None:
     L, p, K = 7, 3, 10
-    t = make_triplets(200, L, p, K, "rare", "frequent", torch.Generator().manual_seed(0))
+    t = make_triplets(200, L, p, vocabulary_groups(K), "rare", "frequent", torch.Generator().manual_seed(0))
     base, same_target, same_suffix = t[:, 0], t[:, 1], t[:, 2]
     i = p - 1
     assert torch.equal(base[:, :p], same_target[:, :p])  # shares prefix and target
@@ -40,7 +40,7 @@ def test_probes_are_balanced_and_seeded() -> None:
     assert len(a) == 10 and a.conditions == ("frequent/rare",) * 5 + ("rare/rare",) * 5
     assert torch.equal(a.tokens, make_probes(5, 6, 2, 8, conds, seed=3).tokens)
     assert not torch.equal(a.tokens, make_probes(5, 6, 2, 8, conds, seed=4).tokens)
-    with pytest.raises(GradscopeError, match="target position: got 7"):
+    with pytest.raises(GradscopeError, match="position: got 7"):
         make_probes(5, 6, 7, 8, conds, seed=3)
 
 
@@ -168,7 +168,7 @@ def test_chunk_shrinks_to_the_memory_budget() -> None:
     from gradscope.analysis.stability import triplets_per_chunk
     from gradscope.config import ModelConfig
     from gradscope.models import SeqModel
-    s4d = SeqModel(ModelConfig(core="s4d", vocab_size=4, embed_size=4, hidden_size=8, state_size=16))
+    s4d = SeqModel(ModelConfig(core="s4d", vocab_size=4, embed_size=4, hidden_size=8, core_config={"state_size": 16}))
     per_triplet = 3 * 8 * (8 * 16) * 4  # 3 Jacobians of D_out × D float32 values
     assert triplets_per_chunk(s4d, 32, 10 * per_triplet) == 10
     assert triplets_per_chunk(s4d, 32, 1) == 1

@@ -166,3 +166,13 @@ def binned_grid_accuracy(acc: torch.Tensor, bins: int | list[int] = DEFAULT_BINS
     """
     ranges = position_bins(acc.shape[-1], bins)
     return torch.stack([acc[..., lo - 1:hi].mean(-1) for lo, hi in ranges], dim=-1)
+
+
+def bin_edges(length: int, bins: int | tuple[int, ...]) -> list[tuple[int, int]]:
+    """1-based inclusive (start, end) of each target-position bin."""
+    return position_bins(length, bins_arg(bins))
+
+
+def bins_arg(bins: int | tuple[int, ...]) -> int | list[int]:
+    """The bins option as the analysis functions take it (a count, or a list of edges)."""
+    return list(bins) if isinstance(bins, tuple) else bins

@@ -67,7 +67,7 @@ def confidence_interval(values: np.ndarray, *, method: str = "percentile", confi
     finite, nan = finite_values(values)
     n = int(finite.size)
     few = n < FEW_TRIALS
-    few_note = (f"few trials (n={n}): {method} bootstrap intervals under-cover; consider --method t"
+    few_note = (f"few trials (n={n}): {method} bootstrap intervals under-cover; consider the t method"
                 if few and method != "t" else "")
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0, nan, "no finite values", method, True)

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch import nn
 
 from gradscope.analysis.jacobian import state_jacobian
 from gradscope.analysis.scores import SCORES, companion_stats, wirtinger
-from gradscope.models import S4DCore, SeqModel
+from gradscope.errors import check
 from gradscope.tasks.probes import Probes
 
 PAIRS = ("same-target", "same-suffix")
@@ -43,7 +44,7 @@ def wirtinger_score(ja: torch.Tensor, jb: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den.where(den > 0, 1.0), torch.full_like(num, complex(float("nan"), 0.0)))
 
 
-def triplets_per_chunk(model: SeqModel, requested: int, budget_bytes: int) -> int:
+def triplets_per_chunk(model: nn.Module, requested: int, budget_bytes: int) -> int:
     """At most ``requested`` triplets, fewer if their 3 Jacobians (D_out × D each) would exceed the budget.
     (A paper-size S4D Jacobian is 512 × 32768 floats = 64 MB per sequence.)"""
     param = next(model.parameters())
@@ -51,16 +52,22 @@ def triplets_per_chunk(model: SeqModel, requested: int, budget_bytes: int) -> in
     return max(1, min(requested, budget_bytes // max(per_triplet, 1)))
 
 
-def probe_stability(model: SeqModel, probes: Probes, position: int, *, method: str = "auto", chunk: int = 32,
+def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: str = "auto", chunk: int = 32,
                     top_sv: int = 64, on_chunk: Callable[[int], None] | None = None,
-                    memory_budget: int = 1 << 30) -> StabilityResult:
+                    memory_budget: int = 1 << 30, output_phase: int | None | str = "query") -> StabilityResult:
     """Stability scores of ``model`` on ``probes`` at target ``position`` (1-based).
 
+    Each probe sequence (L tokens) is followed by an output phase of L copies of one token: the
+    model's query token (``output_phase="query"``, gradscope's and the paper's models), a filler
+    token id, or none (None: y_T is read right after the probe's last token).
     Up to ``chunk`` triplets (3·chunk sequences) are processed at a time, fewer when their Jacobians
     would exceed ``memory_budget`` bytes; ``on_chunk(k)`` reports progress.
     """
+    if output_phase == "query":
+        output_phase = getattr(model, "query_token", None)
+        check(output_phase is not None, "output_phase: this model has no query token; give a filler token id or None")
     device = next(model.parameters()).device
-    complex_state = isinstance(model.core, S4DCore)
+    complex_state = bool(getattr(model.core, "complex_state", False))
     chunk = triplets_per_chunk(model, chunk, memory_budget)
     parts: dict[str, list[torch.Tensor]] = {}
 
@@ -70,8 +77,10 @@ def probe_stability(model: SeqModel, probes: Probes, position: int, *, method: s
     for start in range(0, len(probes), chunk):
         tokens = probes.tokens[start:start + chunk]
         n = tokens.shape[0]
-        inputs = torch.cat([tokens.reshape(-1, probes.length),
-                            torch.full((3 * n, probes.length), model.query_token)], dim=1).to(device)
+        inputs = tokens.reshape(-1, probes.length)
+        if output_phase is not None:
+            inputs = torch.cat([inputs, torch.full((3 * n, probes.length), int(output_phase))], dim=1)
+        inputs = inputs.to(device)
         res = state_jacobian(model, inputs, position, method=method, chunk=3 * n)
         jac = res.jac.reshape(n, 3, *res.jac.shape[1:])  # (n, 3, D_out, D)
         out = res.output.reshape(n, 3, -1)  # (n, 3, D_out)

@@ -1,66 +1,134 @@
-"""Recurrent cores built on the fused ``nn.RNN/GRU/LSTM`` modules, with a functional twin.
+"""What the Elman, GRU and LSTM cores share: a fused ``nn.RNN/GRU/LSTM`` module for training, its
+functional twin on a flat real state, and the reverse chain of the analytic Jacobian engine.
 
-Training runs the fused module; analysis calls :meth:`RNNCore.step`, which re-implements the same
-cell from the same weights on a flat real state z (all layers concatenated; LSTM layers hold
-concat(h, c)), so torch.func can differentiate it.
+A subclass (one file per core: ``elman.py``, ``gru.py``, ``lstm.py``) names its fused module type,
+its cell, its cell VJP, its gates and how many H-wide vectors one layer's state holds. The state z
+is every layer's state concatenated, layer 1 first; an LSTM layer holds [h, c]. The same class
+wraps a user's own ``nn.RNN/GRU/LSTM`` (``gradscope.wrap``): it keeps the module itself, so the
+analysis runs on its weights, with no copy.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from gradscope.models.core import Core
 
-from gradscope.models.elman import elman_cell
-from gradscope.models.gru import gru_cell
-from gradscope.models.lstm import lstm_cell
+Weights = tuple[Tensor, Tensor, Tensor, Tensor]
+Cell = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+# Cell VJP: (x (B, in), old layer state s (B, S), weights, cotangent rows g (B, R, S) on the new
+# layer state (a spent buffer it may overwrite), out (B, R, S) for the rows on s, need_input) →
+# the rows on x (B, R, in) when asked (layers above the first), else None. Writing into
+# preallocated buffers matters on CPU: a fresh multi-MB tensor per step (a torch.cat) measured at
+# half a bmm's time, and in-place baddbmm_ into a strided view fell back to one addmm per sequence.
+CellVJP = Callable[[Tensor, Tensor, Weights, Tensor, Tensor, bool], "Tensor | None"]
 
-Cell = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
-FUSED: dict[str, type[nn.RNNBase]] = {"elman": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
-CELLS: dict[str, Cell] = {"elman": elman_cell, "gru": gru_cell, "lstm": lstm_cell}
+@dataclass(frozen=True)
+class RNNConfig:
+    """Settings of an Elman, GRU or LSTM core beyond the shared sizes: none yet."""
 
 
 class RNNCore(Core):
-    """A stack of ``num_layers`` Elman/GRU/LSTM layers. Attribute name ``rnn`` matches the paper."""
+    """A stack of ``num_layers`` layers of one fused PyTorch RNN type. Attribute ``rnn`` (the
+    fused module) matches the paper's state-dict names."""
 
-    def __init__(self, kind: str, input_size: int, hidden_size: int, num_layers: int) -> None:
+    fused: ClassVar[type[nn.RNNBase]]
+    state_factor: ClassVar[int] = 1  # H-wide vectors in one layer's state (LSTM: h and c)
+    gates: ClassVar[tuple[str, ...]] = ()  # row blocks of W_hh, in PyTorch's order
+    Config: ClassVar[type] = RNNConfig
+
+    @staticmethod
+    def cell(x: Tensor, s: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    @staticmethod
+    def cell_vjp(x: Tensor, s: Tensor, w: Weights, g: Tensor, out: Tensor, need_input: bool) -> Tensor | None:
+        raise NotImplementedError
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int, *, module: nn.RNNBase | None = None) -> None:
         super().__init__()
-        self.kind = kind
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.rnn = FUSED[kind](input_size, hidden_size, num_layers, batch_first=True)
-        self.cell = CELLS[kind]
-        self.layer_state = hidden_size * (2 if kind == "lstm" else 1)
+        self.rnn = module if module is not None else self.fused(input_size, hidden_size, num_layers, batch_first=True)
+        self.hidden_size = self.rnn.hidden_size
+        self.num_layers = self.rnn.num_layers
+        self.layer_state = self.hidden_size * self.state_factor
+
+    @classmethod
+    def build(cls, input_size: int, hidden_size: int, num_layers: int, config: object) -> "RNNCore":
+        """The core of a :class:`~gradscope.models.config.ModelConfig` (``config`` is its core config)."""
+        return cls(input_size, hidden_size, num_layers)
 
     @property
-    def state_dim(self) -> int:
+    def state_dim(self) -> int:  # type: ignore[override]
         """D: real width of the full recurrent state z."""
         return self.layer_state * self.num_layers
 
     @property
-    def out_dim(self) -> int:
+    def out_dim(self) -> int:  # type: ignore[override]
         return self.hidden_size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def state_layout(self) -> dict[str, slice]:
+        names = ("h", "c")[:self.state_factor]
+        return {f"{n}{layer + 1}": slice(layer * self.layer_state + k * self.hidden_size,
+                                          layer * self.layer_state + (k + 1) * self.hidden_size)
+                for layer in range(self.num_layers) for k, n in enumerate(names)}
+
+    def forward(self, x: Tensor) -> Tensor:
         """Fused path. x (B, T, in) → top-layer hidden states (B, T, H)."""
-        y, _ = self.rnn(x)
-        return y
+        if not self.rnn.batch_first:
+            return self.rnn(x.transpose(0, 1))[0].transpose(0, 1)
+        return self.rnn(x)[0]
 
-    def layer_weights(self, layer: int) -> tuple[torch.Tensor, ...]:
-        """(W_ih, W_hh, b_ih, b_hh) of one layer."""
-        return tuple(getattr(self.rnn, f"{n}_l{layer}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+    def layer_weights(self, layer: int) -> Weights:
+        """(W_ih, W_hh, b_ih, b_hh) of one layer; zero biases for a module built with bias=False."""
+        w_ih, w_hh = getattr(self.rnn, f"weight_ih_l{layer}"), getattr(self.rnn, f"weight_hh_l{layer}")
+        if self.rnn.bias:
+            return w_ih, w_hh, getattr(self.rnn, f"bias_ih_l{layer}"), getattr(self.rnn, f"bias_hh_l{layer}")
+        zero = w_hh.new_zeros(w_hh.shape[0])
+        return w_ih, w_hh, zero, zero
 
-
-    def step(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
         """Functional step. x (B, in), z (B, D) → (top output (B, H), z' (B, D))."""
-        parts = z.split(self.layer_state, dim=-1)
         new = []
         inp = x
-        for layer, part in enumerate(parts):
+        for layer, part in enumerate(z.split(self.layer_state, dim=-1)):
             inp, state = self.cell(inp, part, *self.layer_weights(layer))
             new.append(state)
         return inp, torch.cat(new, dim=-1)
+
+    def readout(self, x: Tensor, z: Tensor) -> Tensor:
+        """The top layer's h. x (B, in) unused, z (B, D) → (B, H)."""
+        top = (self.num_layers - 1) * self.layer_state
+        return z[:, top:top + self.hidden_size]
+
+    def analytic_unsupported(self) -> str | None:
+        if "cell" in vars(self):
+            return f"its {self.name!r} core has a replaced cell function"
+        return None
+
+    def analytic_jacobian(self, x: Tensor, zs: Tensor, p: int) -> Tensor:
+        """G ← G · J_t from G = ∂y_T/∂z_T, layer by layer from the top within each step. → (B, H, D)."""
+        B, T, _ = x.shape
+        H, S, L = self.hidden_size, self.layer_state, self.num_layers
+        weights = [self.layer_weights(layer) for layer in range(L)]
+        G = x.new_zeros(B, H, self.state_dim)
+        G[:, :, (L - 1) * S:(L - 1) * S + H] = torch.eye(H, dtype=x.dtype, device=x.device)
+        spare = torch.empty_like(G)
+        for t in range(T - 1, p - 1, -1):  # 0-based step t maps zs[:, t−1] to zs[:, t]
+            states = zs[:, t - 1].split(S, dim=-1)
+            inputs = [x[:, t]]
+            for layer in range(L - 1):
+                inputs.append(self.cell(inputs[-1], states[layer], *weights[layer])[0])
+            g_in = None
+            for layer in reversed(range(L)):
+                cols = slice(layer * S, (layer + 1) * S)
+                if g_in is not None:  # layer+1 read this layer's new h within the same step
+                    G[..., layer * S:layer * S + H] += g_in
+                g_in = self.cell_vjp(inputs[layer], states[layer], weights[layer], G[..., cols], spare[..., cols],
+                                     layer > 0)
+            G, spare = spare, G
+        return G

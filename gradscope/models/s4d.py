@@ -12,11 +12,29 @@ log_dt, log_A_real, A_imag}``, ``ssm.<l>.output_linear.0``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from gradscope.models.core import Core
+from gradscope.errors import check
+from gradscope.models.core import Core, scaled_rows
+
+
+@dataclass(frozen=True)
+class S4DConfig:
+    """S4D's own settings: state size N (N/2 complex modes per channel) and the range of the
+    initial step sizes dt."""
+
+    state_size: int = 64
+    dt_min: float = 1e-3
+    dt_max: float = 1e-1
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.state_size, int) and self.state_size > 0 and self.state_size % 2 == 0,
+              f"state_size: got {self.state_size}; S4D needs a positive even state size (N/2 complex modes)")
+        check(0 < self.dt_min <= self.dt_max, f"dt_min/dt_max: got {self.dt_min}/{self.dt_max}; need 0 < dt_min <= dt_max")
 
 
 class S4DKernel(nn.Module):
@@ -74,9 +92,34 @@ class S4DBlock(nn.Module):
         a, b = v.chunk(2, dim=-1)
         return a * torch.sigmoid(b)
 
+    def readout_jacobian(self, y: Tensor) -> Tensor:
+        """∂ readout(y)/∂y for GELU → Conv1d(H, 2H, 1) → GLU at pre-GELU values y (B, H) → (B, H, H)."""
+        conv = self.output_linear[0]
+        w = conv.weight[:, :, 0]  # (2H, H)
+        cdf = 0.5 * (1 + torch.erf(y / math.sqrt(2)))
+        gelu, dgelu = y * cdf, cdf + y * torch.exp(-0.5 * y * y) / math.sqrt(2 * math.pi)  # exact GELU
+        a, b = (gelu @ w.T + conv.bias).chunk(2, dim=-1)
+        sig = torch.sigmoid(b)
+        return scaled_rows(torch.stack([sig, a * sig * (1 - sig)], dim=1), w) * dgelu[:, None, :]
+
+    def output(self, u: Tensor, state: Tensor) -> Tensor:
+        """y = 2·Re(Σ_n C_n x_n) + D·u before the tail: u (B, H), complex state (B, H, N/2) → (B, H)."""
+        _, _, C = self.kernel.discrete()
+        return 2 * (C * state).real.sum(-1) + self.D * u
+
 
 class S4DCore(Core):
-    """Linear(in, H) → ``num_layers`` S4D blocks (no residual or norm between them)."""
+    """Linear(in, H) → ``num_layers`` S4D blocks (no residual or norm between them). The state is
+    every block's complex state (B, H, N/2) on the real view, block 1 first."""
+
+    name: ClassVar[str] = "s4d"
+    label: ClassVar[str] = "S4D"
+    complex_state: ClassVar[bool] = True
+    Config: ClassVar[type] = S4DConfig
+
+    @classmethod
+    def build(cls, input_size: int, hidden_size: int, num_layers: int, config: S4DConfig) -> "S4DCore":
+        return cls(input_size, hidden_size, num_layers, config.state_size, config.dt_min, config.dt_max)
 
     def __init__(self, input_size: int, channels: int, num_layers: int, state_size: int,
                  dt_min: float, dt_max: float) -> None:
@@ -107,15 +150,47 @@ class S4DCore(Core):
         return u.transpose(1, 2)
 
 
-    def step(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def state_layout(self) -> dict[str, slice]:
+        return {f"modes{b + 1}": slice(b * self.block_state, (b + 1) * self.block_state) for b in range(len(self.ssm))}
+
+    def _complex(self, part: Tensor) -> Tensor:
+        pair = part.reshape(-1, self.channels, self.modes, 2)
+        return torch.complex(pair[..., 0], pair[..., 1])  # (B, H, N/2)
+
+    def step(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
         """Functional step on the real view. x (B, in), z (B, D) → (output (B, H), z' (B, D))."""
         u = x @ self.in_proj.weight.T + self.in_proj.bias  # (B, H)
         new = []
         for block, part in zip(self.ssm, z.split(self.block_state, dim=-1)):
-            dA, dB, C = block.kernel.discrete()  # (H, N/2) each
-            pair = part.reshape(-1, self.channels, self.modes, 2)
-            state = dA * torch.complex(pair[..., 0], pair[..., 1]) + dB * u[..., None]  # (B, H, N/2)
-            y = 2 * (C * state).real.sum(-1) + block.D * u  # (B, H)
-            u = block.readout(y)
+            dA, dB, _ = block.kernel.discrete()  # (H, N/2) each
+            state = dA * self._complex(part) + dB * u[..., None]  # (B, H, N/2)
+            u = block.readout(block.output(u, state))
             new.append(torch.stack([state.real, state.imag], dim=-1).reshape(part.shape))
         return u, torch.cat(new, dim=-1)
+
+    def readout(self, x: Tensor, z: Tensor) -> Tensor:
+        """Every block's output from its state after the step. x (B, in), z (B, D) → (B, H)."""
+        u = x @ self.in_proj.weight.T + self.in_proj.bias  # (B, H)
+        for block, part in zip(self.ssm, z.split(self.block_state, dim=-1)):
+            u = block.readout(block.output(u, self._complex(part)))
+        return u
+
+    def analytic_unsupported(self) -> str | None:
+        if len(self.ssm) != 1:
+            return f"it covers single-block S4D only (this core has {len(self.ssm)} blocks)"
+        if "readout" in vars(self.ssm[0]):
+            return "the S4D block's readout has been replaced"
+        return None
+
+    def analytic_jacobian(self, x: Tensor, zs: Tensor, p: int) -> Tensor:
+        """Closed form for one block: ∂x_T/∂x_p = dA^(T−p) is diagonal (a 2 × 2 rotation-scaling per
+        mode on the real view), so J[i, (h, n, re/im)] = R_T[i, h] · (2a, −2b) with
+        a + ib = C_hn dA_hn^(T−p), and R_T holds the D-skip, GELU' and GLU. → (B, H, D)."""
+        B, T, _ = x.shape
+        block = self.ssm[0]
+        dA, _, C = block.kernel.discrete()  # (H, N/2) complex
+        u = x[:, T - 1] @ self.in_proj.weight.T + self.in_proj.bias  # (B, H)
+        y = block.output(u, self._complex(zs[:, T - 1]))  # (B, H), D-skip included
+        k = C * dA ** (T - p)
+        gain = torch.stack([2 * k.real, -2 * k.imag], dim=-1)  # (H, N/2, 2): view_as_real layout
+        return (block.readout_jacobian(y)[..., None, None] * gain).reshape(B, self.out_dim, -1)

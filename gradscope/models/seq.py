@@ -10,18 +10,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gradscope.config import ModelConfig
-from gradscope.models.core import Core
+from gradscope.models.config import ModelConfig
+from gradscope.models.core import Core, scan
 from gradscope.models.pe import build_pe
-from gradscope.models.rnn import RNNCore
-from gradscope.models.s4d import S4DCore
+from gradscope.models.registry import core_class
 
 
 def build_core(cfg: ModelConfig) -> Core:
-    """The core named by ``cfg.core``. Adding a core = one file + one line here."""
-    if cfg.core == "s4d":
-        return S4DCore(cfg.core_input_size, cfg.hidden_size, cfg.num_layers, cfg.state_size, cfg.dt_min, cfg.dt_max)
-    return RNNCore(cfg.core, cfg.core_input_size, cfg.hidden_size, cfg.num_layers)
+    """The registered core named by ``cfg.core``, built from the shared sizes and its own config."""
+    return core_class(cfg.core).build(cfg.core_input_size, cfg.hidden_size, cfg.num_layers, cfg.core_config)
 
 
 class SeqModel(nn.Module):
@@ -59,5 +56,5 @@ class SeqModel(nn.Module):
 
     def forward_functional(self, tokens: torch.Tensor) -> torch.Tensor:
         """The same map through the functional step recurrence (what the analysis differentiates)."""
-        y, _ = self.core.scan(self.core_inputs(tokens))
+        y, _ = scan(self.core, self.core_inputs(tokens))
         return self.to_logits(y)

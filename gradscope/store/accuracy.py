@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from gradscope.analysis.accuracy import bin_edges
 from gradscope.config import RunConfig
 from gradscope.store.io import provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES
-from gradscope.workflows.accuracy import AccuracyOptions, AccuracyResult, bin_edges, bins_arg
+from gradscope.store.records import AccuracyResult
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -19,9 +20,10 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
 
-def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, opts: AccuracyOptions, command: str,
+def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, options: dict[str, Any], command: str,
                      device: str) -> xr.Dataset:
-    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin, length."""
+    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin, length.
+    ``options``: ``bins`` (a count or a list of edges) and ``grid``, recorded as given."""
     first = results[0]
     stack = lambda name: np.stack([getattr(r, name) for r in results])  # noqa: E731
     scored_times = np.flatnonzero(first.time_scored > 0)
@@ -46,7 +48,7 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, opts: Acc
     if first.grid_correct is not None:
         groups = np.asarray(GROUP_NAMES, dtype=object)
         grid_dims = ("checkpoint", "target_group", "disturbant_group")
-        edges = bin_edges(first.grid_correct.shape[-1], opts.bins)
+        edges = bin_edges(first.grid_correct.shape[-1], options["bins"])
         data["grid_accuracy"] = ((*grid_dims, "target_position"), _ratio(stack("grid_correct"), stack("grid_total")))
         data["grid_bin_accuracy"] = ((*grid_dims, "bin"), _ratio(stack("grid_bin_correct"), stack("grid_bin_total")))
         data["grid_n"] = (("target_group", "disturbant_group", "bin"), first.grid_bin_total)
@@ -66,6 +68,6 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, opts: Acc
     attrs = provenance("accuracy", command, device, {
         "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
         "train_config": dataclasses.asdict(config.train), "checkpoints": checkpoints,
-        "options": {"bins": bins_arg(opts.bins), "grid": opts.grid},
+        "options": options,
     })
     return xr.Dataset(data, coords=coords, attrs=attrs)

@@ -19,9 +19,10 @@ from gradscope.analysis.bootstrap import Interval, bootstrap_mean
 from gradscope.errors import GradscopeError, check
 from gradscope.store.io import attr_json, read_store, sha256_file
 from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
+from gradscope.models import CORES, model_fields
 from gradscope.train.checkpoint import list_checkpoints
 
-CORE_NAMES = {"gru": "GRU", "lstm": "LSTM", "elman": "Elman RNN", "s4d": "S4D"}
+CORE_NAMES = {name: cls.label for name, cls in CORES.items()}  # report labels, from the core registry
 NOT_CONFIG = ("seed", "device", "threads")  # train fields that do not make a different configuration
 SHORT = {"vocab_size": "K", "length": "L", "hidden_size": "H", "embed_size": "E", "num_layers": "layers",
          "state_size": "N"}  # how labels write config fields
@@ -94,7 +95,7 @@ def load_run(path: Path) -> Input:
     cfg = data.get("config", {})
     meta = {"gradscope_version": data.get("gradscope_version", ""), "command": data.get("command", ""),
             "checkpoints": checkpoints}
-    return Input(path, "run", cfg.get("model", {}), cfg.get("task", {}), cfg.get("train", {}), None, metrics,
+    return Input(path, "run", model_fields(cfg.get("model", {})), cfg.get("task", {}), cfg.get("train", {}), None, metrics,
                  evaluation, meta)
 
 
@@ -106,7 +107,7 @@ def load_store(path: Path) -> Input:
     meta = {k: ds.attrs.get(k, "") for k in ("gradscope_version", "torch_version", "device", "host", "command",
                                              "created")}
     meta["checkpoints"] = attr_json(ds, "checkpoints") if "checkpoints" in ds.attrs else []
-    return Input(path, kind, decoded["model_config"], decoded["task_config"], decoded["train_config"], ds, meta=meta)
+    return Input(path, kind, model_fields(decoded["model_config"]), decoded["task_config"], decoded["train_config"], ds, meta=meta)
 
 
 def load_inputs(paths: list[Path]) -> list[Input]:
@@ -175,7 +176,7 @@ class StabilityPoint:
 def _score(ds: xr.Dataset, score: str, path: Path) -> xr.DataArray:
     name = f"score_{score}"
     valid = sorted(k[6:] for k in ds.data_vars if str(k).startswith("score_"))
-    check(name in ds, f"--score: got {score!r}; {path} holds {', '.join(valid)}")
+    check(name in ds, f"score: got {score!r}; {path} holds {', '.join(valid)}")
     return ds[name]
 
 
@@ -209,7 +210,7 @@ def at_iteration(ds: xr.Dataset, iteration: int | None, path: Path) -> int:
     its = [int(i) for i in ds["iteration"].values]
     if iteration is None:
         return len(its) - 1
-    check(iteration in its, f"--iteration: got {iteration}; {path} has iterations {', '.join(map(str, its))}")
+    check(iteration in its, f"iteration: got {iteration}; {path} has iterations {', '.join(map(str, its))}")
     return its.index(iteration)
 
 

@@ -51,9 +51,9 @@ def write_store(ds: xr.Dataset, path: Path, overwrite: bool = False) -> Path:
     """Write ``ds`` to a zarr v3 store at ``path`` atomically."""
     path = Path(path)
     if path.exists() and not overwrite:
-        raise GradscopeError(f"--out: {path} already exists; choose another path or pass --overwrite")
+        raise GradscopeError(f"out: {path} already exists; choose another path or pass overwrite=True")
     if not path.parent.is_dir():
-        raise GradscopeError(f"--out: directory {path.parent} does not exist")
+        raise GradscopeError(f"out: directory {path.parent} does not exist")
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         with warnings.catch_warnings():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -11,22 +10,23 @@ import torch
 import xarray as xr
 
 from gradscope.analysis.stability import PAIRS
-from gradscope.config import RunConfig
 from gradscope.errors import check
 from gradscope.store.io import provenance, read_store, sha256_file
 from gradscope.tasks.probes import MEMBERS, Probes
-from gradscope.workflows.stability import CheckpointResult, StabilityOptions
+from gradscope.store.records import CheckpointResult
 
 
 def _strings(values: Any) -> np.ndarray:
     return np.asarray(list(values), dtype=object)  # variable-length UTF-8 in zarr v3, no warning
 
 
-def stability_dataset(results: list[CheckpointResult], probes: Probes, opts: StabilityOptions, config: RunConfig,
+def stability_dataset(results: list[CheckpointResult], probes: Probes, options: dict[str, Any], config: dict[str, Any],
                       command: str, device: str) -> xr.Dataset:
     """Dims: checkpoint, pair (same-target, same-suffix), triplet, member (base, same-target,
-    same-suffix), sv (singular-value index), position (1…L)."""
-    p = opts.position
+    same-suffix), sv (singular-value index), position (1…L). ``options`` (plain values) are recorded
+    as given; their ``position`` is the target position p and ``method`` the Jacobian engine.
+    ``config``: the model_config, task_config and train_config dicts to record."""
+    p = options["position"]
     dims3 = ("checkpoint", "pair", "triplet")
     data: dict[str, Any] = {}
     first = results[0].result
@@ -40,8 +40,8 @@ def stability_dataset(results: list[CheckpointResult], probes: Probes, opts: Sta
     data["singular_values"] = (("checkpoint", "member", "triplet", "sv"),
                                np.stack([r.result.singular_values.numpy() for r in results]))
     data["probe_tokens"] = (("triplet", "member", "position"), probes.tokens.numpy())
-    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run, "sha256": sha256_file(r.path)}
-                   for r in results]
+    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run,
+                    "sha256": sha256_file(r.path) if r.path.is_file() else ""} for r in results]
     coords = {
         "checkpoint": np.arange(len(results)),
         "iteration": ("checkpoint", np.array([r.iteration for r in results])),
@@ -57,11 +57,9 @@ def stability_dataset(results: list[CheckpointResult], probes: Probes, opts: Sta
         "target_token": ("triplet", probes.tokens[:, 0, p - 1].numpy()),
         "position": np.arange(1, probes.length + 1),
     }
-    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()}
     attrs = provenance("stability", command, device, {
-        "target_position": p, "method": opts.method, "options": options,
-        "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
-        "train_config": dataclasses.asdict(config.train), "checkpoints": checkpoints,
+        "target_position": p, "method": options["method"], "options": options,
+        **config, "checkpoints": checkpoints,
         "score_definition": "default: sum_i <g_i^A, g_i^B> / sum_i |g_i^A||g_i^B| over rows of "
                             "J = d h_2L / d z_p (SPEC §4); NaN when every row is zero",
     })
@@ -71,6 +69,6 @@ def stability_dataset(results: list[CheckpointResult], probes: Probes, opts: Sta
 def probes_from_store(path: Path) -> Probes:
     """The probe triplets saved in a stability store (to repeat a run on another model)."""
     ds = read_store(path, kind="stability")
-    check("probe_tokens" in ds, f"--probes: {path} has no probe_tokens variable")
+    check("probe_tokens" in ds, f"probes_file: {path} has no probe_tokens variable")
     return Probes(torch.from_numpy(ds["probe_tokens"].values.astype(np.int64)),
                   tuple(map(str, ds["target_group"].values)), tuple(map(str, ds["disturbant_group"].values)))

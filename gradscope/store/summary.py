@@ -10,10 +10,11 @@ import numpy as np
 import xarray as xr
 
 from gradscope.errors import GradscopeError, check
+from gradscope.models import model_fields
 from gradscope.store.io import attr_json, provenance, read_store
 from gradscope.store.manifest import manifest_outputs, manifest_path
 from gradscope.train.io import atomic_write_text
-from gradscope.workflows.summarize import SummaryEntry, TrialRecord
+from gradscope.store.records import SummaryEntry, TrialRecord
 
 CONFIG_FIELDS = {"model_config": ("core", "pe", "pe_combine", "hidden_size", "embed_size", "num_layers", "state_size"),
                  "task_config": ("vocab_size", "length", "distribution", "rarity")}
@@ -23,7 +24,7 @@ def expand_store_paths(patterns: list[str], kind: str | None = None) -> list[Pat
     """Paths as given; patterns with wildcards (quoted, so the shell left them) are globbed; a
     sweep directory (or its sweep.json) stands for the stores of its finished points, of ``kind``
     (accuracy or stability) — required when the sweep has both."""
-    check(kind in (None, "accuracy", "stability"), f"--kind: got {kind!r}; valid kinds are accuracy, stability")
+    check(kind in (None, "accuracy", "stability"), f"kind: got {kind!r}; valid kinds are accuracy, stability")
     out: list[Path] = []
     for pattern in patterns:
         if any(ch in pattern for ch in "*?["):
@@ -43,7 +44,7 @@ def _sweep_stores(path: Path, kind: str | None) -> list[Path]:
     if kind is None:
         present = [k for k, v in found.items() if v]
         check(len(present) < 2, f"stores: the sweep {path} has accuracy and stability stores; choose one with "
-                                f"--kind accuracy or --kind stability")
+                                f"kind='accuracy' or kind='stability'")
         kind = present[0] if present else "accuracy"
     check(bool(found[kind]), f"stores: the sweep {path} has no finished {kind} stores yet")
     return found[kind]
@@ -53,6 +54,7 @@ def _fields(ds: xr.Dataset) -> dict[str, str]:
     fields = {}
     for attr, names in CONFIG_FIELDS.items():
         cfg = attr_json(ds, attr)
+        cfg = model_fields(cfg) if attr == "model_config" else cfg
         fields.update({n: str(cfg[n]) for n in names if n in cfg})
     fields["task"] = str(attr_json(ds, "task_config")["name"])
     return fields
@@ -158,5 +160,5 @@ def write_csv(entries: list[SummaryEntry], path: Path) -> None:
         lines.append(",".join([f'"{e.label}"', e.metric, f"{iv.mean:.6g}", f"{iv.low:.6g}", f"{iv.high:.6g}",
                                str(iv.n), str(iv.nan), per_seed, f'"{iv.note}"']))
     if not path.parent.is_dir():
-        raise GradscopeError(f"--csv: directory {path.parent} does not exist")
+        raise GradscopeError(f"csv: directory {path.parent} does not exist")
     atomic_write_text(path, "\n".join(lines) + "\n")

@@ -3,13 +3,16 @@
 A gradscope checkpoint is a ``torch.save`` dict of plain types and tensors only (no numpy), so it
 loads with ``weights_only=True``::
 
-    {"format": "gradscope-checkpoint", "format_version": 1, "gradscope_version": str,
+    {"format": "gradscope-checkpoint", "format_version": 2, "gradscope_version": str,
      "torch_version": str, "config": {"model": {...}, "task": {...}, "train": {...}},
      "iteration": int (iterations completed), "model": state_dict, "optimizer": state_dict,
      "scheduler": {"name": "warmup-cosine", "iteration": int},
      "rng": {"data": ByteTensor, "data_device": str, "torch": ByteTensor},
      "heldout": {"uniform_inputs": (n, T), "uniform_targets": (n, T), "grid": (2, 2, N, L, L) | None},
      "metrics": {"loss": float, "accuracy": float}}
+
+Format 2 nests a core's own settings in ``config.model.core_config``; format 1 (the shipped samples)
+kept S4D's ``state_size``, ``dt_min`` and ``dt_max`` among the shared model fields, and still loads.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from gradscope.tasks import Batch, HeldOut, Reverse
 from gradscope.train.io import safe_load
 
 FORMAT = "gradscope-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 CHECKPOINT_RE = re.compile(r"^step-(\d+)\.pt$")
 PAPER_RE = re.compile(r"^checkpoint_after-(\d+)-iters\.pt$")
 
@@ -77,9 +81,9 @@ def _as_int_tensor(value: Any, what: str, path: Path) -> torch.Tensor:
 
 def _load_native(ckpt: dict[str, Any], path: Path) -> Loaded:
     version = ckpt.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise GradscopeError(f"checkpoint: {path} has format_version {version!r}; this gradscope reads "
-                             f"version {FORMAT_VERSION}")
+                             f"versions {', '.join(map(str, READABLE_VERSIONS))}")
     try:
         config = RunConfig.from_dict(ckpt["config"])
         h = ckpt["heldout"]
@@ -131,16 +135,16 @@ def _load_paper(ckpt: dict[str, Any], path: Path) -> Loaded:
         if name == "ssm" or module.get("module_name") == "SSM":
             core = "s4d"
             layers = len({k.split(".")[2] for k in sd if k.startswith("core.ssm.")})
-            state_size = 2 * sd["core.ssm.0.kernel.C"].shape[1]
+            core_config = {"state_size": 2 * sd["core.ssm.0.kernel.C"].shape[1]}
         else:
             core = PAPER_CORES[str(args.get("rnn_name", "GRU")).upper()]
             layers = len([k for k in sd if k.startswith("core.rnn.weight_ih_l")])
-            state_size = 64
+            core_config = None
         max_len = sd["time_encoder.embeddings"].shape[0] if "time_encoder.embeddings" in sd else \
             int(args.get("max_length") or 2 * length)
         model_cfg = ModelConfig(core=core, vocab_size=int(vocab_size), embed_size=int(embed), hidden_size=int(hidden),
                                 num_layers=layers, pe=pe, pe_combine=encoding or "concat",
-                                max_len=max(max_len, 2 * length), state_size=state_size)
+                                max_len=max(max_len, 2 * length), core_config=core_config)
         if held.dim() == 5:
             task_cfg = TaskConfig(name="reverse", vocab_size=int(vocab_size), length=length, distribution="dual",
                                   heldout_size=1, grid_per_cell=held.shape[2])

@@ -8,10 +8,15 @@ from typing import Callable
 
 import numpy as np
 import torch
+import xarray as xr
 
-from gradscope.analysis.accuracy import binned_counts, grid_counts, length_counts, position_bins, token_correct
+from gradscope.analysis.accuracy import (bin_edges, bins_arg, binned_counts, grid_counts, length_counts,
+                                         token_correct)
 from gradscope.analysis.distance import sequence_dl_distances
 from gradscope.errors import check
+from gradscope.config import RunConfig
+from gradscope.store.accuracy import accuracy_dataset
+from gradscope.store.records import AccuracyResult
 from gradscope.tasks import ReverseVariable, grid_batch, make_task
 from gradscope.train.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
@@ -29,46 +34,6 @@ class AccuracyOptions:
     chunk: int = 1024
 
 
-@dataclass(frozen=True)
-class AccuracyResult:
-    """One checkpoint's evaluation. Counts are exact integers; ratios are derived from them.
-
-    sequence_correct / sequence_scored (n,): scored tokens right / scored per held-out sequence;
-    sequence_dl (n,): Damerau–Levenshtein distance per sequence; time_correct / time_scored (T,);
-    grid_correct / grid_total (2, 2, L) and their binned versions (2, 2, bins), or None;
-    length_correct / length_total (L_max + 1,) for reverse-variable, else None.
-    """
-
-    path: Path
-    iteration: int
-    run: str
-    sequence_correct: np.ndarray
-    sequence_scored: np.ndarray
-    sequence_dl: np.ndarray
-    time_correct: np.ndarray
-    time_scored: np.ndarray
-    grid_correct: np.ndarray | None
-    grid_total: np.ndarray | None
-    grid_bin_correct: np.ndarray | None
-    grid_bin_total: np.ndarray | None
-    length_correct: np.ndarray | None
-    length_total: np.ndarray | None
-
-    @property
-    def token_accuracy(self) -> float:
-        return float(self.sequence_correct.sum() / max(self.sequence_scored.sum(), 1)) if self.sequence_scored.size \
-            else float("nan")
-
-    @property
-    def sequence_accuracy(self) -> float:
-        return float((self.sequence_correct == self.sequence_scored).mean()) if self.sequence_scored.size \
-            else float("nan")
-
-    @property
-    def dl_distance(self) -> float:
-        return float(self.sequence_dl.mean()) if self.sequence_dl.size else float("nan")
-
-
 def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.device) -> AccuracyResult:
     """Predictions on the uniform held-out set and (if present) the frequency grid."""
     task = make_task(loaded.config.task)
@@ -76,7 +41,7 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
     held = loaded.heldout
     if opts.grid:
         check(held.grid is not None,
-              f"--grid: {loaded.path} has no frequency grid (its vocabulary is {loaded.config.task.distribution}; "
+              f"grid: {loaded.path} has no frequency grid (its vocabulary is {loaded.config.task.distribution}; "
               f"grids exist for dual-frequency reverse runs)")
     inputs, targets = held.uniform.inputs, held.uniform.targets
     preds = predict(model, inputs, opts.chunk)
@@ -101,32 +66,41 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
     )
 
 
+@dataclass(frozen=True)
+class AccuracyRun:
+    """A finished accuracy evaluation over checkpoints; :meth:`to_xarray` gives the accuracy store's dataset."""
+
+    config: RunConfig  # of the first checkpoint
+    results: list[AccuracyResult]
+    options: AccuracyOptions
+    command: str = ""
+    device: str = "cpu"
+
+    def to_xarray(self) -> xr.Dataset:
+        options = {"bins": bins_arg(self.options.bins), "grid": self.options.grid}
+        return accuracy_dataset(self.results, self.config, options, self.command, self.device)
+
+
 def run_accuracy(paths: list[Path], opts: AccuracyOptions,
                  on_start: Callable[[int], None] | None = None,
-                 on_progress: Callable[[int], None] | None = None) -> tuple[list[Loaded], list[AccuracyResult]]:
-    """Evaluate every checkpoint (run directories expand to all their checkpoints, oldest first)."""
+                 on_progress: Callable[[int], None] | None = None, *, command: str = "",
+                 device_label: str | None = None) -> AccuracyRun:
+    """Evaluate every checkpoint (run directories expand to all their checkpoints, oldest first),
+    loading one at a time."""
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)
     if on_start is not None:
         on_start(len(files))
-    loaded_all, results = [], []
+    config, results = None, []
     for path in files:
         loaded = load_checkpoint(path)
-        if loaded_all:
-            check(loaded.config.task == loaded_all[0].config.task,
+        if config is not None:
+            check(loaded.config.task == config.task,
                   f"checkpoint: {path} was trained on a different task than {files[0]}; evaluate it separately")
+        config = config or loaded.config
         results.append(evaluate_checkpoint(loaded, opts, device))
-        loaded_all.append(loaded)
+        del loaded
         if on_progress is not None:
             on_progress(1)
-    return loaded_all, results
-
-
-def bin_edges(length: int, bins: int | tuple[int, ...]) -> list[tuple[int, int]]:
-    """1-based inclusive (start, end) of each target-position bin."""
-    return position_bins(length, bins_arg(bins))
-
-
-def bins_arg(bins: int | tuple[int, ...]) -> int | list[int]:
-    """The bins option as the analysis functions take it (a count, or a list of edges)."""
-    return list(bins) if isinstance(bins, tuple) else bins
+    assert config is not None  # expand_checkpoints never returns an empty list
+    return AccuracyRun(config, results, opts, command, device_label if device_label is not None else str(device))

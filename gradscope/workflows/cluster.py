@@ -68,7 +68,7 @@ def parse_resources(text: str | None) -> dict[str, float]:
         except ValueError:
             sep = ""
         check(bool(sep) and bool(name.strip()) and out.get(name.strip(), 0) > 0,
-              f"--resources: got {text!r}; give NAME=AMOUNT pairs such as GPU=1 (comma-separated)")
+              f"resources: got {text!r}; give NAME=AMOUNT pairs such as GPU=1 (comma-separated)")
     return out
 
 
@@ -86,15 +86,15 @@ def open_client(opts: ClusterOptions, points: int) -> Iterator[Any]:
     on exit. Logs of the cluster below ERROR are silenced (the progress bar speaks instead)."""
     import dask
     from distributed import Client, LocalCluster
-    check(opts.workers is None or opts.workers >= 1, f"--workers: got {opts.workers}; it must be >= 1")
-    check(opts.threads is None or opts.threads >= 1, f"--threads: got {opts.threads}; it must be >= 1")
+    check(opts.workers is None or opts.workers >= 1, f"workers: got {opts.workers}; it must be >= 1")
+    check(opts.threads is None or opts.threads >= 1, f"threads: got {opts.threads}; it must be >= 1")
     if opts.scheduler is not None:
-        check(opts.workers is None, "--workers: it sizes a local cluster; with --scheduler, start workers with "
+        check(opts.workers is None, "workers: it sizes a local cluster; with `scheduler`, start workers with "
                                     "`dask worker ADDRESS` instead")
         try:
             client = Client(opts.scheduler, timeout="10s")
         except (OSError, TimeoutError) as exc:
-            raise GradscopeError(f"--scheduler: cannot reach a dask scheduler at {opts.scheduler} "
+            raise GradscopeError(f"scheduler: cannot reach a dask scheduler at {opts.scheduler} "
                                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
         try:
             _check_remote(client, opts)
@@ -121,12 +121,12 @@ def _check_remote(client: Any, opts: ClusterOptions) -> None:
     try:
         client.wait_for_workers(1, timeout=30)
     except TimeoutError:
-        raise GradscopeError(f"--scheduler: no worker joined {opts.scheduler} within 30 s; start some with "
+        raise GradscopeError(f"scheduler: no worker joined {opts.scheduler} within 30 s; start some with "
                              f"`dask worker {opts.scheduler}`") from None
     workers = client.scheduler_info()["workers"].values()
     for name, amount in opts.resources.items():
         check(any(w.get("resources", {}).get(name, 0) >= amount for w in workers),
-              f"--resources: no worker of {opts.scheduler} offers {name}={amount:g}; start workers with "
+              f"resources: no worker of {opts.scheduler} offers {name}={amount:g}; start workers with "
               f"`dask worker {opts.scheduler} --resources {name}={amount:g}`")
 
 

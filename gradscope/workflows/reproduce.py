@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import xarray as xr
+
 from gradscope.config import RunConfig
 from gradscope.errors import check
 from gradscope.models import SeqModel
@@ -48,11 +50,11 @@ class PlannedRun:
 def plan_runs(scale: str, models: list[str], seeds: list[int], iterations: int | None = None,
               pes: tuple[str, ...] = PES) -> list[PlannedRun]:
     """Every (model, PE, seed) run of the study, configured from ``SCALES[scale]``."""
-    check(scale in SCALES, f"--scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
+    check(scale in SCALES, f"scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
     for m in models:
-        check(m in SCALES[scale], f"--models: got {m!r}; valid models are {', '.join(SCALES[scale])}")
-    check(bool(seeds), "--seeds: give at least one seed")
-    check(iterations is None or iterations > 0, f"--iterations: got {iterations}; it must be positive")
+        check(m in SCALES[scale], f"models: got {m!r}; valid models are {', '.join(SCALES[scale])}")
+    check(bool(seeds), "seeds: give at least one seed")
+    check(iterations is None or iterations > 0, f"iterations: got {iterations}; it must be positive")
     runs = []
     for core in models:
         base = SCALES[scale][core]
@@ -110,7 +112,7 @@ def train_step(r: PlannedRun, layout: Layout, on_step: Callable[[int, dict | Non
     resume = is_run_dir(run_dir)
     if resume:
         check(read_run_config(run_dir) == r.config, f"{run_dir}: this run was started with a different "
-                                                    f"configuration than the plan; move it away or choose another --out")
+                                                    f"configuration than the plan; move it away or choose another `out`")
     if (run_dir / EVAL_FILE).exists():
         return "done earlier"
     if resume and not resumable(run_dir):  # killed before its first checkpoint
@@ -122,13 +124,12 @@ def train_step(r: PlannedRun, layout: Layout, on_step: Callable[[int, dict | Non
 
 
 def accuracy_step(r: PlannedRun, layout: Layout, command: str = "", opts: AccuracyOptions = AccuracyOptions(),
-                  checkpoints: str | tuple[int, ...] = "all"):  # noqa: ANN201 - returns an xr.Dataset
+                  checkpoints: str | tuple[int, ...] = "all") -> "xr.Dataset | None":
     """The accuracy store of one run (at the chosen checkpoints), or None when it exists already."""
-    from gradscope.store.accuracy import accuracy_dataset
     if layout.accuracy(r).exists():
         return None
-    loaded, results = run_accuracy(select_checkpoints(layout.run(r), checkpoints), opts)
-    return accuracy_dataset(results, loaded[0].config, opts, command, opts.device)
+    return run_accuracy(select_checkpoints(layout.run(r), checkpoints), opts, command=command,
+                        device_label=opts.device).to_xarray()
 
 
 def select_checkpoints(run_dir: Path, which: str | tuple[int, ...]) -> list[Path]:
@@ -146,24 +147,10 @@ def select_checkpoints(run_dir: Path, which: str | tuple[int, ...]) -> list[Path
 
 
 def stability_step(r: PlannedRun, layout: Layout, opts: StabilityOptions, command: str = "",
-                   checkpoints: str | tuple[int, ...] = "all"):  # noqa: ANN201
+                   checkpoints: str | tuple[int, ...] = "all") -> "xr.Dataset | None":
     """The stability store of one run (``opts``' conditions at the chosen checkpoints), or None
     when it exists."""
-    from gradscope.store.stability import stability_dataset
     if layout.stability(r).exists():
         return None
-    loaded, probes, results = run_stability(select_checkpoints(layout.run(r), checkpoints), opts)
-    return stability_dataset(results, probes, opts, loaded[0].config, command, opts.device)
-
-
-def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:
-    """One offline HTML report over every run's training log and stores, and the summaries."""
-    from gradscope.reports.build import ReportOptions, render_report
-    from gradscope.train.io import atomic_write_text
-    from gradscope.store.inputs import load_inputs
-    paths = [layout.run(r) for r in runs] + [p for r in runs for p in (layout.accuracy(r), layout.stability(r))]
-    paths += [p for p in (layout.summary_accuracy, layout.summary_stability) if p.exists()]
-    page, _ = render_report(load_inputs(paths), ReportOptions(title="gradscope reproduce: vanilla vs positional "
-                                                                    "encoding", command=command))
-    atomic_write_text(layout.report, page)
-    return layout.report
+    return run_stability(select_checkpoints(layout.run(r), checkpoints), opts, command=command,
+                         device_label=opts.device).to_xarray()

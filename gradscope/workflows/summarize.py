@@ -16,32 +16,11 @@ import numpy as np
 from gradscope.analysis.bootstrap import (FEW_TRIALS, Interval, PermutationResult, confidence_interval,
                                           paired_permutation_test)
 from gradscope.errors import GradscopeError, check
+from gradscope.store.records import SummaryEntry, TrialRecord
 
 FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_combine", "vocab": "vocab_size",
                  "hidden": "hidden_size", "embed": "embed_size", "layers": "num_layers", "task": "task",
                  "length": "length", "distribution": "distribution", "rarity": "rarity", "state": "state_size"}
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One store = one trial: its config fields (as strings), seed, metric values and unit values."""
-
-    path: Path
-    kind: str
-    fields: dict[str, str]
-    seed: int
-    metrics: dict[str, float]
-    units: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SummaryEntry:
-    group: tuple[str, ...]
-    label: str
-    metric: str
-    interval: Interval
-    seeds: tuple[int, ...]
-    values: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -56,7 +35,7 @@ class Comparison:
 def parse_by(text: str) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     for name in names:
-        check(name in FIELD_ALIASES, f"--by: got {name!r}; valid fields are {', '.join(FIELD_ALIASES)}")
+        check(name in FIELD_ALIASES, f"by: got {name!r}; valid fields are {', '.join(FIELD_ALIASES)}")
     return tuple(FIELD_ALIASES[n] for n in names)
 
 
@@ -67,7 +46,7 @@ def group_records(records: list[TrialRecord], by: tuple[str, ...]) -> dict[tuple
     check(len(kinds) == 1, f"stores: got a mix of {' and '.join(sorted(kinds))} stores; summarize each kind separately")
     tasks = {r.fields["task"] for r in records}
     check(len(tasks) == 1 or "task" in by,
-          f"stores: they come from different tasks ({', '.join(sorted(tasks))}); add task to --by")
+          f"stores: they come from different tasks ({', '.join(sorted(tasks))}); add task to `by`")
     groups: dict[tuple[str, ...], list[TrialRecord]] = {}
     for r in records:
         groups.setdefault(tuple(r.fields[f] for f in by), []).append(r)
@@ -95,7 +74,7 @@ def summarize_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple
                      unit: str = "trial", method: str = "percentile", confidence: float = 0.95,
                      resamples: int = 10_000, seed: int = 0) -> list[SummaryEntry]:
     """Mean and CI of every metric in every group."""
-    check(unit in ("trial", "token"), f"--unit: got {unit!r}; valid values are trial, token")
+    check(unit in ("trial", "token"), f"unit: got {unit!r}; valid values are trial, token")
     if unit == "token":  # pooled resampling needs unit-level values (per-bin grid metrics have none)
         metrics = [m for m in metrics if all(m in r.units for rs in groups.values() for r in rs)]
     entries = []
@@ -119,10 +98,10 @@ def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[s
     """Paired permutation tests between the two values of ``field_name`` (e.g. pe: none vs sinusoidal),
     within each combination of the other grouping fields, pairing trials by seed. Effect = b − a."""
     field_name = FIELD_ALIASES.get(field_name, field_name)
-    check(field_name in by, f"--compare: got {field_name!r}; it must be one of the --by fields ({', '.join(by)})")
+    check(field_name in by, f"compare: got {field_name!r}; it must be one of the `by` fields ({', '.join(by)})")
     index = by.index(field_name)
     values = sorted({k[index] for k in groups}, key=lambda v: (v != "none", v))
-    check(len(values) == 2, f"--compare: {field_name} takes {len(values)} value(s) here ({', '.join(values)}); "
+    check(len(values) == 2, f"compare: {field_name} takes {len(values)} value(s) here ({', '.join(values)}); "
                             f"a paired comparison needs exactly two")
     rest = tuple(f for f in by if f != field_name)
     out = []
@@ -141,7 +120,7 @@ def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[s
             out.append(Comparison(label_of(rest, other), metric, values[0], values[1],
                                   paired_permutation_test(xb, xa, seed=seed)))
     if not out:
-        raise GradscopeError(f"--compare: no pair of groups shares at least two seeds across {field_name}="
+        raise GradscopeError(f"compare: no pair of groups shares at least two seeds across {field_name}="
                              f"{values[0]} and {values[1]}")
     return out
 

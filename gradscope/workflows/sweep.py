@@ -36,8 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gradscope.errors import GradscopeError, check
 from gradscope.presets import FIELDS, PRESETS, build_config
+from gradscope.store.io import write_store
+from gradscope.train.loop import EVAL_FILE, is_run_dir, read_run_config
 from gradscope.workflows.accuracy import AccuracyOptions
 from gradscope.workflows.lock import point_lock
 from gradscope.workflows.reproduce import Layout, PlannedRun, accuracy_step, stability_step, train_step
@@ -263,7 +267,6 @@ def point_outputs(point: SweepPoint, layout: Layout, analyses: Analyses) -> dict
 
 def point_finished(point: SweepPoint, layout: Layout, analyses: Analyses) -> bool:
     """Every output of the point exists (a finished run has its held-out evaluation)."""
-    from gradscope.train.loop import EVAL_FILE
     out = point_outputs(point, layout, analyses)
     return (out["run"] / EVAL_FILE).is_file() and all(p.exists() for k, p in out.items() if k != "run" and p)
 
@@ -288,7 +291,6 @@ def remove_stale_temporaries(point: SweepPoint, layout: Layout) -> None:
 def _write(ds: Any, path: Path | None) -> str:
     """Write a step's store (None: it existed). A store that appeared meanwhile — a copy of this
     task that dask started elsewhere after losing contact with this worker — is kept, not replaced."""
-    from gradscope.store.io import write_store
     if ds is None or path is None:
         return "done earlier"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,7 +307,6 @@ def run_point(point: SweepPoint, root: str, analyses: Analyses, threads: int, co
     """The task of one grid point: train (or resume, or skip), then the analyses whose stores are
     missing. Every output is written atomically, so a task killed at any moment can be re-run. A
     second runner of the same point at the same time is refused (a user error naming the first)."""
-    import torch
     tic = time.perf_counter()
     torch.set_num_threads(max(1, threads))
     layout = Layout(Path(root))
@@ -338,7 +339,6 @@ def manifest_entry(point: SweepPoint, layout: Layout, analyses: Analyses, status
 
 def check_existing(points: list[SweepPoint], layout: Layout) -> None:
     """Refuse to mix runs: a point whose run directory was started with another configuration."""
-    from gradscope.train.loop import is_run_dir, read_run_config
     clash = [p.name for p in points if is_run_dir(layout.run(p.run)) and read_run_config(layout.run(p.run)) != p.run.config]
-    check(not clash, f"--out: {layout.root} holds run(s) started with a different configuration than this spec "
-                     f"({', '.join(clash[:5])}{' …' if len(clash) > 5 else ''}); choose another --out or restore the spec")
+    check(not clash, f"out: {layout.root} holds run(s) started with a different configuration than this spec "
+                     f"({', '.join(clash[:5])}{' …' if len(clash) > 5 else ''}); choose another `out` or restore the spec")

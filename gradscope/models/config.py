@@ -1,0 +1,81 @@
+"""The model's frozen configuration. Shared sizes live here; what only one core uses lives in that
+core's own config (``core_config``, e.g. :class:`~gradscope.models.s4d.S4DConfig`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from gradscope.errors import check
+from gradscope.fields import from_dict, one_of, positive
+from gradscope.models.registry import core_class
+
+PE_KINDS = ("none", "sinusoidal", "learnable", "random", "dummy")
+PE_COMBINE = ("concat", "add")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A sequence model: embedding (K+1 rows, row K = query token) → PE → core → Linear(H, K).
+
+    ``core_config`` is the core's own config; None (or a plain dict of its fields) is converted to it.
+    """
+
+    core: str = "gru"
+    vocab_size: int = 64  # K output classes; the embedding has K + 1 rows
+    embed_size: int = 512
+    hidden_size: int = 512
+    num_layers: int = 1
+    pe: str = "none"
+    pe_combine: str = "concat"
+    max_len: int = 128  # positions a learnable/random PE covers (>= total sequence length)
+    core_config: Any = None
+
+    def __post_init__(self) -> None:
+        cls = core_class(self.core)
+        if self.core_config is None or isinstance(self.core_config, dict):
+            object.__setattr__(self, "core_config", from_dict(cls.Config, dict(self.core_config or {})))
+        check(type(self.core_config) is cls.Config,
+              f"core_config: got {type(self.core_config).__name__}; the {self.core!r} core takes {cls.Config.__name__}")
+        one_of("pe", self.pe, PE_KINDS)
+        one_of("pe_combine", self.pe_combine, PE_COMBINE)
+        for name in ("vocab_size", "embed_size", "hidden_size", "num_layers", "max_len"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and not isinstance(value, bool), f"{name}: got {value!r}; expected an integer")
+            positive(name, value)
+        check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
+        if self.pe == "sinusoidal":
+            check(self.embed_size % 2 == 0,
+                  f"embed_size: got {self.embed_size}; a sinusoidal PE needs an even size")
+
+    @property
+    def core_input_size(self) -> int:
+        """Width of the vector fed to the core at each step."""
+        if self.pe != "none" and self.pe_combine == "concat":
+            return 2 * self.embed_size
+        return self.embed_size
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> "ModelConfig":
+        """From a plain dict. Format-1 checkpoints kept S4D's settings (state_size, dt_min, dt_max)
+        among the shared fields, for every core: they move into the core's config where it has
+        those fields and are dropped where it has not."""
+        check(isinstance(data, dict), f"ModelConfig: expected a mapping of fields; got {type(data).__name__}")
+        data = dict(data)
+        shared = {f.name for f in dataclasses.fields(ModelConfig)}
+        legacy = {k: data.pop(k) for k in list(data) if k not in shared and k in ("state_size", "dt_min", "dt_max")}
+        if legacy and data.get("core_config") is None:
+            own = {f.name for f in dataclasses.fields(core_class(str(data.get("core", "gru"))).Config)}
+            data["core_config"] = {k: v for k, v in legacy.items() if k in own}
+        return from_dict(ModelConfig, data)
+
+
+def model_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A model config dict (either format) flattened: the core's own fields beside the shared ones
+    (how summaries and report labels read them)."""
+    flat = {k: v for k, v in config.items() if k != "core_config"}
+    core_config = config.get("core_config")
+    if isinstance(core_config, dict):
+        flat.update(core_config)
+    return flat

@@ -1,0 +1,86 @@
+"""The records that stores hold and that workflows produce: plain dataclasses of numbers, with no
+xarray, so every layer above the store can build and read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gradscope.analysis.bootstrap import Interval
+from gradscope.analysis.stability import StabilityResult
+
+
+@dataclass(frozen=True)
+class CheckpointResult:
+    """One checkpoint's stability: where it came from, and its per-triplet results."""
+
+    path: Path
+    iteration: int
+    run: str
+    result: StabilityResult
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    """One checkpoint's evaluation. Counts are exact integers; ratios are derived from them.
+
+    sequence_correct / sequence_scored (n,): scored tokens right / scored per held-out sequence;
+    sequence_dl (n,): Damerau–Levenshtein distance per sequence; time_correct / time_scored (T,);
+    grid_correct / grid_total (2, 2, L) and their binned versions (2, 2, bins), or None;
+    length_correct / length_total (L_max + 1,) for reverse-variable, else None.
+    """
+
+    path: Path
+    iteration: int
+    run: str
+    sequence_correct: np.ndarray
+    sequence_scored: np.ndarray
+    sequence_dl: np.ndarray
+    time_correct: np.ndarray
+    time_scored: np.ndarray
+    grid_correct: np.ndarray | None
+    grid_total: np.ndarray | None
+    grid_bin_correct: np.ndarray | None
+    grid_bin_total: np.ndarray | None
+    length_correct: np.ndarray | None
+    length_total: np.ndarray | None
+
+    @property
+    def token_accuracy(self) -> float:
+        return float(self.sequence_correct.sum() / max(self.sequence_scored.sum(), 1)) if self.sequence_scored.size \
+            else float("nan")
+
+    @property
+    def sequence_accuracy(self) -> float:
+        return float((self.sequence_correct == self.sequence_scored).mean()) if self.sequence_scored.size \
+            else float("nan")
+
+    @property
+    def dl_distance(self) -> float:
+        return float(self.sequence_dl.mean()) if self.sequence_dl.size else float("nan")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One store = one trial: its config fields (as strings), seed, metric values and unit values."""
+
+    path: Path
+    kind: str
+    fields: dict[str, str]
+    seed: int
+    metrics: dict[str, float]
+    units: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SummaryEntry:
+    group: tuple[str, ...]
+    label: str
+    metric: str
+    interval: Interval
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+
+

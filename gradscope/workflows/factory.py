@@ -1,0 +1,61 @@
+"""``--model-factory FILE.py:FUNC``: the user's own code that builds their model from a checkpoint.
+
+Trust boundary: the factory file is Python the user chose to run, with the user's rights, like any
+script of theirs; gradscope imports it and calls ``FUNC(checkpoint_path)``. Only the factory runs
+code: gradscope never unpickles a checkpoint itself beyond ``torch.load(weights_only=True)``, and
+the factory should load its state dict the same way (see the README).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Callable
+
+from torch import nn
+
+from gradscope.errors import GradscopeError, check
+from gradscope.models.wrap import WrappedModel, wrap
+
+
+def load_factory(spec: str) -> Callable[[Path], nn.Module]:
+    """``path/to/file.py:build`` → the function ``build`` defined in that file."""
+    file, sep, name = str(spec).rpartition(":")
+    check(bool(sep) and bool(file) and name.isidentifier(),
+          f"model_factory: got {spec!r}; expected FILE.py:FUNCTION, e.g. my_model.py:build")
+    path = Path(file)
+    check(path.is_file() and path.suffix == ".py", f"model_factory: {path} is not a Python file")
+    module_name = f"gradscope_user_factory_{abs(hash(str(path.resolve())))}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    check(loader_spec is not None and loader_spec.loader is not None, f"model_factory: cannot import {path}")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as exc:  # noqa: BLE001 - the user's code failed; say where, in one line
+        sys.modules.pop(module_name, None)
+        raise GradscopeError(f"model_factory: importing {path} failed ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]})") from None
+    func = getattr(module, name, None)
+    check(callable(func), f"model_factory: {path} defines no function {name!r}")
+    return func  # type: ignore[return-value]
+
+
+def build_model(spec: str, checkpoint: Path) -> WrappedModel:
+    """Call the factory on ``checkpoint``; a plain nn.RNN/GRU/LSTM it returns is wrapped (float inputs)."""
+    check(Path(checkpoint).exists(), f"checkpoint: {checkpoint} does not exist")
+    func = load_factory(spec)
+    try:
+        model = func(Path(checkpoint))
+    except GradscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code failed; say where, in one line
+        raise GradscopeError(f"model_factory: {spec}({checkpoint}) raised {type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]}") from None
+    if isinstance(model, WrappedModel):
+        return model.eval()
+    if isinstance(model, nn.RNNBase):
+        return wrap(model.eval())
+    raise GradscopeError(f"model_factory: {spec} returned {type(model).__name__}; it must return "
+                         f"gradscope.wrap(...) (or a plain nn.RNN/GRU/LSTM)")
