@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from gradscope.errors import GradscopeError
 
@@ -37,6 +36,8 @@ def parse_bins(text: str) -> int | tuple[int, ...]:
 
 
 def overview_table(results: list[AccuracyResult]) -> Table:
+    from rich.table import Table
+
     table = Table(title="held-out accuracy (uniform test set)", title_justify="left")
     for col in ("iteration", "token accuracy", "sequence full-match", "mean DL distance", "sequences"):
         table.add_column(col, justify="right")
@@ -47,6 +48,8 @@ def overview_table(results: list[AccuracyResult]) -> Table:
 
 
 def grid_table(r: AccuracyResult, bins: int | tuple[int, ...]) -> Table:
+    from rich.table import Table
+
     assert r.grid_bin_correct is not None and r.grid_bin_total is not None
     from gradscope.analysis.accuracy import bin_edges
     from gradscope.tasks import GROUP_NAMES

@@ -39,10 +39,7 @@ def report_command(
     overwrite: Annotated[bool, Opt(help="Replace an existing report.")] = False,
 ) -> None:
     """Render stores and runs into one offline HTML report (plots, table of contents, provenance)."""
-    from gradscope.reports import ReportOptions
-    from gradscope.reports import STATIC_FORMATS
-    from gradscope.reports import export_static
-    from gradscope.reports import render_report
+    from gradscope.reports import export_static, render_report, ReportOptions, STATIC_FORMATS
     from gradscope.store.inputs import load_inputs
     from gradscope.train.io import atomic_write_text
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from gradscope.errors import GradscopeError
 
@@ -53,6 +52,8 @@ def seconds_per_step(run: PlannedRun) -> float:
 
 
 def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
+    from rich.table import Table
+
     import torch
 
     table = Table(title="plan: train → accuracy → stability over checkpoints → summarize → report",
@@ -92,17 +93,10 @@ def reproduce_command(
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report."""
     from gradscope.store.io import write_store
-    from gradscope.store.summary import summary_attrs
-    from gradscope.store.summary import summary_dataset
-    from gradscope.store.summary import trial_record
-    from gradscope.workflows.reproduce import Layout
-    from gradscope.workflows.reproduce import accuracy_step
-    from gradscope.workflows.reproduce import plan_runs
-    from gradscope.workflows.reproduce import stability_step
-    from gradscope.workflows.reproduce import train_step
+    from gradscope.store.summary import summary_attrs, summary_dataset, trial_record
+    from gradscope.workflows.reproduce import accuracy_step, Layout, plan_runs, stability_step, train_step
     from gradscope.workflows.stability import StabilityOptions
-    from gradscope.workflows.summarize import group_records
-    from gradscope.workflows.summarize import summarize_groups
+    from gradscope.workflows.summarize import group_records, summarize_groups
 
     if triplets < 1:
         raise GradscopeError(f"--triplets: got {triplets}; it must be positive")
@@ -147,8 +141,7 @@ def reproduce_command(
 
 def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:
     """One offline HTML report over every run's training log and stores, and the summaries."""
-    from gradscope.reports.build import ReportOptions
-    from gradscope.reports.build import render_report
+    from gradscope.reports.build import render_report, ReportOptions
     from gradscope.store.inputs import load_inputs
     from gradscope.train.io import atomic_write_text
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from gradscope.errors import GradscopeError
 
@@ -33,6 +32,8 @@ def interval_text(iv: Interval) -> str:
 
 def stability_table(rows: list[SummaryRow], kind: str, resamples: int) -> Table:
     """One row per checkpoint × condition; both pairs side by side."""
+    from rich.table import Table
+
     table = Table(title=f"gradient stability, {kind} score: mean [95% CI] over triplets "
                         f"({resamples} bootstrap resamples)", title_justify="left")
     for col in ("iteration", "target/disturbant", "same-target", "same-suffix", "n", "NaN"):
@@ -73,7 +74,7 @@ def stability_command(
     """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4)."""
     from gradscope.store.io import write_store
     from gradscope.workflows.factory import build_model
-    from gradscope.workflows.stability import StabilityOptions, run_model_stability, run_stability
+    from gradscope.workflows.stability import run_model_stability, run_stability, StabilityOptions
 
     for name, value in (("--triplets", triplets), ("--batch-size", batch_size), ("--sv", sv),
                         ("--resamples", resamples)):

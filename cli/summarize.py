@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from gradscope.errors import GradscopeError
 
@@ -23,6 +22,8 @@ def _num(x: float) -> str:
 
 
 def summary_table(entries: list[SummaryEntry], confidence: float, method: str, unit: str) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"mean [{confidence:.0%} CI, {method}, unit = {unit}]", title_justify="left")
     for col in ("group", "metric", "mean [CI]", "n", "per-seed values"):
         table.add_column(col, justify="right" if col in ("n",) else "left")
@@ -38,6 +39,8 @@ def summary_table(entries: list[SummaryEntry], confidence: float, method: str, u
 
 
 def comparison_table(comparisons: list[Comparison], field: str) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"paired permutation test by seed: {field} = b − a", title_justify="left")
     for col in ("group", "metric", "a → b", "mean diff", "effect d_z", "p (two-sided)", "pairs"):
         table.add_column(col)
@@ -73,17 +76,9 @@ def summarize_command(
     """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs."""
     from gradscope.analysis.bootstrap import FEW_TRIALS
     from gradscope.store.io import write_store
-    from gradscope.store.summary import expand_store_paths
-    from gradscope.store.summary import summary_attrs
-    from gradscope.store.summary import summary_dataset
-    from gradscope.store.summary import trial_record
-    from gradscope.store.summary import write_csv
-    from gradscope.workflows.summarize import compare_groups
-    from gradscope.workflows.summarize import few_trials
-    from gradscope.workflows.summarize import group_records
-    from gradscope.workflows.summarize import parse_by
-    from gradscope.workflows.summarize import summarize_groups
-    from gradscope.workflows.summarize import unmatched_fields
+    from gradscope.store.summary import expand_store_paths, summary_attrs, summary_dataset, trial_record, write_csv
+    from gradscope.workflows.summarize import (compare_groups, few_trials, group_records, parse_by, summarize_groups,
+                                               unmatched_fields)
 
     if method not in METHODS:
         raise GradscopeError(f"--method: got {method!r}; valid values are {', '.join(METHODS)}")

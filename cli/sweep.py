@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.table import Table
 
 from gradscope.errors import GradscopeError
 
@@ -20,6 +19,8 @@ Opt = typer.Option
 
 
 def plan_table(spec: SweepSpec, points: list[SweepPoint], done: set[str]) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"sweep {spec.name!r}: {len(points)} grid points (preset {spec.preset}; "
                         f"{', '.join(f'{a} × {len(v)}' for a, v in spec.axes)})", title_justify="left")
     for col in ("point", *(a for a, _ in spec.axes), "iterations", "status"):
@@ -33,8 +34,7 @@ def plan_table(spec: SweepSpec, points: list[SweepPoint], done: set[str]) -> Tab
 def _previous(out: Path, spec: SweepSpec) -> dict[str, dict[str, Any]]:
     """The points an earlier run of this sweep recorded, by name; refuses a sweep directory whose
     analyses differ from this spec's (their stores would mix settings)."""
-    from gradscope.store.manifest import manifest_path
-    from gradscope.store.manifest import read_manifest
+    from gradscope.store.manifest import manifest_path, read_manifest
 
     if manifest_path(out) is None:
         return {}
@@ -60,18 +60,10 @@ def sweep_command(
 ) -> None:
     """Run a grid of train → accuracy → stability tasks on dask.distributed, resumably."""
     from gradscope.store.manifest import write_manifest
-    from gradscope.workflows.cluster import ClusterOptions
-    from gradscope.workflows.cluster import Tally
-    from gradscope.workflows.cluster import dashboard_link
-    from gradscope.workflows.cluster import open_client
-    from gradscope.workflows.cluster import parse_resources
-    from gradscope.workflows.cluster import run_sweep
+    from gradscope.workflows.cluster import (ClusterOptions, dashboard_link, open_client, parse_resources, run_sweep,
+                                             Tally)
     from gradscope.workflows.reproduce import Layout
-    from gradscope.workflows.sweep import check_existing
-    from gradscope.workflows.sweep import manifest_entry
-    from gradscope.workflows.sweep import plan_points
-    from gradscope.workflows.sweep import point_finished
-    from gradscope.workflows.sweep import read_spec
+    from gradscope.workflows.sweep import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
     spec = read_spec(spec_file)
     points = plan_points(spec)
@@ -133,6 +125,8 @@ def sweep_command(
 
 
 def _print_summary(tally: Tally, earlier: int, seconds: float, out: Path) -> None:
+    from rich.table import Table
+
     if tally.finished:
         table = Table(title="points run now", title_justify="left")
         for col in ("point", "train", "accuracy", "stability", "seconds", "worker (threads)"):

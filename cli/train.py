@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.table import Table
 
 from gradscope.errors import GradscopeError
 
@@ -27,6 +26,8 @@ def default_run_dir(cfg: RunConfig, preset: str) -> Path:
 
 
 def print_result(result: dict[str, Any], run_dir: Path) -> None:
+    from rich.table import Table
+
     table = Table(title=f"held-out evaluation after {result['iteration']} iterations", title_justify="left")
     table.add_column("set")
     table.add_column("token accuracy", justify="right")
@@ -49,7 +50,7 @@ def train_command(
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Run directory to create (default: runs/<preset>-<core>-<pe>-K<K>-s<seed>).")] = None,
     resume: Annotated[Optional[Path], Opt(help="Continue the run in this directory exactly where its last checkpoint left off.")] = None,
     preset: Annotated[str, Opt(help="Starting configuration: tiny (≈1 min on 2 CPU cores) or paper (SPEC §3, for a GPU).")] = "tiny",
-    model: Annotated[Optional[str], Opt(help="Core: elman, gru, lstm or s4d.")] = None,
+    model: Annotated[Optional[str], Opt(help="Core: a name in gradscope's core registry (elman, gru, lstm and s4d are built in; an unknown name lists them all).")] = None,
     pe: Annotated[Optional[str], Opt(help="Positional encoding: none, sinusoidal, learnable, random or dummy.")] = None,
     pe_combine: Annotated[Optional[str], Opt(help="How PE meets the embedding: concat or add.")] = None,
     layers: Annotated[Optional[int], Opt(help="Number of layers (RNN) or S4D blocks.")] = None,
@@ -84,12 +85,8 @@ def train_command(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train a model on a synthetic task, writing a run directory with checkpoints."""
-    from gradscope.presets import FIELDS
-    from gradscope.presets import PRESETS
-    from gradscope.presets import build_config
-    from gradscope.train.loop import is_run_dir
-    from gradscope.train.loop import read_run_config
-    from gradscope.train.loop import train
+    from gradscope.presets import build_config, FIELDS, PRESETS
+    from gradscope.train.loop import is_run_dir, read_run_config, train
 
     options = {k: v for k, v in locals().items() if k in FIELDS or k in ("beta1", "beta2")}
     if resume is not None:

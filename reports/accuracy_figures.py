@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
-from gradscope.store.inputs import CORE_NAMES, Input, at_iteration, field_name, model_label, pe_label
+from gradscope.store.inputs import core_label, Input, at_iteration, field_name, model_label, pe_label
 
 from .style import NUM, colors, error_arrays, finish, finite_or_none
 
@@ -39,7 +39,7 @@ def group_label(ds: xr.Dataset, g: int, skip: tuple[str, ...] = ()) -> str:
         pe = fields.pop("pe")
         parts.append(model_label({"core": core, "pe": pe}) if core else pe_label(pe))
     elif core:
-        parts.append(CORE_NAMES.get(core, core))
+        parts.append(core_label(core))
     parts += [f"{field_name(k)}={v}" for k, v in fields.items() if k not in skip]
     return ", ".join(parts) or str(ds["label"].values[g])
 
@@ -70,7 +70,7 @@ def vocab_figure(ds: xr.Dataset, metric: str = "token_accuracy") -> go.Figure | 
         lines.setdefault(group_label(ds, g, skip=("core", "vocab_size")), []).append(g)
     palette = colors(lines)
     fig = make_subplots(rows=1, cols=len(cores), shared_yaxes=True, horizontal_spacing=0.05,
-                        subplot_titles=[CORE_NAMES.get(c, c) for c in cores] if cores != [""] else None)
+                        subplot_titles=[core_label(c) for c in cores] if cores != [""] else None)
     row = ds.sel(metric=metric)
     sizes = sorted({int(v) for v in ds["vocab_size"].values})
     for c, core in enumerate(cores, start=1):

@@ -68,15 +68,15 @@ class WrappedModel(nn.Module):
 
 def _rnn_core(module: nn.RNNBase) -> RNNCore:
     by_module = {cls.fused: cls for cls in CORES.values() if isinstance(cls, type) and issubclass(cls, RNNCore)}
-    cls = by_module.get(type(module))
+    cls = by_module.get(type(module)) or next((c for t, c in by_module.items() if isinstance(module, t)), None)
     check(cls is not None, f"rnn: {type(module).__name__} is not one of {', '.join(t.__name__ for t in by_module)}")
     name = type(module).__name__
     check(not module.bidirectional, f"rnn: the {name} is bidirectional; gradscope analyses causal recurrences "
                                     f"only (wrap each direction's layers as separate unidirectional modules)")
     check(getattr(module, "proj_size", 0) == 0,
           f"rnn: the {name} has proj_size={module.proj_size}; LSTMs with projections are not supported")
-    check(getattr(module, "nonlinearity", "tanh") == "tanh",
-          f"rnn: the {name} uses nonlinearity={module.nonlinearity!r}; gradscope's Elman core is tanh")
+    nonlinearity = getattr(module, "nonlinearity", "tanh")
+    check(nonlinearity == "tanh", f"rnn: the {name} uses nonlinearity={nonlinearity!r}; gradscope's Elman core is tanh")
     check(not (module.training and module.dropout > 0 and module.num_layers > 1),
           f"rnn: the {name} is in train mode with dropout={module.dropout}; call .eval() first (dropout "
           f"makes the Jacobian random)")

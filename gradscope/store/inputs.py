@@ -22,7 +22,11 @@ from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
 from gradscope.models import CORES, model_fields
 from gradscope.train.checkpoint import list_checkpoints
 
-CORE_NAMES = {name: cls.label for name, cls in CORES.items()}  # report labels, from the core registry
+
+
+def core_label(core: str) -> str:
+    """How reports write a core: its registered class's label (the name itself if unregistered)."""
+    return CORES[core].label if core in CORES else core
 NOT_CONFIG = ("seed", "device", "threads")  # train fields that do not make a different configuration
 SHORT = {"vocab_size": "K", "length": "L", "hidden_size": "H", "embed_size": "E", "num_layers": "layers",
          "state_size": "N"}  # how labels write config fields
@@ -46,7 +50,7 @@ def pe_label(pe: str) -> str:
 def model_label(model: dict[str, Any]) -> str:
     """e.g. 'GRU vanilla', 'LSTM PE (sinusoidal)'."""
     core = str(model.get("core", "?"))
-    return f"{CORE_NAMES.get(core, core)} {pe_label(str(model.get('pe', 'none')))}"
+    return f"{core_label(core)} {pe_label(str(model.get('pe', 'none')))}"
 
 
 @dataclass
