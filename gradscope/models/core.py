@@ -15,7 +15,13 @@ with them, whoever wrote it. A core may also provide, and gradscope's own cores 
 - ``state_layout()``: names of the slices of z (``h1``, ``c1``, ``modes1`` …), for labels;
 - ``complex_state``: True when z is the real view of complex numbers (S4D), which adds the
   conjugate-Wirtinger scores;
-- ``analytic_unsupported()`` / ``analytic_jacobian(x, zs, p)``: a fast hand-derived engine.
+- ``analytic_unsupported()`` / ``analytic_jacobian(x, zs, p)``: a fast hand-derived engine;
+- ``step_jacobian(x, z)``: the step Jacobian J_t = ∂z_t/∂z_{t−1} (SPEC §7), and
+  ``gate_terms(x, z)``: J_t split into one term per path through the cell (keys ``gate_names``);
+- ``recurrent_blocks()``: each gate's block of W_hh, a static reference for the step spectra.
+
+The module functions :func:`step_jacobian` and :func:`gate_terms` take any protocol core: a core
+without the methods (a user's) gets the generic ``torch.func`` Jacobian.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class Core(nn.Module):
     name: ClassVar[str] = "core"  # registry name
     label: ClassVar[str] = "core"  # how reports write it
     complex_state: ClassVar[bool] = False
+    gate_names: ClassVar[tuple[str, ...]] = ("step",)  # keys of gate_terms, in report order
     state_dim: int
     out_dim: int
 
@@ -54,6 +61,22 @@ class Core(nn.Module):
         """J = ∂y_T/∂z_p from the inputs x (B, T, in) and scanned states zs (B, T, D) → (B, H, D)."""
         raise NotImplementedError
 
+    def step_jacobian(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """J_t = ∂z_t/∂z_{t−1} of one step from its input x (B, in) and the state before it z (B, D)
+        → (B, D, D), rows the new state, columns the old. Generic: ``torch.func`` (D reverse passes
+        per sequence); gradscope's cores override it with an analytic form."""
+        return generic_step_jacobian(self, x, z)
+
+    def gate_terms(self, x: torch.Tensor, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """J_t as a sum of terms, one per path through the cell, each (B, D, D), keyed by
+        ``gate_names``; they sum to :meth:`step_jacobian`. Generic: the one term ``step``."""
+        return {"step": self.step_jacobian(x, z)}
+
+    def recurrent_blocks(self) -> dict[str, torch.Tensor]:
+        """Each gate's block of the recurrent weights, ``"l<layer>/<gate>"`` → (H, H); empty for
+        cores without recurrent weight matrices."""
+        return {}
+
     def init_state(self, batch: int, like: torch.Tensor) -> torch.Tensor:
         """The zero state (B, D), on ``like``'s device and dtype."""
         return like.new_zeros(batch, self.state_dim)
@@ -73,6 +96,29 @@ def scan(core: nn.Module, x: torch.Tensor, z0: torch.Tensor | None = None) -> tu
         ys.append(y)
         zs.append(z)
     return torch.stack(ys, dim=1), torch.stack(zs, dim=1)
+
+
+def generic_step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """∂z_t/∂z_{t−1} of any protocol core by ``vmap`` over the batch of ``jacrev`` of its step:
+    x (B, in), z (B, D) → (B, D, D). Costs D vector-Jacobian products of the step per sequence."""
+    def new_state(xi: torch.Tensor, zi: torch.Tensor) -> torch.Tensor:
+        return core.step(xi[None], zi[None])[1][0]  # the step is written for a batch: give it one of 1
+
+    return torch.func.vmap(torch.func.jacrev(new_state, argnums=1))(x, z)
+
+
+def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """J_t = ∂z_t/∂z_{t−1} (B, D, D) of any protocol core from x (B, in) and z (B, D): the core's own
+    ``step_jacobian`` where it has one (a user's core may not), else :func:`generic_step_jacobian`."""
+    method = getattr(core, "step_jacobian", None)
+    return method(x, z) if callable(method) else generic_step_jacobian(core, x, z)
+
+
+def gate_terms(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> dict[str, torch.Tensor]:
+    """J_t split by path through the cell, name → (B, D, D), summing to :func:`step_jacobian`: the
+    core's own ``gate_terms`` where it has one, else the single term ``step``."""
+    method = getattr(core, "gate_terms", None)
+    return method(x, z) if callable(method) else {"step": generic_step_jacobian(core, x, z)}
 
 
 def scaled_rows(coef: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

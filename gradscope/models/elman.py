@@ -30,6 +30,20 @@ def elman_vjp(x: Tensor, h: Tensor, w: Weights, g: Tensor, out: Tensor, need_inp
     return ga @ w_ih if need_input else None
 
 
+def elman_jacobian(x: Tensor, h: Tensor, w: Weights, need_input: bool) -> tuple[Tensor, Tensor | None]:
+    """∂h'/∂h = diag(1 − h'²) W_hh (B, H, H) and, when asked, ∂h'/∂x = diag(1 − h'²) W_ih (B, H, in):
+    H² multiplications after the step's own preactivation."""
+    w_ih, w_hh, b_ih, b_hh = w
+    h_new = torch.tanh(x @ w_ih.T + b_ih + h @ w_hh.T + b_hh)  # (B, H)
+    a = (1 - h_new * h_new)[:, :, None]  # (B, H, 1): tanh'
+    return a * w_hh, (a * w_ih if need_input else None)
+
+
+def elman_terms(x: Tensor, h: Tensor, w: Weights, need_input: bool) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """One path: ``h`` owns all of the cell Jacobian."""
+    return {"h": elman_jacobian(x, h, w, need_input)}
+
+
 @dataclass(frozen=True)
 class ElmanConfig(RNNConfig):
     """The Elman core has no settings of its own."""
@@ -40,6 +54,9 @@ class ElmanCore(RNNCore):
     label: ClassVar[str] = "Elman RNN"
     fused: ClassVar[type[nn.RNNBase]] = nn.RNN
     gates: ClassVar[tuple[str, ...]] = ("h",)
+    gate_names: ClassVar[tuple[str, ...]] = ("h",)
     Config: ClassVar[type] = ElmanConfig
     cell = staticmethod(elman_cell)
     cell_vjp = staticmethod(elman_vjp)
+    cell_jacobian = staticmethod(elman_jacobian)
+    cell_terms = staticmethod(elman_terms)

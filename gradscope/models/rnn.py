@@ -26,6 +26,13 @@ Cell = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, 
 # preallocated buffers matters on CPU: a fresh multi-MB tensor per step (a torch.cat) measured at
 # half a bmm's time, and in-place baddbmm_ into a strided view fell back to one addmm per sequence.
 CellVJP = Callable[[Tensor, Tensor, Weights, Tensor, Tensor, bool], "Tensor | None"]
+# Cell Jacobian: (x (B, in), old layer state s (B, S), weights, need_input) → (∂s'/∂s (B, S, S),
+# ∂s'/∂x (B, S, in) when asked, else None), formed analytically.
+CellJacobian = Callable[[Tensor, Tensor, Weights, bool], "tuple[Tensor, Tensor | None]"]
+# Cell terms: the same two Jacobians split by path through the cell: name (one of the core's
+# ``gate_names``) → (term of ∂s'/∂s (B, S, S), term of ∂s'/∂x (B, S, in), or None for a path that
+# does not read x or when need_input is False). The terms sum to the cell Jacobian.
+CellTerms = Callable[[Tensor, Tensor, Weights, bool], "dict[str, tuple[Tensor, Tensor | None]]"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,14 @@ class RNNCore(Core):
 
     @staticmethod
     def cell_vjp(x: Tensor, s: Tensor, w: Weights, g: Tensor, out: Tensor, need_input: bool) -> Tensor | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def cell_jacobian(x: Tensor, s: Tensor, w: Weights, need_input: bool) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    @staticmethod
+    def cell_terms(x: Tensor, s: Tensor, w: Weights, need_input: bool) -> dict[str, tuple[Tensor, Tensor | None]]:
         raise NotImplementedError
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int, *, module: nn.RNNBase | None = None) -> None:
@@ -132,3 +147,62 @@ class RNNCore(Core):
                                      layer > 0)
             G, spare = spare, G
         return G
+
+    # --- step Jacobian (SPEC §7) -------------------------------------------------------------------
+    # Layer l+1 reads layer l's NEW h within the same step, so J_t is block lower-triangular over
+    # layers: ∂s'_{l+1}/∂s_m = (∂s'_{l+1}/∂x_{l+1}) · (∂h'_l/∂s_m) for m ≤ l, where ∂h'_l/∂s_m is the
+    # first H rows of layer l's block row, already formed when layer l+1 is reached.
+
+    def step_jacobian(self, x: Tensor, z: Tensor) -> Tensor:
+        """J_t = ∂z_t/∂z_{t−1}: x (B, in), z (B, D) the state before the step → (B, D, D). Per layer
+        the cell's analytic ∂s'/∂s (O(H²) elementwise); below the diagonal one (S × H)·(H × l·S)
+        bmm per layer l ≥ 1. A replaced cell function falls back to the generic ``torch.func`` form."""
+        if self.analytic_unsupported() is not None:
+            return super().step_jacobian(x, z)
+        S, H = self.layer_state, self.hidden_size
+        J = z.new_zeros(z.shape[0], self.state_dim, self.state_dim)
+        inp = x
+        for layer, part in enumerate(z.split(S, dim=-1)):
+            weights = self.layer_weights(layer)
+            rows = slice(layer * S, (layer + 1) * S)
+            j_s, j_x = self.cell_jacobian(inp, part, weights, layer > 0)
+            J[:, rows, rows] = j_s
+            if j_x is not None:
+                J[:, rows, :layer * S] = j_x @ J[:, (layer - 1) * S:(layer - 1) * S + H, :layer * S]
+            if layer + 1 < self.num_layers:
+                inp = self.cell(inp, part, *weights)[0]
+        return J
+
+    def gate_terms(self, x: Tensor, z: Tensor) -> dict[str, Tensor]:
+        """J_t split by path through the cell: ``gate_names`` → (B, D, D), summing to
+        :meth:`step_jacobian`. Within a layer each term is the cell's own (see the core's file); a
+        path that crosses layers (below the diagonal) belongs to the gate through which it enters
+        the upper layer: term_k[l+1, m] = (∂s'_{l+1}/∂x through gate k) · (∂h'_l/∂s_m, all paths).
+        A replaced cell function gives the generic single term ``step``."""
+        if self.analytic_unsupported() is not None:
+            return super().gate_terms(x, z)
+        S, H, D = self.layer_state, self.hidden_size, self.state_dim
+        if self.num_layers == 1:  # the cell's terms are the whole answer: no copies
+            return {name: j_s for name, (j_s, _) in self.cell_terms(x, z, self.layer_weights(0), False).items()}
+        terms = {name: z.new_zeros(z.shape[0], D, D) for name in self.gate_names}
+        total = z.new_zeros(z.shape[0], D, D)  # J so far: the lower layers' rows feed the cross terms
+        inp = x
+        for layer, part in enumerate(z.split(S, dim=-1)):
+            weights = self.layer_weights(layer)
+            rows, below = slice(layer * S, (layer + 1) * S), slice(0, layer * S)
+            lower_h = total[:, (layer - 1) * S:(layer - 1) * S + H, below] if layer > 0 else None
+            for name, (j_s, j_x) in self.cell_terms(inp, part, weights, layer > 0).items():
+                terms[name][:, rows, rows] = j_s
+                if j_x is not None:
+                    terms[name][:, rows, below] = j_x @ lower_h
+                total[:, rows] += terms[name][:, rows]
+            if layer + 1 < self.num_layers:
+                inp = self.cell(inp, part, *weights)[0]
+        return terms
+
+    def recurrent_blocks(self) -> dict[str, Tensor]:
+        """Each gate's row block of W_hh per layer, ``"l<layer>/<gate>"`` (1-based layer, PyTorch's gate
+        order) → (H, H), views of the weights (detached), for their spectral norm and radius."""
+        return {f"l{layer + 1}/{gate}": block
+                for layer in range(self.num_layers)
+                for gate, block in zip(self.gates, self.layer_weights(layer)[1].detach().chunk(len(self.gates)))}

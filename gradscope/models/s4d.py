@@ -115,6 +115,7 @@ class S4DCore(Core):
     name: ClassVar[str] = "s4d"
     label: ClassVar[str] = "S4D"
     complex_state: ClassVar[bool] = True
+    gate_names: ClassVar[tuple[str, ...]] = ("transition",)
     Config: ClassVar[type] = S4DConfig
 
     @classmethod
@@ -174,6 +175,49 @@ class S4DCore(Core):
         for block, part in zip(self.ssm, z.split(self.block_state, dim=-1)):
             u = block.readout(block.output(u, self._complex(part)))
         return u
+
+    def step_jacobian(self, x: Tensor, z: Tensor) -> Tensor:
+        """J_t = ∂z_t/∂z_{t−1} on the real view: x (B, in), z (B, D) → (B, D, D). Block l's own block is
+        its diagonal transition, a 2 × 2 rotation-scaling [[a, −b], [b, a]] per mode (dA = a + ib),
+        the same for every input. Block l+1 reads block l's output u_{l+1} = readout(y_l), which sees
+        the states through y_l = 2·Re(Σ_n C_n x'_n) + D·u_l, so below the diagonal
+        ∂x'_{l+1}/∂z_m = dB_{l+1} ⊗ ∂u_{l+1}/∂z_m (dB real view per mode, u per channel), with
+        ∂u_{l+1}/∂z_l = R_l · [2 Re(C dA), −2 Im(C dA)] and, for m < l,
+        ∂u_{l+1}/∂z_m = R_l · diag(D + 2 Re Σ_n C_n dB_n) · ∂u_l/∂z_m (R_l the readout Jacobian).
+        A replaced block readout falls back to the generic ``torch.func`` form."""
+        if any("readout" in vars(block) for block in self.ssm):
+            return super().step_jacobian(x, z)
+        B, H, M, P = z.shape[0], self.channels, self.channels * self.modes, self.block_state
+        J = z.new_zeros(B, self.state_dim, self.state_dim)
+        u = x @ self.in_proj.weight.T + self.in_proj.bias  # (B, H)
+        du = None  # ∂u/∂z (B, H, l·P) of the input u of block l; block 1 reads in_proj(x): no state
+        for layer, (block, part) in enumerate(zip(self.ssm, z.split(P, dim=-1))):
+            dA, dB, C = block.kernel.discrete()  # (H, N/2) complex each
+            cols = slice(layer * P, (layer + 1) * P)
+            rot = torch.stack([torch.stack([dA.real, -dA.imag], dim=-1),
+                               torch.stack([dA.imag, dA.real], dim=-1)], dim=-2)  # (H, N/2, 2, 2)
+            # the M = H·N/2 diagonal 2 × 2 blocks of this block's (P, P) square, as one strided view
+            J[:, cols, cols].view(B, M, 2, M, 2).diagonal(dim1=1, dim2=3).copy_(rot.reshape(M, 2, 2).permute(1, 2, 0))
+            if du is not None:  # x' = dA x + dB u: u_h reaches every mode of channel h
+                dB_real = torch.view_as_real(dB).reshape(1, H, -1, 1)  # (1, H, N, 1): rows (h, n, re/im)
+                J[:, cols, :layer * P] = (dB_real * du[:, :, None, :]).reshape(B, P, -1)
+            state = dA * self._complex(part) + dB * u[..., None]  # (B, H, N/2)
+            y = block.output(u, state)  # (B, H), before the GELU
+            if layer + 1 < len(self.ssm):
+                R = block.readout_jacobian(y)  # (B, H, H)
+                gain = torch.view_as_real(C * dA) * torch.tensor([2.0, -2.0], dtype=z.dtype, device=z.device)
+                du_next = z.new_empty(B, H, (layer + 1) * P)
+                du_next[:, :, cols] = (R[..., None] * gain.reshape(1, 1, H, -1)).reshape(B, H, P)
+                if du is not None:
+                    skip = block.D + 2 * (C * dB).real.sum(-1)  # (H,): ∂y/∂u through D·u and dB·u
+                    du_next[:, :, :layer * P] = R @ (skip[:, None] * du)
+                du = du_next
+            u = block.readout(y)
+        return J
+
+    def gate_terms(self, x: Tensor, z: Tensor) -> dict[str, Tensor]:
+        """One term: ``transition`` owns all of J_t (the diagonal transitions and the cross-block reads)."""
+        return {"transition": self.step_jacobian(x, z)}
 
     def analytic_unsupported(self) -> str | None:
         if len(self.ssm) != 1:
