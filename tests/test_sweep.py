@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -163,118 +164,6 @@ def test_run_point_resumes_and_skips_and_cleans_up_after_a_kill(tmp_path: Path) 
     assert set(dict(again.steps).values()) == {"done earlier"}
 
 
-# --- real clusters -----------------------------------------------------------------------------
-
-def test_two_worker_local_cluster_runs_the_grid_then_summarize_reads_it(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    result = sweep(str(grid(tmp_path)), "--out", str(out), "--workers", "2", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr + result.stdout
-    assert "on 2 worker(s) (local cluster)" in result.stdout and "4 point(s) done now" in result.stdout
-    points = check_outputs(out, ["gru-none-K8-s1", "gru-none-K8-s2", "gru-sinusoidal-K8-s1", "gru-sinusoidal-K8-s2"])
-    assert len({p["worker"] for p in points.values()}) == 2  # both workers ran points
-    assert {p["threads"] for p in points.values()} == {max(1, len(os.sched_getaffinity(0)) // 2)}
-    # summarize reads the sweep directory directly: seeds are the trials
-    summary = subprocess.run([*CLI, "summarize", str(out), "--kind", "accuracy", "--by", "model,pe", "-o",
-                              str(tmp_path / "summary.zarr")], cwd=tmp_path, capture_output=True, text=True)
-    assert summary.returncode == 0, summary.stderr
-    ds = read_store(tmp_path / "summary.zarr", kind="summary")
-    assert ds["n"].sel(metric="token_accuracy").values.tolist() == [2, 2]
-    assert sorted(ds["seed"].values.ravel().tolist()) == [1, 1, 2, 2]
-    # a re-run skips every finished point and rewrites nothing
-    stamps = {p: p.stat().st_mtime_ns for p in (out / "stores").iterdir()}
-    again = sweep(str(grid(tmp_path)), "--out", str(out), "--workers", "2", cwd=tmp_path)
-    assert again.returncode == 0 and "0 point(s) done now, 4 done earlier" in again.stdout
-    assert {p: p.stat().st_mtime_ns for p in (out / "stores").iterdir()} == stamps
-
-
-def _workers_of(pid: int) -> list[psutil.Process]:
-    """The dask worker processes a LocalCluster in process ``pid`` spawned."""
-    return [c for c in psutil.Process(pid).children(recursive=True)
-            if "spawn_main" in " ".join(c.cmdline())]
-
-
-def test_a_killed_worker_loses_only_work_since_the_last_checkpoint(tmp_path: Path) -> None:
-    spec = grid(tmp_path, iterations=1500, every=50, seeds="[1]")
-    out = tmp_path / "out"
-    victim = subprocess.Popen([*CLI, "sweep", str(spec), "--out", str(out), "--workers", "2", "-q"], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    runs = [out / "runs" / "gru-none-K8-s1", out / "runs" / "gru-sinusoidal-K8-s1"]
-    deadline = time.monotonic() + 120
-    while not all(r.is_dir() and list_checkpoints(r) for r in runs):  # both points are mid-training
-        assert victim.poll() is None and time.monotonic() < deadline, victim.communicate()
-        time.sleep(0.1)
-    assert not any((r / "eval.json").exists() for r in runs)
-    workers = _workers_of(victim.pid)
-    assert len(workers) == 2
-    workers[0].send_signal(signal.SIGKILL)
-    stdout, stderr = victim.communicate(timeout=300)
-    assert victim.returncode in (0, 1), stderr  # dask reschedules the task; if it gave up, the re-run finishes
-    rerun = sweep(str(spec), "--out", str(out), "--workers", "2", cwd=tmp_path)
-    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
-    points = check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
-    # the killed point resumed from its last checkpoint instead of starting again
-    assert "resumed" in {p["steps"]["train"] for p in points.values()}, stdout + json.dumps(points)
-    for run in runs:  # its log has one line per logged iteration: the redone work replaced, not appended
-        iterations = [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-        assert iterations == list(range(10, 1501, 10))
-
-
-def test_separate_scheduler_and_worker_processes(tmp_path: Path) -> None:
-    dask = [str(Path(sys.executable).parent / "dask")]  # the console script users run: dask scheduler / worker
-    scheduler_file = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([*dask, "scheduler", "--scheduler-file", str(scheduler_file), "--port", "0", "--dashboard-address",
-                               ":0"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists():
-            assert time.monotonic() < deadline, "the scheduler did not start"
-            time.sleep(0.2)
-        time.sleep(0.5)
-        address = json.loads(scheduler_file.read_text())["address"]
-        procs.append(subprocess.Popen([*dask, "worker", address, "--nthreads", "1",
-                                       "--nworkers", "1", "--resources", "GPU=1"], cwd=tmp_path,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        out = tmp_path / "out"
-        missing = sweep(str(grid(tmp_path, seeds="[1]")), "--out", str(out), "--scheduler", address,
-                        "--resources", "MEM=1", cwd=tmp_path)
-        assert missing.returncode == 2 and "no worker of" in missing.stderr and "MEM=1" in missing.stderr
-        result = sweep(str(grid(tmp_path, seeds="[1]")), "--out", str(out), "--scheduler", address, "--resources",
-                       "GPU=1", cwd=tmp_path)
-        assert result.returncode == 0, result.stderr + result.stdout
-        assert f"scheduler {address}" in result.stdout and "dashboard: http" in result.stdout
-        check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
-        report = subprocess.run([*CLI, "report", str(out), "-o", str(tmp_path / "r.html")], cwd=tmp_path,
-                                capture_output=True, text=True)
-        assert report.returncode == 0 and "stability" in report.stdout, report.stderr
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
-    unreachable = sweep(str(grid(tmp_path, seeds="[1]")), "--out", str(tmp_path / "o2"), "--scheduler",
-                        "tcp://127.0.0.1:9", cwd=tmp_path, timeout=120)
-    assert unreachable.returncode == 2 and "cannot reach a dask scheduler" in unreachable.stderr
-
-
-def test_failed_points_are_listed_with_their_error_and_the_exit_status_says_so(tmp_path: Path) -> None:
-    spec, out = grid(tmp_path, seeds="[1]"), tmp_path / "out"
-    blocked = out / "runs" / "gru-sinusoidal-K8-s1"
-    blocked.mkdir(parents=True)
-    (blocked / "notes.txt").write_text("not a run")  # a directory the run must not overwrite
-    result = sweep(str(spec), "--out", str(out), "--workers", "1", cwd=tmp_path)
-    assert result.returncode == 1, result.stderr + result.stdout
-    assert "1 point(s) failed" in result.stdout and "gru-sinusoidal-K8-s1" in result.stdout
-    assert "already exists and is not empty" in result.stdout and "1 point(s) done now" in result.stdout
-    points = {p["name"]: p for p in read_manifest(out)["points"]}
-    assert points["gru-none-K8-s1"]["status"] == "done" and points["gru-sinusoidal-K8-s1"]["status"] == "failed"
-    assert "already exists" in points["gru-sinusoidal-K8-s1"]["error"]
-    assert (blocked / "notes.txt").read_text() == "not a run"  # nothing of the user's was touched
-    (blocked / "notes.txt").unlink()
-    again = sweep(str(spec), "--out", str(out), "--workers", "1", cwd=tmp_path)
-    assert again.returncode == 0 and "1 point(s) done now, 1 done earlier" in again.stdout, again.stdout
-    check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
-
-
 def test_the_paper_scale_example_plans_60_points() -> None:
     spec = parse_spec((REPO / "docs" / "sweep-paper-vocab.toml").read_text())
     points = plan_points(spec)
@@ -299,3 +188,167 @@ def test_a_directory_holding_other_settings_is_refused_before_anything_runs(runn
     result = runner.invoke(app, ["sweep", str(spec), "--out", str(out)])
     assert result.exit_code == 2 and f"different configuration than this spec ({point.name})" in result.stderr
     assert not (out / "sweep.json").exists() and gradscope.load(Layout(out).run(point.run)).iteration == 2
+
+
+# --- real clusters -----------------------------------------------------------------------------
+# One real local sweep (`--workers 2`: the CLI starts its own LocalCluster); every other multi-process
+# test shares one cluster started as users start a separate one (`dask scheduler`, `dask worker`), so
+# worker processes start and import torch once, not once per test. The fault test kills one of its
+# workers, so it runs last.
+
+def test_two_worker_local_cluster_runs_the_grid_then_summarize_reads_it(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = sweep(str(grid(tmp_path)), "--out", str(out), "--workers", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "on 2 worker(s) (local cluster)" in result.stdout and "4 point(s) done now" in result.stdout
+    points = check_outputs(out, ["gru-none-K8-s1", "gru-none-K8-s2", "gru-sinusoidal-K8-s1", "gru-sinusoidal-K8-s2"])
+    assert len({p["worker"] for p in points.values()}) == 2  # both workers ran points
+    assert {p["threads"] for p in points.values()} == {max(1, len(os.sched_getaffinity(0)) // 2)}
+    # summarize reads the sweep directory directly: seeds are the trials
+    summary = runner.invoke(app, ["summarize", str(out), "--kind", "accuracy", "--by", "model,pe", "-o",
+                                  str(tmp_path / "summary.zarr")])
+    assert summary.exit_code == 0, summary.stderr
+    ds = read_store(tmp_path / "summary.zarr", kind="summary")
+    assert ds["n"].sel(metric="token_accuracy").values.tolist() == [2, 2]
+    assert sorted(ds["seed"].values.ravel().tolist()) == [1, 1, 2, 2]
+    # a re-run skips every finished point and rewrites nothing (no cluster is started for it)
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "stores").iterdir()}
+    again = runner.invoke(app, ["sweep", str(grid(tmp_path)), "--out", str(out), "--workers", "2"],
+                          env={"COLUMNS": "200"})
+    assert again.exit_code == 0 and "0 point(s) done now, 4 done earlier" in again.stdout, again.stdout
+    assert {p: p.stat().st_mtime_ns for p in (out / "stores").iterdir()} == stamps
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A dask scheduler and a `dask worker` process running 3 worker processes × 1 thread (a spare one
+    for the fault test), each offering the resource GPU=1, started with the console scripts users
+    run. Yields its address."""
+    base = tmp_path_factory.mktemp("cluster")
+    dask = [str(Path(sys.executable).parent / "dask")]
+    scheduler_file = base / "scheduler.json"
+    procs = [subprocess.Popen([*dask, "scheduler", "--scheduler-file", str(scheduler_file), "--port", "0",
+                               "--dashboard-address", ":0"], cwd=base, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists():
+            assert time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        address = json.loads(scheduler_file.read_text())["address"]
+        procs.append(subprocess.Popen([*dask, "worker", address, "--nthreads", "1", "--nworkers", "3",
+                                       "--resources", "GPU=1"], cwd=base, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        from distributed import Client
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(3, timeout=120)
+            client.run(exec, "import gradscope.workflows.sweep")  # all ready: the fault test needs them in step
+        yield {"address": address}
+    finally:
+        for p in reversed(procs):  # workers first: a scheduler that goes first keeps them waiting for it
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_separate_scheduler_and_worker_processes(shared_cluster: dict[str, Any], runner: CliRunner,
+                                                tmp_path: Path) -> None:
+    # an unreachable scheduler is refused after the client's connect timeout (10 s of waiting): run it
+    # beside the rest of the test
+    unreachable = subprocess.Popen([*CLI, "sweep", str(grid(tmp_path, seeds="[1]")), "--out", str(tmp_path / "o2"),
+                                    "--scheduler", "tcp://127.0.0.1:9"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+    try:
+        address = shared_cluster["address"]
+        out = tmp_path / "out"
+        missing = runner.invoke(app, ["sweep", str(grid(tmp_path, seeds="[1]")), "--out", str(out), "--scheduler",
+                                      address, "--resources", "MEM=1"])
+        assert missing.exit_code == 2 and "no worker of" in missing.stderr and "MEM=1" in missing.stderr
+        result = sweep(str(grid(tmp_path, seeds="[1]")), "--out", str(out), "--scheduler", address, "--resources",
+                       "GPU=1", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr + result.stdout
+        assert f"scheduler {address}" in result.stdout and "dashboard: http" in result.stdout
+        check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
+        report = runner.invoke(app, ["report", str(out), "-o", str(tmp_path / "r.html")])
+        assert report.exit_code == 0 and "stability" in report.stdout, report.stderr
+        _, stderr = unreachable.communicate(timeout=120)
+    finally:
+        if unreachable.poll() is None:
+            unreachable.kill()
+            unreachable.wait()
+    assert unreachable.returncode == 2 and "cannot reach a dask scheduler" in stderr
+
+
+def test_failed_points_are_listed_with_their_error_and_the_exit_status_says_so(shared_cluster: dict[str, Any],
+                                                                                runner: CliRunner,
+                                                                                tmp_path: Path) -> None:
+    spec, out = grid(tmp_path, seeds="[1]"), tmp_path / "out"
+    blocked = out / "runs" / "gru-sinusoidal-K8-s1"
+    blocked.mkdir(parents=True)
+    (blocked / "notes.txt").write_text("not a run")  # a directory the run must not overwrite
+    result = sweep(str(spec), "--out", str(out), "--scheduler", shared_cluster["address"], cwd=tmp_path)
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert "1 point(s) failed" in result.stdout and "gru-sinusoidal-K8-s1" in result.stdout
+    assert "already exists and is not empty" in result.stdout and "1 point(s) done now" in result.stdout
+    points = {p["name"]: p for p in read_manifest(out)["points"]}
+    assert points["gru-none-K8-s1"]["status"] == "done" and points["gru-sinusoidal-K8-s1"]["status"] == "failed"
+    assert "already exists" in points["gru-sinusoidal-K8-s1"]["error"]
+    assert (blocked / "notes.txt").read_text() == "not a run"  # nothing of the user's was touched
+    (blocked / "notes.txt").unlink()
+    again = runner.invoke(app, ["sweep", str(spec), "--out", str(out), "--scheduler", shared_cluster["address"],
+                                "-q"])
+    assert again.exit_code == 0 and "1 point(s) done now, 1 done earlier" in again.stdout, again.stdout
+    check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
+
+
+def _logged(run: Path) -> int:
+    """The last iteration in a run's log (0 if none yet; a line being written is skipped)."""
+    last = 0
+    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
+    for line in lines:
+        try:
+            last = json.loads(line)["iteration"]
+        except (json.JSONDecodeError, KeyError):
+            pass
+    return last
+
+
+def test_a_killed_worker_loses_only_work_since_the_last_checkpoint(shared_cluster: dict[str, Any],
+                                                                    runner: CliRunner, tmp_path: Path) -> None:
+    """SIGKILL the worker process training one point (its nanny starts a new one); dask reruns the
+    task on the idle third worker, which resumes from the last checkpoint. Runs last in this module."""
+    from distributed import Client
+    spec = grid(tmp_path, iterations=600, every=50, seeds="[1]")
+    out = tmp_path / "out"
+    args = ["--out", str(out), "--scheduler", shared_cluster["address"]]
+    sweeping = subprocess.Popen([*CLI, "sweep", str(spec), *args, "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    victim, survivor = out / "runs" / "gru-none-K8-s1", out / "runs" / "gru-sinusoidal-K8-s1"
+    with Client(shared_cluster["address"], timeout="30s") as client:
+        deadline = time.monotonic() + 120
+        # both mid-training, the victim 10-20 iterations past a checkpoint (its log then holds lines the
+        # resumed run must redo)
+        while not (all(r.is_dir() and list_checkpoints(r) for r in (victim, survivor))
+                   and _logged(victim) % 50 in (10, 20)):
+            assert sweeping.poll() is None and time.monotonic() < deadline, sweeping.communicate()
+            time.sleep(0.02)
+        assert not any((r / "eval.json").exists() for r in (victim, survivor))
+        running = {addr: keys for addr, keys in client.processing().items() if keys}
+        where = [addr for addr, keys in running.items() if any(f"-{victim.name}-" in str(k) for k in keys)]
+        assert len(running) == 2 and len(where) == 1, running  # one point per worker
+        psutil.Process(client.run(os.getpid)[where[0]]).send_signal(signal.SIGKILL)
+    stdout, stderr = sweeping.communicate(timeout=300)
+    assert sweeping.returncode in (0, 1), stderr  # dask reschedules the task; if it gave up, the re-run finishes
+    rerun = runner.invoke(app, ["sweep", str(spec), *args, "-q"])
+    assert rerun.exit_code == 0, rerun.stderr + rerun.stdout
+    points = check_outputs(out, [victim.name, survivor.name])
+    # the killed point resumed from its last checkpoint instead of starting again; the other ran through
+    assert points[victim.name]["steps"]["train"] == "resumed", stdout + json.dumps(points)
+    assert points[survivor.name]["steps"]["train"] == "trained", stdout + json.dumps(points)
+    for run in (victim, survivor):  # one log line per logged iteration: the redone work replaced, not appended
+        iterations = [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert iterations == list(range(10, 601, 10))

@@ -61,31 +61,70 @@ def test_resume_is_bit_identical(tmp_path: Path, core: str) -> None:
     assert strip(tmp_path / "full") == strip(tmp_path / "split")
 
 
+def _logged(run: Path) -> int:
+    """The last iteration in a run's log (0 if none yet; a line being written is skipped)."""
+    last = 0
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in lines:
+        try:
+            last = json.loads(line)["iteration"]
+        except (json.JSONDecodeError, KeyError):
+            pass
+    return last
+
+
+def _log(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
-    """SIGKILL a CLI training run after its first checkpoint; --resume ends where an uninterrupted run ends."""
+    """SIGKILL a CLI training run between checkpoints, with log lines written past its last one;
+    --resume, stopped at iteration 400 with --stop-after, ends bit-identical (weights, optimizer
+    state, log) to an uninterrupted run of the same configuration stopped at 400 (both keep the
+    4000-iteration schedule)."""
+    stop = 400
     args = ["--vocab", "8", "--length", "6", "--hidden", "32", "--embed", "16", "--iterations", "4000",
-            "--checkpoint-every", "200", "--log-every", "50", "--batch-size", "32", "--seed", "5", "--quiet",
+            "--checkpoint-every", "50", "--log-every", "10", "--batch-size", "32", "--seed", "5", "--quiet",
             "--threads", "1"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", "from gradscope.cli.app import main; main()", "train"]
     # run from tmp_path: from the repo root, '' on sys.path would shadow the installed package
+    whole = subprocess.Popen([*cmd, "-o", str(tmp_path / "whole"), *args, "--stop-after", str(stop)], env=env,
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     victim = subprocess.Popen([*cmd, "-o", str(tmp_path / "killed"), *args], env=env, cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not list((tmp_path / "killed").glob("step-*.pt")) and time.time() < deadline:
-        assert victim.poll() is None, f"training exited early: {victim.stderr.read() if victim.stderr else ''}"
-        time.sleep(0.05)
-    time.sleep(0.3)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    assert not list((tmp_path / "killed").glob(".*tmp")), "a temporary file was left behind"
-    assert load(tmp_path / "killed").iteration < 4000, "the run finished before it could be killed"
-    subprocess.run([*cmd, "--resume", str(tmp_path / "killed"), "--quiet"], env=env, check=True, cwd=tmp_path,
-                   stdout=subprocess.DEVNULL)
-    subprocess.run([*cmd, "-o", str(tmp_path / "whole"), *args], env=env, check=True, cwd=tmp_path,
-                   stdout=subprocess.DEVNULL)
-    a, b = _params(tmp_path / "killed"), _params(tmp_path / "whole")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    try:
+        deadline = time.time() + 120
+        # kill 10-20 iterations past a checkpoint: the log then holds lines the resumed run must redo
+        while not (_logged(tmp_path / "killed") % 50 in (10, 20) and list((tmp_path / "killed").glob("step-*.pt"))):
+            assert victim.poll() is None, f"training exited early: {victim.stderr.read() if victim.stderr else ''}"
+            assert time.time() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.02)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        assert not list((tmp_path / "killed").glob(".*tmp")), "a temporary file was left behind"
+        reached = load(tmp_path / "killed").iteration
+        assert reached < stop, f"the run was past {stop} iterations ({reached}) before it could be killed"
+        subprocess.run([*cmd, "--resume", str(tmp_path / "killed"), "--quiet", "--stop-after", str(stop - reached)],
+                       env=env, check=True, cwd=tmp_path, stdout=subprocess.DEVNULL)
+        assert whole.wait(timeout=300) == 0, whole.stderr.read() if whole.stderr else ""
+    finally:
+        for p in (whole, victim):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    killed, fresh = load(tmp_path / "killed"), load(tmp_path / "whole")
+    assert killed.iteration == fresh.iteration == stop
+    a, b = killed.model.state_dict(), fresh.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = killed.raw["optimizer"]["state"], fresh.raw["optimizer"]["state"]
+    assert all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
+    assert _log(tmp_path / "killed") == _log(tmp_path / "whole")  # the redone log lines replaced, not appended
+    assert not (tmp_path / "killed" / "eval.json").exists()  # stopped, not finished
 
 
 def test_training_computes_gradients_inside_a_callers_no_grad(tmp_path: Path) -> None:
