@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .accuracy import accuracy_command
+from .dynamics import dynamics_command
 from .report import report_command
 from .reproduce import reproduce_command
 from .stability import stability_command
@@ -24,6 +25,7 @@ app = typer.Typer(
 app.command("train")(train_command)
 app.command("stability")(stability_command)
 app.command("accuracy")(accuracy_command)
+app.command("dynamics")(dynamics_command)
 app.command("summarize")(summarize_command)
 app.command("report")(report_command)
 app.command("reproduce")(reproduce_command)

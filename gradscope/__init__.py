@@ -23,7 +23,7 @@ _EXPORTS = {
     "load": "gradscope.train.checkpoint", "Loaded": "gradscope.train.checkpoint",
     "wrap": "gradscope.models.wrap", "WrappedModel": "gradscope.models.wrap",
     "state_jacobian": "gradscope.analysis.jacobian", "JacobianResult": "gradscope.analysis.jacobian",
-    "stability": "gradscope.workflows.stability",
+    "stability": "gradscope.workflows.stability", "dynamics": "gradscope.workflows.dynamics",
     "Probes": "gradscope.tasks.probes", "make_probes": "gradscope.tasks.probes",
     "frequency_groups": "gradscope.tasks.probes",
     "ModelConfig": "gradscope.config", "RunConfig": "gradscope.config", "TaskConfig": "gradscope.config",

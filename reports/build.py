@@ -9,9 +9,12 @@ from pathlib import Path
 
 from gradscope.errors import GradscopeError
 from gradscope.version import __version__
+from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapunov_convergence, lyapunov_spectra,
+                                      radius_samples)
 from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
+from .dynamics_figures import flow_figure, gate_figure, grid_figure, lyapunov_figure, radius_figure
 from .html import Section, provenance_html, render_page
 from .stability_figures import distribution_figure, spectra_figure, stability_figure
 
@@ -74,11 +77,38 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
             out.append(Section("spectra", "Singular-value spectra",
                                "Top singular values of each Jacobian (variable singular_values), averaged per "
                                "condition over triplets, members and seeds.", spectra_figure(spectra, where)))
+    out.extend(dynamics_sections(_of(items, "dynamics")))
     if (fig := training_figure(runs)) is not None:
         out.append(Section("training", "Training curves", f"From metrics.jsonl of {len(runs)} run(s).", fig))
     out.append(Section("provenance", "Provenance", "Every input with its configuration, checkpoint hashes, "
                                                    "versions and the command that made it.", None,
                        provenance_html(items)))
+    return out
+
+
+def dynamics_sections(stores: list[Input]) -> list[Section]:
+    """The dynamics view (SPEC §7) of every dynamics store, each figure over its checkpoints."""
+    if not stores:
+        return []
+    src = f"From {len(stores)} dynamics store(s)"
+    out = []
+    if curves := flow_curves(stores):
+        out.append(Section("flow", "Gradient flow", f"{src}: log10 ‖∂y_T/∂z_k‖_F against the distance T − k, by "
+                           "the class of the token read at step k; bands: 95% t-intervals over the probe sequences.",
+                           flow_figure(curves)))
+    if grids := grid_means(stores):
+        out.append(Section("tT-grid", "The (t, T) grid", f"{src}: mean log10 ‖∂z_T/∂z_t‖_F over the grid "
+                           "sequences, for every t ≤ T.", grid_figure(grids)))
+    if radii := radius_samples(stores):
+        out.append(Section("radius", "Step spectral radius", f"{src}: ρ(J_t) of every step Jacobian, by the token "
+                           "read; the dotted line is ρ = 1 (above: locally expanding).", radius_figure(radii)))
+    if spectra := lyapunov_spectra(stores):
+        out.append(Section("lyapunov", "Lyapunov spectra", f"{src}: all D exponents (Benettin/QR, natural log per "
+                           "step) with 95% t-intervals over trajectories, and the running estimate.",
+                           lyapunov_figure(spectra, lyapunov_convergence(stores))))
+    if gates := gate_means(stores):
+        out.append(Section("gates", "Gate terms", f"{src}: mean ‖term‖_F of each path through the cell (the terms "
+                           "sum to J_t), after frequent, rare and query tokens.", gate_figure(gates)))
     return out
 
 
@@ -101,7 +131,7 @@ def header_html(items: list[Input], command: str = "") -> str:
     tasks = sorted({f"{t.get('name')} (K={t.get('vocab_size')}, L={t.get('length')}, {t.get('distribution')})"
                     for t in (i.task for i in items) if t})
     counts = ", ".join(f"{sum(i.kind == k for i in items)} {k}{'' if k == 'run' else ' store'}(s)"
-                       for k in ("stability", "accuracy", "summary", "run") if any(i.kind == k for i in items))
+                       for k in ("stability", "accuracy", "dynamics", "summary", "run") if any(i.kind == k for i in items))
     task_text = f" on {html.escape('; '.join(tasks))}" if tasks else ""
     return (f"<p>Compared{task_text}, from {counts}:</p><ul>{lis}</ul>"
             f'<p class="meta">“vanilla” = no positional encoding; “PE (kind)” = with one. Made by gradscope '

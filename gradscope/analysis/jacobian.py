@@ -84,7 +84,7 @@ def _func_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
     return vmap(jacrev(f))(zs[:, p - 1], x[:, p:], x[:, T - 1])
 
 
-def _rows_vjp(fn: Callable[[Tensor], Tensor], primal: Tensor, rows: Tensor) -> Tensor:
+def rows_vjp(fn: Callable[[Tensor], Tensor], primal: Tensor, rows: Tensor) -> Tensor:
     """Row-batched VJP: rows (B, R, out) of cotangents → rows · ∂fn/∂primal (B, R, D)."""
     _, pullback = vjp(fn, primal)
     return vmap(lambda c: pullback(c)[0], in_dims=1, out_dims=1)(rows)
@@ -95,10 +95,10 @@ def _vjp_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
     B, T, _ = x.shape
     eye = torch.eye(core.out_dim, dtype=x.dtype, device=x.device).expand(B, -1, -1)
     if p == T:
-        return _rows_vjp(lambda z: state_readout(core, x[:, T - 1], z), zs[:, T - 1], eye)
-    G = _rows_vjp(lambda z: core.step(x[:, T - 1], z)[0], zs[:, T - 2], eye)  # ∂y_T/∂z_{T−1}
+        return rows_vjp(lambda z: state_readout(core, x[:, T - 1], z), zs[:, T - 1], eye)
+    G = rows_vjp(lambda z: core.step(x[:, T - 1], z)[0], zs[:, T - 2], eye)  # ∂y_T/∂z_{T−1}
     for t in range(T - 2, p - 1, -1):  # 0-based step t maps zs[:, t−1] to zs[:, t]
-        G = _rows_vjp(lambda z: core.step(x[:, t], z)[1], zs[:, t - 1], G)
+        G = rows_vjp(lambda z: core.step(x[:, t], z)[1], zs[:, t - 1], G)
     return G
 
 

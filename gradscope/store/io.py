@@ -24,7 +24,7 @@ import xarray as xr
 from gradscope.errors import GradscopeError
 from gradscope.version import __version__
 
-STORE_KINDS = ("stability", "accuracy", "summary")
+STORE_KINDS = ("stability", "accuracy", "summary", "dynamics")
 
 
 def sha256_file(path: Path) -> str:

@@ -1,0 +1,105 @@
+"""`gradscope dynamics`: parse → gradscope.workflows.dynamics → summary table + zarr store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from gradscope.errors import GradscopeError
+
+from .common import command_line, default_out, make_console
+from .errors import user_errors
+from .progress import make_progress
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+console = make_console()
+Opt = typer.Option
+
+
+def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
+    """Per checkpoint: median gradient-flow decay, mean step radius, top Lyapunov exponent, and the
+    largest gate term, after frequent and after rare tokens."""
+    import numpy as np
+    from rich.table import Table
+
+    table = Table(title="gradient dynamics per checkpoint (medians over probe sequences; SPEC §7)",
+                  title_justify="left")
+    for col in ("iteration", "|dy_T/dz_1| / |dy_T/dz_T|", "step radius (freq / rare)", "λ_1 [min, max]",
+                "Σλ", "largest gate term (freq / rare)"):
+        table.add_column(col, justify="right")
+    cls = ds["token_class"].values
+    for c in range(ds.sizes["checkpoint"]):
+        row = [str(int(ds["iteration"][c]))]
+        if "flow_fro" in ds:
+            f = ds["flow_fro"].values[c]
+            row.append(f"{np.median(f[:, 0] / f[:, -1]):.2e}")
+        else:
+            row.append("-")
+        if "step_radius" in ds:
+            r = ds["step_radius"].values[c]
+            row.append(" / ".join(f"{np.median(r[cls == k]):.3f}" if (cls == k).any() else "-" for k in ("frequent", "rare")))
+        else:
+            row.append("-")
+        if "lyapunov" in ds:
+            top = ds["lyapunov"].values[c, :, 0]
+            row += [f"{top.mean():+.4f} [{top.min():+.4f}, {top.max():+.4f}]",
+                    f"{ds['lyapunov'].values[c].sum(-1).mean():+.3f}"]
+        else:
+            row += ["-", "-"]
+        if "gate_norm" in ds:
+            g = ds["gate_norm"].values[c]  # (n, T, G)
+            gates = [str(x) for x in ds["gate"].values]
+            picks = []
+            for k in ("frequent", "rare"):
+                mask = cls == k
+                picks.append(gates[int(np.argmax(np.median(g[mask], axis=0)))] if mask.any() else "-")
+            row.append(" / ".join(picks))
+        else:
+            row.append("-")
+        table.add_row(*row)
+    return table
+
+
+@user_errors
+def dynamics_command(
+    ctx: typer.Context,
+    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint of a run, oldest first).", show_default=False)],
+    out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: dynamics-<name>.zarr).")] = None,
+    overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
+    parts: Annotated[str, Opt(help="Comma-separated: flow, grid, spectra, gates, lyapunov (default: all).")] = "flow,grid,spectra,gates,lyapunov",
+    target_freq: Annotated[Optional[list[str]], Opt("--target-freq", help="Probe target group(s), as in `gradscope stability`.")] = None,
+    disturbant: Annotated[Optional[list[str]], Opt("--disturbant", help="Probe disturbant group(s), as in `gradscope stability`.")] = None,
+    sequences: Annotated[int, Opt(help="Probe sequences per condition (flow, spectra, gates).")] = 8,
+    grid_sequences: Annotated[int, Opt(help="Sequences for the (t, T) grid.")] = 4,
+    trajectories: Annotated[int, Opt(help="Lyapunov trajectories.")] = 8,
+    steps: Annotated[int, Opt(help="Steps per Lyapunov trajectory (the task's episodes back to back).")] = 1000,
+    warmup: Annotated[int, Opt(help="Warm-up steps discarded from the Lyapunov estimate.")] = 100,
+    reorth: Annotated[int, Opt(help="Re-orthonormalise every k steps (product of k step Jacobians first).")] = 1,
+    sv: Annotated[int, Opt(help="Top singular values kept per step Jacobian.")] = 8,
+    seed: Annotated[int, Opt(help="Seed of the probes and trajectories.")] = 0,
+    device: Annotated[str, Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = "auto",
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Gradient dynamics (SPEC §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra."""
+    from gradscope.store.io import write_store
+    from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics
+
+    opts = DynamicsOptions(tuple(p.strip() for p in parts.split(",") if p.strip()), sequences, grid_sequences, sv,
+                           trajectories, steps, warmup, reorth, seed, device)
+    out_path = out if out is not None else default_out("dynamics", checkpoints[0] if checkpoints else Path("x"))
+    if out is not None and out.exists() and not overwrite:
+        raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
+    with make_progress(console) as progress:
+        bar = progress.add_task("checkpoints", total=None, visible=not quiet)
+        run = run_dynamics(checkpoints, opts, target_groups=tuple(target_freq or ()),
+                           disturbant_groups=tuple(disturbant or ()),
+                           on_start=lambda n: progress.update(bar, total=n),
+                           on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
+    ds = run.to_xarray()
+    console.print(dynamics_table(ds))
+    write_store(ds, out_path, overwrite=overwrite)
+    console.print(f"wrote {out_path}")

@@ -1,0 +1,337 @@
+"""Gradient dynamics of a recurrent core (SPEC §7): gradient flow, the (t, T) grid, step spectra
+and the Lyapunov spectrum, all built on the step Jacobians J_t = ∂z_t/∂z_{t−1}.
+
+Conventions. Steps are 1-based: z_k is the full real state right after input k is read
+(``zs[:, k−1]`` of :meth:`Core.scan`), z_0 the zero state (or ``z0``); J_t (D × D) is taken at the
+state before step t and that step's input. The state z is the *full* state of SPEC §4: every
+layer; LSTM h and c (D = 2H per layer); S4D the complex modes on the real view (D = H·N per
+block). Everything runs in the model's dtype; only the Lyapunov log-sums accumulate in float64.
+Step Jacobians come from :func:`gradscope.models.core.step_jacobian`: analytic for gradscope's
+cores (O(D²) elementwise work per step and sequence), ``vmap(jacrev)`` of ``core.step`` for any
+other protocol core (D reverse passes of a step).
+
+Costs below are per sequence (or trajectory); D = state width, H = output width, T = steps.
+Memory: every function holds O(B·D²) for the Jacobians of one step; :func:`tT_grid` holds
+O(B·T·D²) (all running products at once), so give it a few sequences at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from gradscope.analysis.jacobian import rows_vjp, state_readout
+from gradscope.errors import GradscopeError, check
+from gradscope.models.core import scan, step_jacobian
+from gradscope.tasks.vocab import sample_tokens
+
+FLOW_METHODS = ("jacobian", "vjp")
+# "auto" chains explicit D × D step Jacobians while D <= this × H (RNN stacks: D = H, 2H per layer), else
+# row VJPs: for S4D (D = H·N, diagonal transitions) a VJP costs O(H·D) per step, the product 2·H·D²
+JACOBIAN_MAX_RATIO = 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared plumbing
+
+def _inputs(model: nn.Module, tokens: Tensor, T: int | None, name: str = "T") -> tuple[nn.Module, Tensor]:
+    """(core, core inputs (B, T, in)) of a gradscope model, tokens cut to their first ``T`` steps."""
+    check(hasattr(model, "core") and hasattr(model, "core_inputs"),
+          f"model: expected a gradscope model (gradscope.load(...).model or gradscope.wrap(...)); got "
+          f"{type(model).__name__}, which has no core/core_inputs (wrap it with gradscope.wrap)")
+    floats = isinstance(tokens, Tensor) and tokens.is_floating_point()
+    check(isinstance(tokens, Tensor) and tokens.dim() == (3 if floats else 2) and not tokens.is_complex()
+          and tokens.shape[0] >= 1 and tokens.shape[1] >= 1,
+          f"tokens: expected integer token ids (B, T), or float input vectors (B, T, in) for a model that "
+          f"reads them directly, with B, T >= 1; got "
+          f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+    if T is not None:
+        try:
+            T = operator.index(T)
+        except TypeError:
+            raise GradscopeError(f"{name}: got {T!r}; it must be an integer in [1, {tokens.shape[1]}]") from None
+        check(1 <= T <= tokens.shape[1], f"{name}: got {T}; it must lie in [1, {tokens.shape[1]}] (the tokens' length)")
+        tokens = tokens[:, :T]
+    param = next(model.parameters(), None)
+    if param is not None:
+        tokens = tokens.to(param.device)
+    return model.core, model.core_inputs(tokens)
+
+
+def _previous_states(core: nn.Module, x: Tensor) -> Tensor:
+    """The state before every step, z_0 … z_{T−1}: x (B, T, in) → (B, T, D), z_0 = 0."""
+    _, zs = scan(core, x)  # (B, T, D): z_1 … z_T
+    return torch.cat([zs.new_zeros(zs.shape[0], 1, zs.shape[2]), zs[:, :-1]], dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient flow: g(k) = ‖∂y_T/∂z_k‖ from one reverse chain
+
+def _flow_method(core: nn.Module, method: str) -> str:
+    check(method == "auto" or method in FLOW_METHODS,
+          f"method: got {method!r}; valid values are auto, {', '.join(FLOW_METHODS)}")
+    if method != "auto":
+        return method
+    return "jacobian" if core.state_dim <= JACOBIAN_MAX_RATIO * core.out_dim else "vjp"
+
+
+def gradient_flow(model: nn.Module, tokens: Tensor, T: int | None = None, *, method: str = "auto",
+                  chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """g(k) = ‖∂y_T/∂z_k‖ for every k = 1 … T, per sequence (SPEC §7 "gradient flow").
+
+    model: anything with a protocol ``core`` and ``core_inputs`` (``gradscope.load(...).model``,
+    ``gradscope.wrap(...)``). tokens: (B, T') token ids, or (B, T', in) float inputs for a wrapped
+    model without an input map. T: the output step (default T' = all steps); later tokens are
+    ignored. y_T is the core's output at step T, z_k the full state after step k, steps k+1 … T
+    run with their inputs held fixed — column k−1 equals the norm of
+    ``state_jacobian(model, tokens[:, :T], k).jac``.
+
+    Returns (fro (B, T), spectral (B, T)) in the model's dtype: Frobenius and spectral (largest
+    singular value) norms, unitless (output units per state unit). Column T needs the core's
+    ``readout(x, z)``; without one it is NaN and the chain starts from ∂y_T/∂z_{T−1}.
+
+    One reverse chain G_k = G_{k+1} · J_{k+1} from G_T = ∂y_T/∂z_T (H × D) passes every k.
+    method "jacobian": explicit step Jacobians, COST per step O(D²) to form J (analytic cores)
+    + 2·H·D² flops for the product; "vjp": ``torch.func.vjp`` of one ``core.step`` per step,
+    vmapped over the H rows (never forms D × D; O(H·D) per step for S4D's diagonal transitions,
+    ~3·H·D² for an RNN cell); "auto": "jacobian" for D <= JACOBIAN_MAX_RATIO · H (RNN stacks),
+    else "vjp" (S4D). Both: + an SVD of G (O(H·D·min(H, D))) per step for the spectral norm.
+    ``chunk`` sequences are processed at once.
+    """
+    check(isinstance(chunk, int) and chunk >= 1, f"chunk: got {chunk!r}; it must be a positive integer")
+    check(isinstance(tokens, Tensor) and tokens.dim() >= 2,
+          f"tokens: expected token ids (B, T) or float inputs (B, T, in); got "
+          f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+    fro, spectral = [], []
+    for start in range(0, tokens.shape[0], chunk):
+        with torch.no_grad():  # torch.func transforms still differentiate; nothing else builds a graph
+            core, x = _inputs(model, tokens[start:start + chunk], T)
+            f, s = _flow_chain(core, x, _flow_method(core, method))
+        fro.append(f)
+        spectral.append(s)
+    return torch.cat(fro), torch.cat(spectral)
+
+
+def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor]:
+    B, T, _ = x.shape
+    prev = _previous_states(core, x)  # (B, T, D): z_{t−1} for step t = index t−1
+    eye = torch.eye(core.out_dim, dtype=x.dtype, device=x.device).expand(B, -1, -1)
+    fro = x.new_full((B, T), math.nan)
+    spectral = x.new_full((B, T), math.nan)
+
+    def record(k: int, G: Tensor) -> None:  # G = ∂y_T/∂z_k (B, H, D)
+        fro[:, k - 1] = torch.linalg.matrix_norm(G)
+        spectral[:, k - 1] = torch.linalg.matrix_norm(G, ord=2)
+
+    z_T = core.step(x[:, T - 1], prev[:, T - 1])[1]
+    try:
+        G = rows_vjp(lambda z: state_readout(core, x[:, T - 1], z), z_T, eye)  # ∂y_T/∂z_T
+    except GradscopeError:  # no readout: g(T) stays NaN, start one step earlier
+        if T == 1:
+            return fro, spectral
+        G = rows_vjp(lambda z: core.step(x[:, T - 1], z)[0], prev[:, T - 1], eye)
+        first = T - 1
+    else:
+        record(T, G)
+        first = T
+    if first == T - 1:
+        record(T - 1, G)
+    for k in range(first - 1, 0, -1):  # G ← G · J_{k+1}: step k+1 reads x[:, k] at z_k = prev[:, k]
+        if method == "jacobian":
+            G = torch.bmm(G, step_jacobian(core, x[:, k], prev[:, k]))
+        else:
+            G = rows_vjp(lambda z: core.step(x[:, k], z)[1], prev[:, k], G)
+        record(k, G)
+    return fro, spectral
+
+
+# ---------------------------------------------------------------------------------------------
+# (t, T) grid: ‖∂z_T/∂z_t‖_F for all t ≤ T
+
+def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tensor:
+    """‖∂h_T/∂h_t‖_F for all 1 ≤ t ≤ T ≤ T_max (SPEC §7 "(t, T) grid"), per sequence.
+
+    h is the full recurrent state z (D × D Jacobians ∂z_T/∂z_t): every layer; for an LSTM both h
+    and c; for S4D the complex modes on the real view. tokens: (B, T') token ids (or float inputs,
+    as in :func:`gradient_flow`); T_max defaults to T'.
+
+    Returns (B, T_max, T_max) in the model's dtype, ``grid[:, t−1, T−1]`` = ‖∂z_T/∂z_t‖_F
+    (unitless): the upper triangle t ≤ T; the diagonal is ‖I‖_F = sqrt(D); t > T is NaN.
+
+    The step Jacobians are formed once each; the running products P_{t→T} = J_T ⋯ J_{t+1} of
+    every start t advance together, one batched matmul J_T · P per end step T (no chain per T).
+    COST: O(T²·D³) flops per sequence (T²/2 products of D × D matrices); memory O(B·T·D²) for the
+    running products, so pass a few sequences at a time for long T or wide states.
+    """
+    with torch.no_grad():
+        core, x = _inputs(model, tokens, T_max, name="T_max")
+        B, T, _ = x.shape
+        D = core.state_dim
+        prev = _previous_states(core, x)
+        grid = x.new_full((B, T, T), math.nan)
+        grid.diagonal(dim1=1, dim2=2).fill_(math.sqrt(D))
+        P = x.new_empty(B, max(T - 1, 1), D, D)  # slot t−1: P_{t→current end}
+        spare = torch.empty_like(P)
+        for end in range(2, T + 1):  # J_end maps z_{end−1} to z_end
+            J = step_jacobian(core, x[:, end - 1], prev[:, end - 1])  # (B, D, D)
+            n = end - 2  # starts t = 1 … end−2 already running
+            if n:
+                torch.matmul(J[:, None], P[:, :n], out=spare[:, :n])
+                P, spare = spare, P
+            P[:, n] = J  # start t = end−1: P = J_end
+            grid[:, :end - 1, end - 1] = torch.linalg.matrix_norm(P[:, :end - 1])
+    return grid
+
+
+# ---------------------------------------------------------------------------------------------
+# Step spectra along a trajectory
+
+def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) -> dict[str, Tensor]:
+    """Spectral radius and singular values of every step Jacobian J_t, t = 1 … T (SPEC §7).
+
+    tokens: (B, T) token ids (or float inputs, as in :func:`gradient_flow`); the trajectory starts
+    at the zero state, so J_1 is taken at z_0 = 0.
+    Returns ``radius`` (B, T) = max_i |eig_i(J_t)| and ``singular_values`` (B, T, k) descending
+    (k = top_k, default all D; column 0 is the spectral norm), in the model's dtype, unitless.
+    COST per step and sequence: O(D²) to form J_t + an eigenvalue and an SVD decomposition,
+    O(D³) each (LAPACK, not batched across steps).
+    """
+    with torch.no_grad():
+        core, x = _inputs(model, tokens, None)
+        B, T, _ = x.shape
+        D = core.state_dim
+        k = D if top_k is None else top_k
+        check(isinstance(k, int) and 1 <= k <= D, f"top_k: got {top_k!r}; it must be an integer in [1, {D}] or None")
+        prev = _previous_states(core, x)
+        radius = x.new_empty(B, T)
+        singular = x.new_empty(B, T, k)
+        for t in range(T):
+            J = step_jacobian(core, x[:, t], prev[:, t])
+            radius[:, t] = torch.linalg.eigvals(J).abs().amax(dim=-1)
+            singular[:, t] = torch.linalg.svdvals(J)[:, :k]
+    return {"radius": radius, "singular_values": singular}
+
+
+# ---------------------------------------------------------------------------------------------
+# Lyapunov spectrum (Benettin / QR)
+
+@dataclass(frozen=True)
+class LyapunovResult:
+    """All D Lyapunov exponents per trajectory, natural log per time step, float64 on the inputs' device.
+
+    exponents (B, D), sorted descending; running (B, C, D): the estimate after ``running_steps[c]``
+    counted steps (sorted descending at each checkpoint; ``running[:, -1] == exponents``);
+    running_steps (C,) int64; log_det_mean (B,): the mean of log|det J_t| over the counted steps
+    when asked for (``sum_check=True``), else None — Σ_i exponents[:, i] must equal it.
+    """
+
+    exponents: Tensor
+    running: Tensor
+    running_steps: Tensor
+    log_det_mean: Tensor | None
+    warmup: int
+    reorth: int
+
+
+def _blocks(T: int, warmup: int, reorth: int) -> list[int]:
+    """Step counts at which a QR happens: every ``reorth`` steps, one also at T_warm (so the counted
+    window starts exactly there), and at T."""
+    ends = list(range(reorth, warmup, reorth)) + ([warmup] if warmup else [])
+    return ends + list(range(warmup + reorth, T, reorth)) + [T]
+
+
+def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: int = 1, z0: Tensor | None = None,
+                      checkpoint_every: int = 10, sum_check: bool = False) -> LyapunovResult:
+    """All D Lyapunov exponents of the driven recurrence z_t = step(x_t, z_{t−1}) (SPEC §7).
+
+    core: any protocol core. inputs: the vectors it reads (B, T, in), e.g. ``model.core_inputs``
+    of task-distributed tokens (:func:`trajectory_tokens`); B trajectories, run batched.
+    Benettin/QR: Q_0 = I; for t = 1 … T: Q_t R_t = qr(J_t Q_{t−1}); λ_i = (1/(T − T_warm))
+    Σ_{t > T_warm} log|R_t[i, i]|, natural log per time step, sorted descending. The state starts
+    at zero (or ``z0`` (B, D)); the ``warmup`` steps are run (Q evolves) but not counted.
+    reorth: QR every ``reorth`` steps on the product of that many Jacobians (fewer QRs, the same
+    exponents in exact arithmetic: R of a product is the product of the Rs); a QR also falls on
+    step T_warm. Jacobians and QR run in the inputs' dtype, the log-sums in float64.
+    checkpoint_every: the running estimate is recorded every that many counted steps (rounded up
+    to a QR) and at the end. sum_check: also return the mean log|det J_t| (an extra LU per step).
+
+    COST per trajectory and step: forming J_t (O(D²) for analytic cores) and one D × D product
+    (2D³ flops); every ``reorth`` steps one Householder QR (LAPACK geqrf (4/3)D³ + forming Q with
+    orgqr (4/3)D³) — the bmm + QR of the roofline, plus forming J_t. Memory O(B·D²).
+    Q is formed explicitly: applying the stored reflectors to J_t instead (ormqr; Q never formed)
+    measured 25–33% faster on CPU at D = 128–256, but in float32 its D sequential rank-1 updates
+    tripled the error of the most negative exponents of a D = 256 LSTM (1e-2 against 4e-3 at
+    λ ≈ −10, against float64), where one GEMM with an orthonormal Q rounds once.
+    Accuracy: a block of k = ``reorth`` steps resolves exponent i only while (λ_1 − λ_i)·k stays
+    well below −log(eps) (36 in float64, 16 in float32): keep k = 1 for wide spectra (a trained
+    LSTM's c often contracts by e^−5 per step).
+    """
+    check(isinstance(inputs, Tensor) and inputs.dim() == 3 and inputs.is_floating_point(),
+          f"inputs: expected float input vectors (B, T, in); got "
+          f"{tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__}")
+    B, T, _ = inputs.shape
+    D = core.state_dim
+    check(isinstance(warmup, int) and 0 <= warmup < T,
+          f"warmup: got {warmup!r}; it must be an integer in [0, {T - 1}] (T = {T} steps)")
+    check(isinstance(reorth, int) and reorth >= 1, f"reorth: got {reorth!r}; it must be a positive integer")
+    check(isinstance(checkpoint_every, int) and checkpoint_every >= 1,
+          f"checkpoint_every: got {checkpoint_every!r}; it must be a positive integer")
+    check(z0 is None or (isinstance(z0, Tensor) and tuple(z0.shape) == (B, D)),
+          f"z0: expected a state (B, D) = ({B}, {D}); got {tuple(z0.shape) if isinstance(z0, Tensor) else z0!r}")
+    x = inputs
+    with torch.no_grad():
+        z = x.new_zeros(B, D) if z0 is None else z0.to(x)
+        M = x.new_empty(B, D, D)  # the product J_t ⋯ J_s Q_{s−1} of the current block
+        spare = torch.empty_like(M)
+        a, tau = x.new_empty(B, D, D), x.new_empty(B, D)  # the last QR, Householder form: R on/above a's diagonal
+        Q = torch.eye(D, dtype=x.dtype, device=x.device).expand(B, D, D).contiguous()  # Q_0 = I
+        logs = torch.zeros(B, D, dtype=torch.float64, device=x.device)
+        log_det = torch.zeros(B, dtype=torch.float64, device=x.device) if sum_check else None
+        running, running_steps, mark = [], [], checkpoint_every
+        start = 0
+        for end in _blocks(T, warmup, reorth):
+            for t in range(start, end):  # 0-based t: the step that reads x[:, t]
+                J = step_jacobian(core, x[:, t], z)  # (B, D, D)
+                if log_det is not None and t >= warmup:
+                    log_det += torch.linalg.slogdet(J).logabsdet.double()
+                z = core.step(x[:, t], z)[1]
+                torch.bmm(J, Q if t == start else M, out=spare)
+                M, spare = spare, M
+            torch.geqrf(M, out=(a, tau))
+            torch.linalg.householder_product(a, tau, out=Q)
+            if end > warmup:
+                logs += a.diagonal(dim1=1, dim2=2).abs().double().log()
+                counted = end - warmup
+                if counted >= mark or end == T:
+                    running.append(logs / counted)
+                    running_steps.append(counted)
+                    mark = (counted // checkpoint_every + 1) * checkpoint_every
+            start = end
+        running_t = torch.stack(running, dim=1).sort(dim=-1, descending=True).values  # (B, C, D)
+        steps = torch.tensor(running_steps, dtype=torch.int64)
+        mean_log_det = None if log_det is None else log_det / (T - warmup)
+    return LyapunovResult(exponents=running_t[:, -1].clone(), running=running_t, running_steps=steps,
+                          log_det_mean=mean_log_det, warmup=warmup, reorth=reorth)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs for long trajectories
+
+def trajectory_tokens(vocab_size: int, T: int, n: int, seed: int, distribution: str = "dual",
+                      rarity: float = 0.125) -> Tensor:
+    """Token ids (n, T) drawn i.i.d. from the task's vocabulary distribution (SPEC §3, through
+    :func:`gradscope.tasks.vocab.sample_tokens` with its own ``torch.Generator`` seeded ``seed``):
+    ``uniform`` over K = ``vocab_size``, or ``dual``: Rare (upper half) with probability ``rarity``.
+    Feed ``model.core_inputs(tokens)`` to :func:`lyapunov_spectrum`."""
+    for name, value in (("vocab_size", vocab_size), ("T", T), ("n", n)):
+        check(isinstance(value, int) and value >= (2 if name == "vocab_size" else 1),
+              f"{name}: got {value!r}; it must be an integer >= {2 if name == 'vocab_size' else 1}")
+    check(distribution in ("dual", "uniform"), f"distribution: got {distribution!r}; valid values are dual, uniform")
+    check(distribution == "uniform" or 0.0 < rarity < 1.0, f"rarity: got {rarity!r}; it must lie in (0, 1)")
+    gen = torch.Generator().manual_seed(seed)
+    return sample_tokens((n, T), vocab_size, distribution, rarity, gen)
+

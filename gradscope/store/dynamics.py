@@ -1,0 +1,213 @@
+"""The dynamics store: gradient flow, the (t, T) grid, step spectra, Lyapunov spectra and gate
+terms over checkpoints (SPEC §7; layout in docs/stores.md)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+from scipy import stats
+
+from gradscope.store.io import provenance, sha256_file
+
+
+@dataclass(frozen=True)
+class DynamicsResult:
+    """One checkpoint's dynamics; every array is numpy on the CPU (float64 unless stated).
+
+    flow_fro / flow_spectral (n, T): ‖∂y_T/∂z_k‖ per probe sequence and step k = 1 … T;
+    grid (g, T, T): ‖∂z_T/∂z_t‖_F for t ≤ T (NaN below the diagonal) on the first g sequences;
+    radius (n, T): ρ(J_t); singular (n, T, k): top singular values of J_t;
+    lyapunov (m, D): exponents per trajectory (natural log per step, descending);
+    lyapunov_running (c, D): the estimate after ``lyapunov_steps`` steps (mean over trajectories);
+    gates (n, T, G): ‖term‖_F of each gate term of J_t; blocks: static (spectral norm, radius)
+    of each gate's block of W_hh.
+    """
+
+    path: Path
+    iteration: int
+    run: str
+    parts: dict[str, np.ndarray] = field(default_factory=dict)
+    blocks: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def _strings(values: Any) -> np.ndarray:
+    return np.asarray(list(values), dtype=object)
+
+
+def dynamics_dataset(results: list[DynamicsResult], *, tokens: np.ndarray, token_class: np.ndarray,
+                     condition: np.ndarray, gate_names: tuple[str, ...], lyapunov_steps: np.ndarray | None,
+                     options: dict[str, Any], config: dict[str, Any], command: str, device: str) -> xr.Dataset:
+    """Dims: checkpoint, sequence (probe sequences), step (1 … T), grid_sequence, t, T (the grid),
+    sv, trajectory, exponent (D of them), lyap_step, gate, block."""
+    first = results[0].parts
+    stack = lambda name: np.stack([r.parts[name] for r in results])  # noqa: E731
+    data: dict[str, Any] = {}
+    if "flow_fro" in first:
+        data["flow_fro"] = (("checkpoint", "sequence", "step"), stack("flow_fro"))
+        data["flow_spectral"] = (("checkpoint", "sequence", "step"), stack("flow_spectral"))
+    if "grid" in first:
+        data["tT_grid"] = (("checkpoint", "grid_sequence", "t", "T"), stack("grid"))
+    if "radius" in first:
+        data["step_radius"] = (("checkpoint", "sequence", "step"), stack("radius"))
+        data["step_sv"] = (("checkpoint", "sequence", "step", "sv"), stack("singular"))
+    if "lyapunov" in first:
+        data["lyapunov"] = (("checkpoint", "trajectory", "exponent"), stack("lyapunov"))
+        data["lyapunov_running"] = (("checkpoint", "lyap_step", "exponent"), stack("lyapunov_running"))
+    if "gates" in first:
+        data["gate_norm"] = (("checkpoint", "sequence", "step", "gate"), stack("gates"))
+    if results[0].blocks:
+        names = list(results[0].blocks)
+        data["block_norm"] = (("checkpoint", "block"), np.array([[r.blocks[b][0] for b in names] for r in results]))
+        data["block_radius"] = (("checkpoint", "block"), np.array([[r.blocks[b][1] for b in names] for r in results]))
+    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run,
+                    "sha256": sha256_file(r.path) if r.path.is_file() else ""} for r in results]
+    n, T = tokens.shape
+    coords: dict[str, Any] = {
+        "checkpoint": np.arange(len(results)),
+        "iteration": ("checkpoint", np.array([r.iteration for r in results])),
+        "checkpoint_path": ("checkpoint", _strings(c["path"] for c in checkpoints)),
+        "run": ("checkpoint", _strings(r.run for r in results)),
+        "sequence": np.arange(n), "step": np.arange(1, T + 1),
+        "tokens": (("sequence", "step"), tokens),
+        "token_class": (("sequence", "step"), _strings(token_class.ravel()).reshape(token_class.shape)),
+        "condition": ("sequence", _strings(condition)),
+    }
+    if "tT_grid" in data:
+        g = data["tT_grid"][1].shape[1]
+        coords.update({"grid_sequence": np.arange(g), "t": np.arange(1, T + 1), "T": np.arange(1, T + 1)})
+    if "step_sv" in data:
+        coords["sv"] = np.arange(data["step_sv"][1].shape[-1])
+    if "lyapunov" in data:
+        m, D = data["lyapunov"][1].shape[1:]
+        coords.update({"trajectory": np.arange(m), "exponent": np.arange(1, D + 1)})
+        coords["lyap_step"] = lyapunov_steps
+    if "gate_norm" in data:
+        coords["gate"] = _strings(gate_names)
+    if "block_norm" in data:
+        coords["block"] = _strings(results[0].blocks)
+    attrs = provenance("dynamics", command, device, {
+        **config, "checkpoints": checkpoints, "options": options,
+        "definitions": "SPEC §7: flow = |d y_T / d z_k| (Frobenius, spectral); tT_grid = |d z_T / d z_t|_F; "
+                       "step spectra of J_t = d z_t / d z_(t-1); lyapunov: Benettin/QR, natural log per step, "
+                       "descending; gate_norm = |term|_F of each path through the cell",
+    })
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the report draws from dynamics stores (reports read data through here only)
+
+CLASSES = ("frequent", "rare", "query")
+
+
+def _t_interval(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Mean and 95% Student-t interval along ``axis`` (NaN-free input): (mean, low, high, n)."""
+    n = values.shape[axis]
+    mean = values.mean(axis)
+    if n < 2:
+        return mean, mean * np.nan, mean * np.nan, n
+    half = stats.t.ppf(0.975, n - 1) * values.std(axis, ddof=1) / np.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
+@dataclass(frozen=True)
+class FlowCurve:
+    """log10 ‖∂y_T/∂z_k‖_F against the distance T − k for steps k reading one token class: mean and
+    95% t-interval over the probe sequences of one checkpoint."""
+
+    label: str
+    iteration: int
+    token_class: str
+    distance: np.ndarray
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    n: int
+
+
+def flow_curves(items: list[Any]) -> list[FlowCurve]:
+    """Per dynamics store (``Input``), checkpoint and token class of the step read."""
+    out = []
+    for item in items:
+        ds = item.ds
+        if "flow_fro" not in ds:
+            continue
+        T = ds.sizes["step"]
+        cls = ds["token_class"].values  # (n, T)
+        for c in range(ds.sizes["checkpoint"]):
+            logs = np.log10(np.maximum(ds["flow_fro"].values[c], 1e-300))  # (n, T)
+            for k in CLASSES:
+                steps = [s for s in range(T) if (cls[:, s] == k).any()]
+                if not steps:
+                    continue
+                rows = [logs[cls[:, s] == k, s] for s in steps]
+                stats_ = [_t_interval(r) for r in rows]
+                out.append(FlowCurve(item.label, int(ds["iteration"][c]), k, T - 1 - np.array(steps),
+                                     np.array([s[0] for s in stats_]), np.array([s[1] for s in stats_]),
+                                     np.array([s[2] for s in stats_]), int(min(s[3] for s in stats_))))
+    return out
+
+
+def grid_means(items: list[Any]) -> list[tuple[str, int, np.ndarray]]:
+    """(label, iteration, mean log10 ‖∂z_T/∂z_t‖_F (t, T)) per dynamics store and checkpoint."""
+    out = []
+    for item in items:
+        if "tT_grid" not in item.ds:
+            continue
+        grid = item.ds["tT_grid"].values  # (c, g, t, T)
+        with np.errstate(divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # t > T holds NaN in every sequence
+            logs = np.log10(grid)
+            for c in range(grid.shape[0]):
+                out.append((item.label, int(item.ds["iteration"][c]), np.nanmean(logs[c], axis=0)))
+    return out
+
+
+def radius_samples(items: list[Any]) -> dict[str, dict[int, dict[str, np.ndarray]]]:
+    """label → iteration → token class → spectral radii ρ(J_t) of the steps reading that class."""
+    out: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+    for item in items:
+        if "step_radius" not in item.ds:
+            continue
+        cls = item.ds["token_class"].values
+        for c in range(item.ds.sizes["checkpoint"]):
+            r = item.ds["step_radius"].values[c]
+            out.setdefault(item.label, {})[int(item.ds["iteration"][c])] = {k: r[cls == k] for k in CLASSES
+                                                                              if (cls == k).any()}
+    return out
+
+
+def lyapunov_spectra(items: list[Any]) -> list[tuple[str, int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]]:
+    """(label, iteration, (mean, low, high, n)) of the exponents over trajectories, per checkpoint."""
+    return [(item.label, int(item.ds["iteration"][c]), _t_interval(item.ds["lyapunov"].values[c]))
+            for item in items if "lyapunov" in item.ds for c in range(item.ds.sizes["checkpoint"])]
+
+
+def lyapunov_convergence(items: list[Any]) -> list[tuple[str, int, np.ndarray, np.ndarray]]:
+    """(label, iteration, steps, running estimate (steps, D)) per checkpoint: mean over trajectories."""
+    return [(item.label, int(item.ds["iteration"][c]), item.ds["lyap_step"].values,
+             item.ds["lyapunov_running"].values[c])
+            for item in items if "lyapunov_running" in item.ds for c in range(item.ds.sizes["checkpoint"])]
+
+
+def gate_means(items: list[Any]) -> list[tuple[str, int, str, dict[str, float]]]:
+    """(label, iteration, token class, gate → mean ‖term‖_F over the steps reading that class)."""
+    out = []
+    for item in items:
+        if "gate_norm" not in item.ds:
+            continue
+        cls = item.ds["token_class"].values
+        gates = [str(g) for g in item.ds["gate"].values]
+        for c in range(item.ds.sizes["checkpoint"]):
+            g = item.ds["gate_norm"].values[c]  # (n, T, G)
+            for k in CLASSES:
+                mask = cls == k
+                if mask.any():
+                    out.append((item.label, int(item.ds["iteration"][c]), k,
+                                {name: float(g[mask][:, i].mean()) for i, name in enumerate(gates)}))
+    return out

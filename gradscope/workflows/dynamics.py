@@ -1,0 +1,224 @@
+"""`gradscope dynamics`: where gradients vanish or explode (SPEC §7), over every checkpoint of a run.
+
+Per checkpoint, on probe sequences (the base members of stability probes: L task tokens, then L
+query tokens, one set of conditions as in ``gradscope stability``):
+- **flow**: ‖∂y_T/∂z_k‖ (Frobenius, spectral) for every step k, from one reverse chain per sequence;
+- **grid**: ‖∂z_T/∂z_t‖_F for all t ≤ T on the first ``grid_sequences`` sequences;
+- **spectra**: spectral radius and top singular values of each step Jacobian J_t;
+- **gates**: ‖term‖_F of each path through the cell (GRU carry/r/u/n; LSTM forget/i/g/o);
+and, on ``trajectories`` long trajectories driven by the task's inputs,
+- **lyapunov**: all D Lyapunov exponents (Benettin/QR), with the running estimate.
+
+A long trajectory of a reverse-type task is its episodes back to back — L tokens drawn from the
+task's vocabulary distribution, then L query tokens, positional encodings restarting with each
+episode as in training — with the state carried across episodes (never reset), so the driven
+system is the one the model saw, only longer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import nn
+
+from gradscope.analysis import dynamics as dyn
+from gradscope.config import RunConfig
+from gradscope.errors import check
+from gradscope.models.core import scan, step_jacobian
+from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
+from gradscope.tasks.probes import Probes, make_probes
+from gradscope.tasks.vocab import sample_tokens
+from gradscope.train.checkpoint import Loaded, load_checkpoint
+from gradscope.train.device import resolve_device
+from gradscope.workflows.stability import STABILITY_TASKS, conditions_for, config_attrs, expand_checkpoints
+
+PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")
+
+
+@dataclass(frozen=True)
+class DynamicsOptions:
+    """What to compute. ``sequences`` probe sequences per condition; ``steps`` and ``warmup`` of each of
+    ``trajectories`` Lyapunov trajectories, re-orthonormalised every ``reorth`` steps."""
+
+    parts: tuple[str, ...] = PARTS
+    sequences: int = 8  # per condition
+    grid_sequences: int = 4
+    top_sv: int = 8
+    trajectories: int = 8
+    steps: int = 1000
+    warmup: int = 100
+    reorth: int = 1
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.parts if p not in PARTS]
+        check(not bad and bool(self.parts), f"parts: got {', '.join(bad) or 'none'}; valid parts are {', '.join(PARTS)}")
+        for name in ("sequences", "grid_sequences", "top_sv", "trajectories", "steps", "reorth"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value >= 1, f"{name}: got {value!r}; it must be a positive integer")
+        check(isinstance(self.warmup, int) and 0 <= self.warmup < self.steps,
+              f"warmup: got {self.warmup!r}; need 0 <= warmup < steps ({self.steps})")
+
+
+@dataclass(frozen=True)
+class DynamicsRun:
+    """A finished dynamics analysis; :meth:`to_xarray` gives the dynamics store's dataset."""
+
+    config: dict[str, Any]
+    probes: Probes
+    token_class: np.ndarray  # (n, T) frequent / rare / query
+    results: list[DynamicsResult]
+    gate_names: tuple[str, ...]
+    lyapunov_steps: np.ndarray | None
+    options: DynamicsOptions
+    command: str = ""
+    device: str = "cpu"
+
+    def to_xarray(self) -> xr.Dataset:
+        tokens = self.probes.tokens[:, 0].numpy()  # the base members
+        n, L = tokens.shape
+        query = np.full((n, self.token_class.shape[1] - L), -1)  # the output phase's query token
+        return dynamics_dataset(self.results, tokens=np.concatenate([tokens, query], axis=1),
+                                token_class=self.token_class, condition=np.asarray(self.probes.conditions),
+                                gate_names=self.gate_names, lyapunov_steps=self.lyapunov_steps,
+                                options=dataclasses.asdict(self.options), config=self.config,
+                                command=self.command, device=self.device)
+
+
+def token_classes(tokens: torch.Tensor, vocab_size: int, query: int | None) -> np.ndarray:
+    """'frequent' ([0, K/2)), 'rare' ([K/2, K)) or 'query' for each token id (SPEC §3's dual vocabulary)."""
+    t = tokens.numpy()
+    out = np.where(t < vocab_size // 2, "frequent", "rare").astype(object)
+    if query is not None:
+        out[t == query] = "query"
+    return out
+
+
+def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, seed: int) -> torch.Tensor:
+    """Inputs (n, steps, in) of long trajectories: the task's episodes back to back (module docstring)."""
+    task, L = config.task, config.task.length
+    episodes = math.ceil(steps / (2 * L))
+    gen = torch.Generator().manual_seed(seed)
+    tokens = sample_tokens((n * episodes, L), task.vocab_size, task.distribution, task.rarity, gen)
+    tokens = torch.cat([tokens, torch.full_like(tokens, model.query_token)], dim=1)  # (n·E, 2L)
+    with torch.no_grad():
+        x = model.core_inputs(tokens.to(next(model.parameters()).device))  # (n·E, 2L, in)
+    return x.reshape(n, episodes * 2 * L, -1)[:, :steps]
+
+
+def gate_norms(core: nn.Module, x: torch.Tensor) -> tuple[tuple[str, ...], torch.Tensor]:
+    """‖term‖_F of each gate term of J_t along the trajectories: x (B, T, in) → (names, (B, T, G))."""
+    _, zs = scan(core, x)
+    z_prev = torch.cat([core.init_state(x.shape[0], x)[:, None] if hasattr(core, "init_state")
+                        else x.new_zeros(x.shape[0], 1, core.state_dim), zs[:, :-1]], dim=1)
+    terms_of = getattr(core, "gate_terms", None)
+    names: tuple[str, ...] = ()
+    rows = []
+    for t in range(x.shape[1]):
+        terms = terms_of(x[:, t], z_prev[:, t]) if terms_of is not None else {"step": step_jacobian(core, x[:, t], z_prev[:, t])}
+        names = tuple(terms)
+        rows.append(torch.stack([torch.linalg.matrix_norm(v) for v in terms.values()], dim=-1))  # (B, G)
+    return names, torch.stack(rows, dim=1)
+
+
+def static_blocks(core: nn.Module) -> dict[str, tuple[float, float]]:
+    """(spectral norm, spectral radius) of each gate's block of W_hh (RNN cores; {} for others)."""
+    blocks = getattr(core, "recurrent_blocks", lambda: {})()
+    out = {}
+    for name, w in blocks.items():
+        w = w.detach().double().cpu()
+        out[name] = (float(torch.linalg.matrix_norm(w, ord=2)), float(torch.linalg.eigvals(w).abs().max()))
+    return out
+
+
+def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: torch.Tensor | None,
+                  opts: DynamicsOptions) -> tuple[dict[str, np.ndarray], dict[str, tuple[float, float]],
+                                                  tuple[str, ...], np.ndarray | None]:
+    """Every requested part for one model. probes_inputs: token ids (n, T); trajectories: inputs (m, S, in)."""
+    parts: dict[str, np.ndarray] = {}
+    cpu = lambda v: v.detach().to("cpu", torch.float64).numpy()  # noqa: E731
+    core = model.core
+    names: tuple[str, ...] = ()
+    lyap_steps = None
+    with torch.no_grad():
+        if "flow" in opts.parts:
+            fro, spectral = dyn.gradient_flow(model, probes_inputs)
+            parts["flow_fro"], parts["flow_spectral"] = cpu(fro), cpu(spectral)
+        if "grid" in opts.parts:
+            grid = dyn.tT_grid(model, probes_inputs[:opts.grid_sequences])
+            parts["grid"] = cpu(grid)
+        if "spectra" in opts.parts:
+            spectra = dyn.step_spectra(model, probes_inputs)
+            parts["radius"] = cpu(spectra["radius"])
+            parts["singular"] = cpu(spectra["singular_values"][..., :opts.top_sv])
+        if "gates" in opts.parts:
+            names, norms = gate_norms(core, model.core_inputs(probes_inputs))
+            parts["gates"] = cpu(norms)
+        if "lyapunov" in opts.parts and trajectories is not None:
+            res = dyn.lyapunov_spectrum(core, trajectories, warmup=opts.warmup, reorth=opts.reorth)
+            parts["lyapunov"] = cpu(res.exponents)
+            parts["lyapunov_running"] = cpu(res.running.mean(0))
+            lyap_steps = np.asarray(res.running_steps)
+    return parts, static_blocks(core), names, lyap_steps
+
+
+def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *,
+                 target_groups: tuple[str, ...] = (), disturbant_groups: tuple[str, ...] = (),
+                 on_start: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None,
+                 command: str = "") -> DynamicsRun:
+    """Dynamics of every checkpoint (run directories expand to all of theirs, oldest first), on the
+    same probe sequences and the same trajectories. ``on_progress(1)`` after each checkpoint."""
+    files = expand_checkpoints(paths)
+    device = resolve_device(opts.device)
+    first = load_checkpoint(files[0])
+    task = first.config.task
+    check(task.name in STABILITY_TASKS, f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
+                                        f"{', '.join(STABILITY_TASKS)} (an input phase followed by query tokens)")
+    conditions = conditions_for(task, target_groups, disturbant_groups)
+    probes = make_probes(opts.sequences, task.length, 1, task.vocab_size, conditions, opts.seed)
+    tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], first.model.query_token)], dim=1)
+    classes = token_classes(tokens, task.vocab_size, first.model.query_token)
+    if on_start is not None:
+        on_start(len(files))
+    results, names, lyap_steps = [], (), None
+    for path in files:
+        loaded = first if path == files[0] else load_checkpoint(path)
+        check(loaded.config.task == first.config.task and loaded.config.model.core == first.config.model.core,
+              f"checkpoint: {path} has another task or core than {files[0]}; analyse it separately")
+        model = loaded.model.to(device)
+        traj = task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1) \
+            if "lyapunov" in opts.parts else None
+        parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts)
+        run = path.parent.name if path.parent != Path("") else ""
+        results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))
+        del loaded, model
+        if on_progress is not None:
+            on_progress(1)
+    return DynamicsRun(config_attrs(first.config), probes, classes, results, names, lyap_steps, opts, command,
+                       str(device))
+
+
+def dynamics(source: Any, opts: DynamicsOptions | None = None, **options: Any) -> xr.Dataset:
+    """The dynamics view (SPEC §7) as an xarray Dataset with the variables of a dynamics store.
+
+    source: a checkpoint file or run directory, or a list of them (every checkpoint, oldest first).
+    options: fields of :class:`DynamicsOptions` (parts, sequences, grid_sequences, top_sv,
+    trajectories, steps, warmup, reorth, seed, device), plus target_groups / disturbant_groups.
+    """
+    groups = {k: tuple(options.pop(k)) for k in ("target_groups", "disturbant_groups") if k in options}
+    opts = opts if opts is not None else DynamicsOptions(**options)
+    if isinstance(source, Loaded):
+        source = source.path
+    paths = [source] if isinstance(source, (str, Path)) else list(source)
+    check(all(isinstance(p, (str, Path)) for p in paths),
+          f"source: got {type(source).__name__}; expected checkpoint path(s) or a Loaded checkpoint")
+    return run_dynamics([Path(p) for p in paths], opts, **groups).to_xarray()
+
