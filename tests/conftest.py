@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,18 @@ def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint_every=10))
         train(cfg, base / name)
     return {name: base / name for name in runs}
+
+
+def logged_iteration(run: Path) -> int:
+    """The last iteration in a run's metrics.jsonl (0 if none yet; a line being written is skipped)."""
+    last = 0
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in lines:
+        try:
+            last = json.loads(line)["iteration"]
+        except (json.JSONDecodeError, KeyError):
+            pass
+    return last

@@ -25,6 +25,8 @@ from gradscope.train import list_checkpoints
 from gradscope.workflows.reproduce import Layout
 from gradscope.workflows.sweep import parse_spec, plan_points, run_point
 
+from conftest import logged_iteration
+
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from gradscope.cli.app import main; main()"]
 
@@ -305,18 +307,6 @@ def test_failed_points_are_listed_with_their_error_and_the_exit_status_says_so(s
     check_outputs(out, ["gru-none-K8-s1", "gru-sinusoidal-K8-s1"])
 
 
-def _logged(run: Path) -> int:
-    """The last iteration in a run's log (0 if none yet; a line being written is skipped)."""
-    last = 0
-    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
-    for line in lines:
-        try:
-            last = json.loads(line)["iteration"]
-        except (json.JSONDecodeError, KeyError):
-            pass
-    return last
-
-
 def test_a_killed_worker_loses_only_work_since_the_last_checkpoint(shared_cluster: dict[str, Any],
                                                                     runner: CliRunner, tmp_path: Path) -> None:
     """SIGKILL the worker process training one point (its nanny starts a new one); dask reruns the
@@ -333,7 +323,7 @@ def test_a_killed_worker_loses_only_work_since_the_last_checkpoint(shared_cluste
         # both mid-training, the victim 10-20 iterations past a checkpoint (its log then holds lines the
         # resumed run must redo)
         while not (all(r.is_dir() and list_checkpoints(r) for r in (victim, survivor))
-                   and _logged(victim) % 50 in (10, 20)):
+                   and logged_iteration(victim) % 50 in (10, 20)):
             assert sweeping.poll() is None and time.monotonic() < deadline, sweeping.communicate()
             time.sleep(0.02)
         assert not any((r / "eval.json").exists() for r in (victim, survivor))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import small_run
+from conftest import logged_iteration, small_run
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.train import load, lr_at, train
 
@@ -61,21 +61,6 @@ def test_resume_is_bit_identical(tmp_path: Path, core: str) -> None:
     assert strip(tmp_path / "full") == strip(tmp_path / "split")
 
 
-def _logged(run: Path) -> int:
-    """The last iteration in a run's log (0 if none yet; a line being written is skipped)."""
-    last = 0
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    for line in lines:
-        try:
-            last = json.loads(line)["iteration"]
-        except (json.JSONDecodeError, KeyError):
-            pass
-    return last
-
-
 def _log(run: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"}
             for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -100,7 +85,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
     try:
         deadline = time.time() + 120
         # kill 10-20 iterations past a checkpoint: the log then holds lines the resumed run must redo
-        while not (_logged(tmp_path / "killed") % 50 in (10, 20) and list((tmp_path / "killed").glob("step-*.pt"))):
+        while not (logged_iteration(tmp_path / "killed") % 50 in (10, 20) and list((tmp_path / "killed").glob("step-*.pt"))):
             assert victim.poll() is None, f"training exited early: {victim.stderr.read() if victim.stderr else ''}"
             assert time.time() < deadline, "no checkpoint within 120 s"
             time.sleep(0.02)
