@@ -126,3 +126,26 @@ def test_report_draws_the_dynamics_figures(runner, dynamics_store: Path, trained
     grid = dom[dom.index('id="plot-tT-grid"'):]
     grid = grid[:grid.index('id="plot-', 10)] if 'id="plot-' in grid[10:] else grid
     assert grid.count('class="hm"') >= 1
+
+
+def test_dynamics_of_a_wrapped_lstm_language_model() -> None:
+    """The user's own model (issue #14's wrap) through gradscope.dynamics: flow equals state_jacobian
+    norms, the exponents are those of analysis.lyapunov_spectrum on the same trajectories."""
+    from torch import nn
+
+    from gradscope.analysis.dynamics import lyapunov_spectrum
+    torch.manual_seed(0)
+    emb, lstm = nn.Embedding(20, 6), nn.LSTM(6, 8, num_layers=2, batch_first=True).double().eval()
+    emb = emb.double()
+    model = gradscope.wrap(lstm, inputs=emb)
+    tokens = torch.randint(0, 20, (3, 10), generator=torch.Generator().manual_seed(1))
+    traj = torch.randint(0, 20, (2, 80), generator=torch.Generator().manual_seed(2))
+    ds = gradscope.dynamics(model, tokens=tokens, trajectory_tokens=traj, steps=80, warmup=5,
+                            counts=torch.arange(20, 0, -1))
+    assert ds.sizes["exponent"] == 2 * 2 * 8 and list(ds["gate"].values) == ["forget", "i", "f", "g", "o"]
+    assert set(ds["token_class"].values.ravel()) <= {"frequent", "rare"}
+    jac = gradscope.state_jacobian(model, tokens, 4).jac
+    np.testing.assert_allclose(ds["flow_fro"].values[0, :, 3], torch.linalg.matrix_norm(jac).numpy(), rtol=1e-10)
+    with torch.no_grad():
+        ref = lyapunov_spectrum(model.core, model.core_inputs(traj), warmup=5).exponents
+    np.testing.assert_allclose(ds["lyapunov"].values[0], ref.numpy(), rtol=1e-10)

@@ -33,7 +33,7 @@ from gradscope.config import RunConfig
 from gradscope.errors import check
 from gradscope.models.core import scan, step_jacobian
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
-from gradscope.tasks.probes import Probes, make_probes
+from gradscope.tasks.probes import Probes, frequency_groups, make_probes
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.train.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
@@ -206,19 +206,63 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
                        str(device))
 
 
-def dynamics(source: Any, opts: DynamicsOptions | None = None, **options: Any) -> xr.Dataset:
+def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOptions = DynamicsOptions(), *,
+                       trajectory_tokens: torch.Tensor | None = None, counts: torch.Tensor | None = None,
+                       command: str = "") -> DynamicsRun:
+    """Dynamics of one in-memory model (``gradscope.wrap(...)`` or a loaded gradscope model).
+
+    tokens: the probe sequences (n, T) token ids. trajectory_tokens: the Lyapunov trajectories' token
+    ids (m, S) — by default ``opts.trajectories`` × ``opts.steps`` tokens drawn uniformly from the
+    embedding's vocabulary (a wrapped model with an ``nn.Embedding``), else required.
+    counts: token counts per id (optional): steps are then classed frequent/rare by
+    :func:`~gradscope.tasks.probes.frequency_groups`, else every step is class ``token``."""
+    check(isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and not tokens.is_floating_point(),
+          f"tokens: expected token ids (n, T); got {getattr(tokens, 'shape', type(tokens).__name__)}")
+    device = resolve_device(opts.device)
+    model = model.to(device)
+    if "lyapunov" in opts.parts and trajectory_tokens is None:
+        vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
+        check(vocab is not None, "trajectory_tokens: give the Lyapunov trajectories' token ids (m, S) for this model")
+        gen = torch.Generator().manual_seed(opts.seed + 1)
+        trajectory_tokens = torch.randint(0, int(vocab), (opts.trajectories, opts.steps), generator=gen)
+    traj = None
+    if trajectory_tokens is not None:
+        with torch.no_grad():
+            traj = model.core_inputs(trajectory_tokens.to(device))
+    classes = np.full(tuple(tokens.shape), "token", dtype=object)
+    if counts is not None:
+        groups = frequency_groups(torch.as_tensor(counts))
+        for name in ("frequent", "rare"):
+            classes[np.isin(tokens.numpy(), groups[name].numpy())] = name
+    parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts)
+    probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), ("given",) * len(tokens), ("given",) * len(tokens))
+    own = getattr(model, "config", None)
+    config = {"model_config": dataclasses.asdict(own) if dataclasses.is_dataclass(own) else
+              (model.describe() if hasattr(model, "describe") else {"core": type(model.core).__name__}),
+              "task_config": {}, "train_config": {}}
+    result = DynamicsResult(Path("<in memory>"), -1, "", parts, blocks)
+    return DynamicsRun(config, probes, classes, [result], names, lyap_steps, opts, command, str(device))
+
+
+def dynamics(source: Any, opts: DynamicsOptions | None = None, *, tokens: torch.Tensor | None = None,
+             trajectory_tokens: torch.Tensor | None = None, counts: torch.Tensor | None = None,
+             **options: Any) -> xr.Dataset:
     """The dynamics view (SPEC §7) as an xarray Dataset with the variables of a dynamics store.
 
-    source: a checkpoint file or run directory, or a list of them (every checkpoint, oldest first).
+    source: a checkpoint file or run directory, or a list of them (every checkpoint, oldest first),
+    a ``Loaded`` checkpoint, or an in-memory model (``gradscope.wrap(...)``) with ``tokens`` (n, T)
+    and optionally ``trajectory_tokens`` and ``counts`` (see :func:`run_model_dynamics`).
     options: fields of :class:`DynamicsOptions` (parts, sequences, grid_sequences, top_sv,
     trajectories, steps, warmup, reorth, seed, device), plus target_groups / disturbant_groups.
     """
     groups = {k: tuple(options.pop(k)) for k in ("target_groups", "disturbant_groups") if k in options}
     opts = opts if opts is not None else DynamicsOptions(**options)
+    if isinstance(source, nn.Module):
+        check(tokens is not None, "tokens: give the probe sequences (n, T) to analyse an in-memory model")
+        return run_model_dynamics(source, tokens, opts, trajectory_tokens=trajectory_tokens, counts=counts).to_xarray()
     if isinstance(source, Loaded):
         source = source.path
     paths = [source] if isinstance(source, (str, Path)) else list(source)
     check(all(isinstance(p, (str, Path)) for p in paths),
-          f"source: got {type(source).__name__}; expected checkpoint path(s) or a Loaded checkpoint")
+          f"source: got {type(source).__name__}; expected checkpoint path(s), a Loaded checkpoint or a model")
     return run_dynamics([Path(p) for p in paths], opts, **groups).to_xarray()
-
