@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from gradscope.errors import check
+from gradscope.errors import GradscopeError, check
 from gradscope.fields import from_dict, one_of, positive
 from gradscope.models.registry import core_class
 
@@ -72,8 +72,13 @@ class ModelConfig:
 
 
 def model_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """A model config dict (either format) flattened: the core's own fields beside the shared ones
-    (how summaries and report labels read them)."""
+    """A model config dict (format 1 or 2) flattened the same way: the core's own fields beside the
+    shared ones, and no S4D setting on another core (how summaries and report labels compare them).
+    A dict that is not a gradscope model config (a wrapped model's description) is returned as is."""
+    try:
+        config = dataclasses.asdict(ModelConfig.from_dict(config))
+    except (GradscopeError, TypeError):
+        pass
     flat = {k: v for k, v in config.items() if k != "core_config"}
     core_config = config.get("core_config")
     if isinstance(core_config, dict):
