@@ -177,7 +177,9 @@ def load_checkpoint(path: Path) -> Loaded:
     if isinstance(ckpt, dict) and "modules" in ckpt and "held_out_data" in ckpt:
         return _load_paper(ckpt, path)
     raise GradscopeError(f"checkpoint: {path} is a torch file but not a gradscope checkpoint or a "
-                         f"checkpoint of the paper's code")
+                         f"checkpoint of the paper's code (a model of your own: stability and dynamics take it "
+                         f"through `model_factory` or gradscope.wrap; accuracy needs the held-out sets that only "
+                         f"gradscope and paper checkpoints carry)")
 
 
 def resolve_checkpoints(path: Path) -> list[Path]:
