@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 def make_progress(console: Console | None = None, *fields: str) -> Progress:

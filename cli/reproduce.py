@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -14,6 +14,10 @@ from .common import command_line, make_console
 from .errors import user_errors
 from .progress import make_progress
 from .summarize import summary_table
+
+if TYPE_CHECKING:
+    from gradscope.workflows.reproduce import Layout, PlannedRun
+    from rich.table import Table
 
 console = make_console()
 Opt = typer.Option

@@ -14,6 +14,7 @@ from .errors import user_errors
 from .progress import make_progress
 
 if TYPE_CHECKING:
+    from rich.table import Table
     from gradscope.analysis.bootstrap import Interval
     from gradscope.workflows.stability import SummaryRow
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -11,6 +11,11 @@ from gradscope.errors import GradscopeError
 
 from .common import command_line, default_out, make_console
 from .errors import user_errors
+
+if TYPE_CHECKING:
+    from gradscope.store.records import SummaryEntry
+    from gradscope.workflows.summarize import Comparison
+    from rich.table import Table
 
 console = make_console()
 Opt = typer.Option

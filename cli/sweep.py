@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -13,6 +13,11 @@ from gradscope.errors import GradscopeError
 from .common import command_line, make_console
 from .errors import user_errors
 from .progress import make_progress
+
+if TYPE_CHECKING:
+    from gradscope.workflows.cluster import Tally
+    from gradscope.workflows.sweep import SweepPoint, SweepSpec
+    from rich.table import Table
 
 console = make_console()
 Opt = typer.Option

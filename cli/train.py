@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -12,6 +12,9 @@ from gradscope.errors import GradscopeError
 from .common import command_line, make_console
 from .errors import user_errors
 from .progress import make_progress
+
+if TYPE_CHECKING:
+    from gradscope.config import RunConfig
 
 console = make_console()
 

@@ -5,7 +5,6 @@ brute force through the user's own nn.LSTM (one autograd.grad per output row).""
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from pathlib import Path
 
 import numpy as np

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from gradscope.analysis.accuracy import (bin_edges, bins_arg, binned_counts, grid_counts, length_counts,
+from gradscope.analysis.accuracy import (bins_arg, binned_counts, grid_counts, length_counts,
                                          token_correct)
 from gradscope.analysis.distance import sequence_dl_distances
 from gradscope.errors import check

@@ -14,7 +14,7 @@ import xarray as xr
 from torch import nn
 
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
-from gradscope.analysis.stability import PAIRS, StabilityResult, probe_stability
+from gradscope.analysis.stability import PAIRS, probe_stability
 from gradscope.config import ModelConfig, RunConfig, TaskConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.store.records import CheckpointResult

@@ -8,12 +8,11 @@ narrower intervals that ignore between-seed variation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
-from gradscope.analysis.bootstrap import (FEW_TRIALS, Interval, PermutationResult, confidence_interval,
+from gradscope.analysis.bootstrap import (FEW_TRIALS, PermutationResult, confidence_interval,
                                           paired_permutation_test)
 from gradscope.errors import GradscopeError, check
 from gradscope.store.records import SummaryEntry, TrialRecord
