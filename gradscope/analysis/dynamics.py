@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from gradscope.analysis.jacobian import rows_vjp, state_readout
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import scan, step_jacobian
+from gradscope.models.core import gate_terms, scan, step_jacobian
 from gradscope.tasks.vocab import sample_tokens
 
 FLOW_METHODS = ("jacobian", "vjp")
@@ -62,7 +62,7 @@ def _inputs(model: nn.Module, tokens: Tensor, T: int | None, name: str = "T") ->
     return model.core, model.core_inputs(tokens)
 
 
-def _previous_states(core: nn.Module, x: Tensor) -> Tensor:
+def previous_states(core: nn.Module, x: Tensor) -> Tensor:
     """The state before every step, z_0 … z_{T−1}: x (B, T, in) → (B, T, D), z_0 = 0."""
     _, zs = scan(core, x)  # (B, T, D): z_1 … z_T
     return torch.cat([zs.new_zeros(zs.shape[0], 1, zs.shape[2]), zs[:, :-1]], dim=1)
@@ -118,7 +118,7 @@ def gradient_flow(model: nn.Module, tokens: Tensor, T: int | None = None, *, met
 
 def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor]:
     B, T, _ = x.shape
-    prev = _previous_states(core, x)  # (B, T, D): z_{t−1} for step t = index t−1
+    prev = previous_states(core, x)  # (B, T, D): z_{t−1} for step t = index t−1
     eye = torch.eye(core.out_dim, dtype=x.dtype, device=x.device).expand(B, -1, -1)
     fro = x.new_full((B, T), math.nan)
     spectral = x.new_full((B, T), math.nan)
@@ -171,7 +171,7 @@ def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tenso
         core, x = _inputs(model, tokens, T_max, name="T_max")
         B, T, _ = x.shape
         D = core.state_dim
-        prev = _previous_states(core, x)
+        prev = previous_states(core, x)
         grid = x.new_full((B, T, T), math.nan)
         grid.diagonal(dim1=1, dim2=2).fill_(math.sqrt(D))
         P = x.new_empty(B, max(T - 1, 1), D, D)  # slot t−1: P_{t→current end}
@@ -206,7 +206,7 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
         D = core.state_dim
         k = D if top_k is None else top_k
         check(isinstance(k, int) and 1 <= k <= D, f"top_k: got {top_k!r}; it must be an integer in [1, {D}] or None")
-        prev = _previous_states(core, x)
+        prev = previous_states(core, x)
         radius = x.new_empty(B, T)
         singular = x.new_empty(B, T, k)
         for t in range(T):
@@ -335,3 +335,28 @@ def trajectory_tokens(vocab_size: int, T: int, n: int, seed: int, distribution: 
     gen = torch.Generator().manual_seed(seed)
     return sample_tokens((n, T), vocab_size, distribution, rarity, gen)
 
+
+# ---------------------------------------------------------------------------------------------
+# Gate terms along trajectories, and the static gate blocks of W_hh
+
+def gate_norms(core: nn.Module, x: Tensor) -> tuple[tuple[str, ...], Tensor]:
+    """‖term‖_F of each gate term of J_t (they sum to J_t) at every step: x (B, T, in) →
+    (term names, (B, T, G)). Cost: one dense (B, D, D) term per gate and step."""
+    z_prev = previous_states(core, x)
+    names: tuple[str, ...] = ()
+    rows = []
+    for t in range(x.shape[1]):
+        terms = gate_terms(core, x[:, t], z_prev[:, t])
+        names = tuple(terms)
+        rows.append(torch.stack([torch.linalg.matrix_norm(v) for v in terms.values()], dim=-1))  # (B, G)
+    return names, torch.stack(rows, dim=1)
+
+
+def block_spectra(core: nn.Module) -> dict[str, tuple[float, float]]:
+    """(spectral norm, spectral radius) of each gate's block of W_hh (SPEC §7's static reference;
+    {} for a core without ``recurrent_blocks``, such as S4D)."""
+    out = {}
+    for name, w in getattr(core, "recurrent_blocks", dict)().items():
+        w = w.detach().double().cpu()
+        out[name] = (float(torch.linalg.matrix_norm(w, ord=2)), float(torch.linalg.eigvals(w).abs().max()))
+    return out

@@ -31,7 +31,6 @@ from torch import nn
 from gradscope.analysis import dynamics as dyn
 from gradscope.config import RunConfig
 from gradscope.errors import check
-from gradscope.models.core import scan, step_jacobian
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes
 from gradscope.tasks.vocab import sample_tokens
@@ -114,31 +113,6 @@ def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, s
     return x.reshape(n, episodes * 2 * L, -1)[:, :steps]
 
 
-def gate_norms(core: nn.Module, x: torch.Tensor) -> tuple[tuple[str, ...], torch.Tensor]:
-    """‖term‖_F of each gate term of J_t along the trajectories: x (B, T, in) → (names, (B, T, G))."""
-    _, zs = scan(core, x)
-    z_prev = torch.cat([core.init_state(x.shape[0], x)[:, None] if hasattr(core, "init_state")
-                        else x.new_zeros(x.shape[0], 1, core.state_dim), zs[:, :-1]], dim=1)
-    terms_of = getattr(core, "gate_terms", None)
-    names: tuple[str, ...] = ()
-    rows = []
-    for t in range(x.shape[1]):
-        terms = terms_of(x[:, t], z_prev[:, t]) if terms_of is not None else {"step": step_jacobian(core, x[:, t], z_prev[:, t])}
-        names = tuple(terms)
-        rows.append(torch.stack([torch.linalg.matrix_norm(v) for v in terms.values()], dim=-1))  # (B, G)
-    return names, torch.stack(rows, dim=1)
-
-
-def static_blocks(core: nn.Module) -> dict[str, tuple[float, float]]:
-    """(spectral norm, spectral radius) of each gate's block of W_hh (RNN cores; {} for others)."""
-    blocks = getattr(core, "recurrent_blocks", lambda: {})()
-    out = {}
-    for name, w in blocks.items():
-        w = w.detach().double().cpu()
-        out[name] = (float(torch.linalg.matrix_norm(w, ord=2)), float(torch.linalg.eigvals(w).abs().max()))
-    return out
-
-
 def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: torch.Tensor | None,
                   opts: DynamicsOptions) -> tuple[dict[str, np.ndarray], dict[str, tuple[float, float]],
                                                   tuple[str, ...], np.ndarray | None]:
@@ -160,14 +134,14 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
             parts["radius"] = cpu(spectra["radius"])
             parts["singular"] = cpu(spectra["singular_values"][..., :opts.top_sv])
         if "gates" in opts.parts:
-            names, norms = gate_norms(core, model.core_inputs(probes_inputs))
+            names, norms = dyn.gate_norms(core, model.core_inputs(probes_inputs))
             parts["gates"] = cpu(norms)
         if "lyapunov" in opts.parts and trajectories is not None:
             res = dyn.lyapunov_spectrum(core, trajectories, warmup=opts.warmup, reorth=opts.reorth)
             parts["lyapunov"] = cpu(res.exponents)
             parts["lyapunov_running"] = cpu(res.running.mean(0))
             lyap_steps = np.asarray(res.running_steps)
-    return parts, static_blocks(core), names, lyap_steps
+    return parts, dyn.block_spectra(core), names, lyap_steps
 
 
 def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *,

@@ -193,8 +193,6 @@ def model_probes(model: nn.Module, opts: StabilityOptions) -> Probes:
         conditions = list(itertools.product(opts.target_groups or groups, opts.disturbant_groups or groups))
         probes = make_probes(opts.triplets, int(opts.length), opts.position, counts.numel(), conditions, opts.seed,
                              pools=pools)
-    check(1 <= opts.position <= probes.length,
-          f"position: got {opts.position}; valid positions are 1…{probes.length} (the probes' length)")
     if vocab is not None:
         check_probes_fit(probes, int(vocab), probes.length)
     return probes
