@@ -64,3 +64,11 @@ def logged_iteration(run: Path) -> int:
         except (json.JSONDecodeError, KeyError):
             pass
     return last
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    """The hardening suite's mutation counts (issue #15), per family and in all."""
+    from fuzzkit import MUTATIONS
+    if MUTATIONS:
+        terminalreporter.write_line(f"hardening: {sum(MUTATIONS.values())} mutations tried "
+                                    f"({', '.join(f'{k} {v}' for k, v in sorted(MUTATIONS.items()))})")

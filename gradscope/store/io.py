@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 import xarray as xr
 
 from gradscope.errors import GradscopeError
+from gradscope.guard import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
 
 STORE_KINDS = ("stability", "accuracy", "summary", "dynamics")
@@ -48,24 +48,27 @@ def provenance(kind: str, command: str, device: str, extra: dict[str, Any] | Non
 
 
 def write_store(ds: xr.Dataset, path: Path, overwrite: bool = False) -> Path:
-    """Write ``ds`` to a zarr v3 store at ``path`` atomically."""
+    """Write ``ds`` to a zarr v3 store at ``path`` atomically (a temporary sibling, then a rename).
+
+    Without ``overwrite`` an existing store is never replaced, even one that a concurrent writer
+    renamed into place while this one was writing. Temporaries left by killed writers of the same
+    store are removed first."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise GradscopeError(f"out: {path} already exists; choose another path or pass overwrite=True")
     if not path.parent.is_dir():
         raise GradscopeError(f"out: directory {path.parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    remove_stale_temporaries(path.parent, path.name)
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        raise GradscopeError(f"out: {path} already exists; choose another path or pass overwrite=True")
+    tmp = temp_path(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # zarr v3 notes on consolidated metadata
-            ds.to_zarr(tmp, mode="w", zarr_format=3, consolidated=False)
-        old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / "store")
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old)
+            ds.to_zarr(tmp, mode="w-", zarr_format=3, consolidated=False)
+        publish(tmp, path, overwrite=overwrite)
+    except OSError as exc:
+        if exc.errno in WRITE_ERRORS:
+            raise disk_error(exc, path) from None
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

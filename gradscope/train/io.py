@@ -10,29 +10,44 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from gradscope.errors import GradscopeError
+from gradscope.guard import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary sibling of ``path``, fsync it, then rename it to ``path``."""
+def atomic_write(path: Path, write: Callable[[Path], None], *, overwrite: bool = True, what: str = "out") -> None:
+    """Call ``write(tmp)`` on a temporary sibling of ``path``, fsync it, then rename it to ``path``.
+
+    The temporary is named after this process (:func:`gradscope.guard.temp_path`), so the next run
+    removes it if this one is killed. Without ``overwrite`` an existing ``path`` is never replaced,
+    even one that another process wrote meanwhile. A full disk, a file-size limit or a missing
+    permission is a one-line user error, and leaves ``path`` as it was.
+    """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    remove_stale_temporaries(path.parent, path.name)
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise GradscopeError(f"{what}: {path} already exists; choose another path or pass overwrite=True")
+    tmp = temp_path(path)
     try:
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask applies, as for any new file
+        os.close(fd)
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path, overwrite=overwrite, what=what)
+    except OSError as exc:
+        if exc.errno in WRITE_ERRORS:
+            raise disk_error(exc, path, what) from None
+        raise
+    except RuntimeError as exc:  # torch.save reports a failed write as a RuntimeError
+        if "write" in str(exc).lower() or "file" in str(exc).lower():
+            raise GradscopeError(f"{what}: cannot write {path} ({str(exc).splitlines()[0][:120]}); "
+                                 f"nothing was written") from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
