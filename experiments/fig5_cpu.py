@@ -1,12 +1,14 @@
 """Issue #17, the CPU experiment: does the vanilla GRU's stability gap open with 10× longer training?
 
-The study's GRU pair (dual-frequency reverse, K = 64, L = 16, E = 64, H = 128, batch 128, lr 3e-3,
-seed 1; vanilla and sinusoidal PE) trained for 60,000 iterations with checkpoints every 5,000.
+The study's GRU pair (dual-frequency reverse, K = 64, L = 16, E = 64, H = 128, batch 128, lr 3e-3;
+vanilla and sinusoidal PE) trained for 60,000 iterations with checkpoints every 5,000, for seed 1
+and then seed 2 (the planned replication).
 Training outlives a session, so the runs live in this repository and resume exactly:
 
-    python experiments/fig5_cpu.py train     # start or resume both runs (nice 19, one thread each)
+    python experiments/fig5_cpu.py train [SEED]  # start or resume a seed's pair (default 1; nice 19, one thread each)
     python experiments/fig5_cpu.py pack      # before a session ends: strip all but each run's latest checkpoint
     python experiments/fig5_cpu.py status
+    python experiments/fig5_cpu.py plot OUT.png STORE...  # curves with CIs from stability stores
 
 ``pack`` keeps every checkpoint for the analysis but drops the optimizer state of all except the
 latest (stripped checkpoints analyse, the latest one resumes). See docs/fig5-at-scale.md.
@@ -15,6 +17,7 @@ latest (stripped checkpoints analyse, the latest one resumes). See docs/fig5-at-
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,27 +27,31 @@ from gradscope.train.io import safe_load
 from gradscope.train.samples import strip_checkpoint
 
 ROOT = Path(__file__).resolve().parent / "fig5-cpu"
-RUNS = {pe: ROOT / f"gru-{pe}-s1" for pe in ("none", "sinusoidal")}
+SEEDS = (1, 2)
+RUNS = {(pe, seed): ROOT / f"gru-{pe}-s{seed}" for seed in SEEDS for pe in ("none", "sinusoidal")}
+GRADSCOPE = os.environ.get("GRADSCOPE", "gradscope")  # e.g. a frozen install while the source tree is edited
 COMMON = ["--preset", "tiny", "--model", "gru", "--embed", "64", "--hidden", "128", "--vocab", "64", "--length", "16",
           "--distribution", "dual", "--rarity", "0.125", "--heldout", "1024", "--grid-per-cell", "16",
           "--iterations", "60000", "--batch-size", "128", "--lr", "0.003", "--warmup", "200",
-          "--checkpoint-every", "5000", "--log-every", "100", "--seed", "1", "--threads", "1", "-q"]
+          "--checkpoint-every", "5000", "--log-every", "100", "--threads", "1", "-q"]
 
 
-def train() -> None:
+def train(seed: int = 1) -> None:
     procs = []
-    for pe, run in RUNS.items():
-        if (run / "eval.json").exists():
+    for (pe, s), run in RUNS.items():
+        if s != seed or (run / "eval.json").exists():
             continue
-        args = ["--resume", str(run), "-q"] if (run / "config.json").exists() else [*COMMON, "--pe", pe, "-o", str(run)]
-        procs.append(subprocess.Popen(["nice", "-n", "19", "gradscope", "train", *args]))
+        args = ["--resume", str(run), "-q"] if (run / "config.json").exists() else \
+            [*COMMON, "--seed", str(seed), "--pe", pe, "-o", str(run)]
+        procs.append(subprocess.Popen(["nice", "-n", "19", GRADSCOPE, "train", *args]))
     sys.exit(max((p.wait() for p in procs), default=0))
 
 
 def pack() -> None:
     for run in RUNS.values():
         found = list_checkpoints(run) if run.is_dir() else []
-        for ckpt in found[:-1]:
+        finished = (run / "eval.json").exists()  # a finished run resumes no more: strip its latest too
+        for ckpt in found if finished else found[:-1]:
             if not safe_load(ckpt).get("stripped"):
                 strip_checkpoint(ckpt, ckpt)
         print(run.name, [p.name for p in found])
@@ -59,5 +66,55 @@ def status() -> None:
               f"{'finished' if (run / 'eval.json').exists() else 'running or resumable'}")
 
 
+def plot(out: str, *stores: str) -> None:
+    """Same-target stability over training, one panel per condition, vanilla against PE: the mean
+    and 95% percentile-bootstrap CI over triplets (as `gradscope stability` prints them), drawn
+    from the given stability stores (one per run) to ``out`` (.png), and printed as a table."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from gradscope.analysis.bootstrap import bootstrap_mean
+    from gradscope.store.io import attr_json, read_store
+
+    conditions = ("rare/rare", "frequent/frequent", "frequent/rare", "rare/frequent")
+    fig = make_subplots(rows=1, cols=4, subplot_titles=[f"target/disturbant {c}" for c in conditions],
+                        shared_yaxes=True, horizontal_spacing=0.03)
+    colours = {"none": ("#d62728", "rgba(214,39,40,0.15)"), "sinusoidal": ("#1f77b4", "rgba(31,119,180,0.15)")}
+    print("| run | iteration | " + " | ".join(conditions) + " |\n|---|---|" + "---|" * len(conditions))
+    for store in stores:
+        ds = read_store(Path(store), "stability")
+        pe, seed = attr_json(ds, "model_config")["pe"], attr_json(ds, "train_config")["seed"]
+        name = f"{'vanilla' if pe == 'none' else 'PE'} seed {seed}"
+        iters = [int(i) for i in ds["iteration"].values]
+        cond = [str(c) for c in ds["condition"].values]
+        scores = ds["score_default"].sel(pair="same-target").values  # (checkpoint, triplet)
+        rows = {it: [] for it in iters}
+        for col, c in enumerate(conditions, start=1):
+            mask = [x == c for x in cond]
+            cis = [bootstrap_mean(scores[k][mask], seed=0) for k in range(len(iters))]
+            for it, ci in zip(iters, cis):
+                rows[it].append(f"{ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]")
+            line, band = colours.get(pe, ("#2ca02c", "rgba(44,160,44,0.15)"))
+            dash = "solid" if seed == 1 else "dot"
+            fig.add_trace(go.Scatter(x=iters + iters[::-1], y=[ci.high for ci in cis] + [ci.low for ci in cis][::-1],
+                                     fill="toself", fillcolor=band, line={"width": 0}, hoverinfo="skip",
+                                     showlegend=False), row=1, col=col)
+            fig.add_trace(go.Scatter(x=iters, y=[ci.mean for ci in cis], mode="lines+markers", name=name,
+                                     line={"color": line, "dash": dash}, legendgroup=name, showlegend=col == 1),
+                          row=1, col=col)
+        for it in iters:
+            print(f"| {name} | {it} | " + " | ".join(rows[it]) + " |")
+    fig.update_yaxes(title_text="same-target stability (default score)", row=1, col=1)
+    fig.update_xaxes(title_text="training iteration")
+    fig.update_layout(width=1600, height=450, template="plotly_white", margin={"t": 40, "b": 40})
+    fig.write_image(out)
+
+
 if __name__ == "__main__":
-    {"train": train, "pack": pack, "status": status}[sys.argv[1] if len(sys.argv) > 1 else "status"]()
+    command = sys.argv[1] if len(sys.argv) > 1 else "status"
+    if command == "train":
+        train(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    elif command == "plot":
+        plot(sys.argv[2], *sys.argv[3:])
+    else:
+        {"pack": pack, "status": status}[command]()
