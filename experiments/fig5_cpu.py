@@ -9,6 +9,7 @@ Training outlives a session, so the runs live in this repository and resume exac
     python experiments/fig5_cpu.py pack      # before a session ends: strip all but each run's latest checkpoint
     python experiments/fig5_cpu.py status
     python experiments/fig5_cpu.py plot OUT.png STORE...  # curves with CIs from stability stores
+    python experiments/fig5_cpu.py sample 1  # ship a finished pair as sample_checkpoints/gru60k-*-s1
 
 ``pack`` keeps every checkpoint for the analysis but drops the optimizer state of all except the
 latest (stripped checkpoints analyse, the latest one resumes). See docs/fig5-at-scale.md.
@@ -66,6 +67,41 @@ def status() -> None:
               f"{'finished' if (run / 'eval.json').exists() else 'running or resumable'}")
 
 
+def sample(seed: int = 1) -> None:
+    """Ship a finished pair as sample_checkpoints/gru60k-<pe>-s<seed>: its stripped checkpoints at
+    every quarter of the run (as the other samples: 15k, 30k, 45k, 60k), its config, log and
+    held-out evaluation, each listed with its sha256 in MANIFEST.json (provenance: the command)."""
+    import shutil
+
+    from gradscope.store.io import sha256_file
+    from gradscope.train.io import atomic_write_text
+
+    samples = ROOT.parent.parent / "sample_checkpoints"
+    manifest = json.loads((samples / "MANIFEST.json").read_text())
+    for (pe, s), run in RUNS.items():
+        if s != seed:
+            continue
+        if not (run / "eval.json").exists():
+            sys.exit(f"{run.name} has not finished")
+        dest = samples / f"gru60k-{pe}-s{seed}"
+        dest.mkdir(exist_ok=True)
+        for name in ("config.json", "metrics.jsonl", "eval.json"):
+            shutil.copyfile(run / name, dest / name)
+        for ckpt in list_checkpoints(run):
+            if int(ckpt.stem.split("-")[1]) % 15000 == 0:
+                assert safe_load(ckpt).get("stripped"), ckpt
+                shutil.copyfile(ckpt, dest / ckpt.name)
+        config = json.loads((run / "config.json").read_text())
+        entry = {"run": dest.name, "config": config["config"],
+                 "command": config["command"] + "  (issue #17, experiments/fig5_cpu.py; resumed with gradscope train "
+                                                "--resume across sessions; checkpoints every 15k of every 5k shipped)",
+                 "seed": config["config"]["train"]["seed"], "heldout": json.loads((run / "eval.json").read_text()),
+                 "files": {p.name: sha256_file(p) for p in sorted(dest.iterdir())}}
+        manifest["runs"] = [r for r in manifest["runs"] if r["run"] != dest.name] + [entry]
+        print(dest, sorted(entry["files"]))
+    atomic_write_text(samples / "MANIFEST.json", json.dumps(manifest, indent=1) + "\n")
+
+
 def plot(out: str, *stores: str) -> None:
     """Same-target stability over training, one panel per condition, vanilla against PE: the mean
     and 95% percentile-bootstrap CI over triplets (as `gradscope stability` prints them), drawn
@@ -114,6 +150,8 @@ if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "status"
     if command == "train":
         train(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    elif command == "sample":
+        sample(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     elif command == "plot":
         plot(sys.argv[2], *sys.argv[3:])
     else:
