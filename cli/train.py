@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -47,6 +48,28 @@ def print_result(result: dict[str, Any], run_dir: Path) -> None:
 Opt = typer.Option
 
 
+def _int(text: str) -> Any:
+    """A count option: an integer, also written like 1e9. Text that is no number is passed on as
+    it is, for the configuration check to refuse in one line (naming the option)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return int(value) if math.isfinite(value) and value == int(value) else text
+
+
+def _float(text: str) -> Any:
+    """A real option; text that is no number is passed on, as for :func:`_int`."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 @user_errors
 def train_command(
     ctx: typer.Context,
@@ -56,38 +79,39 @@ def train_command(
     model: Annotated[Optional[str], Opt(help="Core: a name in gradscope's core registry (elman, gru, lstm and s4d are built in; an unknown name lists them all).")] = None,
     pe: Annotated[Optional[str], Opt(help="Positional encoding: none, sinusoidal, learnable, random or dummy.")] = None,
     pe_combine: Annotated[Optional[str], Opt(help="How PE meets the embedding: concat or add.")] = None,
-    layers: Annotated[Optional[int], Opt(help="Number of layers (RNN) or S4D blocks.")] = None,
-    embed: Annotated[Optional[int], Opt(help="Embedding size E.")] = None,
-    hidden: Annotated[Optional[int], Opt(help="Hidden size H.")] = None,
-    state_size: Annotated[Optional[int], Opt(help="S4D state size N (N/2 complex modes).")] = None,
-    max_len: Annotated[Optional[int], Opt(help="Positions covered by a learnable/random PE (default: the task's length).")] = None,
+    layers: Annotated[Optional[int], Opt(help="Number of layers (RNN) or S4D blocks.", parser=_int, metavar="<int>")] = None,
+    embed: Annotated[Optional[int], Opt(help="Embedding size E.", parser=_int, metavar="<int>")] = None,
+    hidden: Annotated[Optional[int], Opt(help="Hidden size H.", parser=_int, metavar="<int>")] = None,
+    state_size: Annotated[Optional[int], Opt(help="S4D state size N (N/2 complex modes).", parser=_int, metavar="<int>")] = None,
+    max_len: Annotated[Optional[int], Opt(help="Positions covered by a learnable/random PE (default: the task's length).", parser=_int, metavar="<int>")] = None,
     task: Annotated[Optional[str], Opt(help="Task: reverse, reverse-variable, sort, delayed-sum, predecessor or copy.")] = None,
-    vocab: Annotated[Optional[int], Opt(help="Vocabulary size K (copy: data tokens; blank and delimiter are added).")] = None,
-    length: Annotated[Optional[int], Opt(help="Sequence length L (reverse-variable: the maximum).")] = None,
-    min_length: Annotated[Optional[int], Opt(help="reverse-variable: the minimum L.")] = None,
+    vocab: Annotated[Optional[int], Opt(help="Vocabulary size K (copy: data tokens; blank and delimiter are added).", parser=_int, metavar="<int>")] = None,
+    length: Annotated[Optional[int], Opt(help="Sequence length L (reverse-variable: the maximum).", parser=_int, metavar="<int>")] = None,
+    min_length: Annotated[Optional[int], Opt(help="reverse-variable: the minimum L.", parser=_int, metavar="<int>")] = None,
     distribution: Annotated[Optional[str], Opt(help="Token distribution: uniform or dual (Frequent/Rare halves).")] = None,
-    rarity: Annotated[Optional[float], Opt(help="dual: probability that a position holds a Rare token.")] = None,
-    heldout: Annotated[Optional[int], Opt(help="Size of the uniform held-out test set.")] = None,
-    grid_per_cell: Annotated[Optional[int], Opt(help="dual reverse: held-out sequences per (target, disturbant, position).")] = None,
-    hold_min: Annotated[Optional[int], Opt(help="copy: fewest blanks in the hold phase.")] = None,
-    hold_max: Annotated[Optional[int], Opt(help="copy: most blanks in the hold phase.")] = None,
-    iterations: Annotated[Optional[int], Opt(help="Training iterations.")] = None,
-    batch_size: Annotated[Optional[int], Opt(help="Sequences per batch.")] = None,
-    lr: Annotated[Optional[float], Opt(help="Peak learning rate (linear warm-up, then cosine to 0).")] = None,
-    warmup: Annotated[Optional[int], Opt(help="Warm-up iterations.")] = None,
-    beta1: Annotated[Optional[float], Opt(help="Adam β1.")] = None,
-    beta2: Annotated[Optional[float], Opt(help="Adam β2 (paper 0.999; its reference code 0.98).")] = None,
-    eps: Annotated[Optional[float], Opt(help="Adam ε (reference code: 1e-9).")] = None,
-    clip: Annotated[Optional[float], Opt(help="Gradient-norm clip (0 disables).")] = None,
-    checkpoint_every: Annotated[Optional[int], Opt(help="Write a checkpoint every N iterations.")] = None,
-    log_every: Annotated[Optional[int], Opt(help="Log metrics every N iterations.")] = None,
-    seed: Annotated[Optional[int], Opt(help="Seed for initialisation, held-out data and batches.")] = None,
+    rarity: Annotated[Optional[float], Opt(help="dual: probability that a position holds a Rare token.", parser=_float, metavar="<float>")] = None,
+    heldout: Annotated[Optional[int], Opt(help="Size of the uniform held-out test set.", parser=_int, metavar="<int>")] = None,
+    grid_per_cell: Annotated[Optional[int], Opt(help="dual reverse: held-out sequences per (target, disturbant, position).", parser=_int, metavar="<int>")] = None,
+    hold_min: Annotated[Optional[int], Opt(help="copy: fewest blanks in the hold phase.", parser=_int, metavar="<int>")] = None,
+    hold_max: Annotated[Optional[int], Opt(help="copy: most blanks in the hold phase.", parser=_int, metavar="<int>")] = None,
+    iterations: Annotated[Optional[int], Opt(help="Training iterations.", parser=_int, metavar="<int>")] = None,
+    batch_size: Annotated[Optional[int], Opt(help="Sequences per batch.", parser=_int, metavar="<int>")] = None,
+    lr: Annotated[Optional[float], Opt(help="Peak learning rate (linear warm-up, then cosine to 0).", parser=_float, metavar="<float>")] = None,
+    warmup: Annotated[Optional[int], Opt(help="Warm-up iterations.", parser=_int, metavar="<int>")] = None,
+    beta1: Annotated[Optional[float], Opt(help="Adam β1.", parser=_float, metavar="<float>")] = None,
+    beta2: Annotated[Optional[float], Opt(help="Adam β2 (paper 0.999; its reference code 0.98).", parser=_float, metavar="<float>")] = None,
+    eps: Annotated[Optional[float], Opt(help="Adam ε (reference code: 1e-9).", parser=_float, metavar="<float>")] = None,
+    clip: Annotated[Optional[float], Opt(help="Gradient-norm clip (0 disables).", parser=_float, metavar="<float>")] = None,
+    checkpoint_every: Annotated[Optional[int], Opt(help="Write a checkpoint every N iterations.", parser=_int, metavar="<int>")] = None,
+    log_every: Annotated[Optional[int], Opt(help="Log metrics every N iterations.", parser=_int, metavar="<int>")] = None,
+    seed: Annotated[Optional[int], Opt(help="Seed for initialisation, held-out data and batches.", parser=_int, metavar="<int>")] = None,
     device: Annotated[Optional[str], Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = None,
-    threads: Annotated[Optional[int], Opt(help="torch CPU threads (0 = torch's default).")] = None,
-    stop_after: Annotated[Optional[int], Opt(help="Stop after this many iterations in this invocation (checkpointed; continue with --resume).")] = None,
+    threads: Annotated[Optional[int], Opt(help="torch CPU threads (0 = torch's default).", parser=_int, metavar="<int>")] = None,
+    stop_after: Annotated[Optional[int], Opt(help="Stop after this many iterations in this invocation (checkpointed; continue with --resume).", parser=_int, metavar="<int>")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train a model on a synthetic task, writing a run directory with checkpoints."""
+    from gradscope.guard import as_int
     from gradscope.presets import build_config, FIELDS, PRESETS
     from gradscope.train.loop import is_run_dir, read_run_config, train
 
@@ -105,8 +129,8 @@ def train_command(
             raise GradscopeError(f"--preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
         cfg = build_config(preset, options)
         run_dir = out if out is not None else default_run_dir(cfg, preset)
-    if stop_after is not None and stop_after <= 0:
-        raise GradscopeError(f"--stop-after: got {stop_after}; it must be positive")
+    if stop_after is not None:
+        as_int(stop_after, "--stop-after", low=1)
     command = command_line(ctx)
     with make_progress(console, "loss", "acc") as progress:
         bar = progress.add_task("training", total=cfg.train.iterations, loss="-", acc="-", visible=not quiet)

@@ -8,16 +8,21 @@ attributes carry them.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import from_dict, one_of as _one_of, positive as _positive
-from gradscope.models.config import PE_COMBINE, PE_KINDS, ModelConfig
+from gradscope.fields import from_dict
+from gradscope.models.config import MAX_SIZE, PE_COMBINE, PE_KINDS, ModelConfig, integer, real, shown, text
 from gradscope.models.registry import CORES
 
 TASKS = ("reverse", "reverse-variable", "sort", "delayed-sum", "predecessor", "copy")
 DISTRIBUTIONS = ("uniform", "dual")
+MAX_LENGTH = 2**20  # a task's L (and copy's hold phase): the held-out grid is built position by position
+MAX_COUNT = 2**62  # iterations and cadences
+MAX_SEED = 2**63 - 1
+DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
 __all__ = ["CORES", "DISTRIBUTIONS", "PE_COMBINE", "PE_KINDS", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
            "TrainConfig", "from_dict"]
 
@@ -39,12 +44,14 @@ class TaskConfig:
     hold_max: int = 100  # copy only
 
     def __post_init__(self) -> None:
-        _one_of("task", self.name, TASKS)
-        _one_of("distribution", self.distribution, DISTRIBUTIONS)
-        for name in ("vocab_size", "length", "heldout_size", "grid_per_cell"):
-            _positive(name, getattr(self, name))
+        text("task", self.name, TASKS)
+        text("distribution", self.distribution, DISTRIBUTIONS)
+        for name in ("vocab_size", "heldout_size", "grid_per_cell"):
+            integer(name, getattr(self, name), 1, MAX_SIZE)
+        for name, low in (("length", 1), ("min_length", 1), ("hold_min", 0), ("hold_max", 0)):
+            integer(name, getattr(self, name), low, MAX_LENGTH)
         check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
-        check(0.0 < self.rarity < 1.0, f"rarity: got {self.rarity}; it must lie strictly between 0 and 1")
+        real("rarity", self.rarity, 0.0, 1.0, above=True, below=True)
         if self.name == "reverse-variable":
             check(1 <= self.min_length <= self.length,
                   f"min_length: got {self.min_length}; need 1 <= min_length <= length ({self.length})")
@@ -76,13 +83,22 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "batch_size", "lr", "checkpoint_every", "log_every", "eps"):
-            _positive(name, getattr(self, name))
-        check(self.warmup >= 0, f"warmup: got {self.warmup}; it must be >= 0")
-        check(self.clip >= 0, f"clip: got {self.clip}; it must be >= 0 (0 disables clipping)")
-        check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-              f"betas: got {self.betas}; need two values in [0, 1)")
-        check(self.threads >= 0, f"threads: got {self.threads}; it must be >= 0")
+        for name in ("iterations", "checkpoint_every", "log_every"):
+            integer(name, getattr(self, name), 1, MAX_COUNT)
+        integer("batch_size", self.batch_size, 1, MAX_SIZE)
+        integer("warmup", self.warmup, 0, MAX_COUNT)
+        integer("seed", self.seed, 0, MAX_SEED)
+        integer("threads", self.threads, 0, 4096)
+        real("lr", self.lr, 0.0, above=True)
+        real("eps", self.eps, 0.0, above=True)
+        real("clip", self.clip, 0.0)  # 0 disables clipping
+        check(isinstance(self.betas, (tuple, list)) and len(self.betas) == 2,
+              f"betas: got {shown(self.betas)}; need two values in [0, 1)")
+        for b in self.betas:
+            real("betas", b, 0.0, 1.0, below=True)
+        object.__setattr__(self, "betas", tuple(self.betas))
+        check(isinstance(self.device, str) and DEVICE.fullmatch(self.device) is not None,
+              f"device: got {shown(self.device)}; use auto, cpu, cuda or cuda:N")
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,11 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        for name, kind in (("model", ModelConfig), ("task", TaskConfig), ("train", TrainConfig)):
+            check(isinstance(getattr(self, name), kind),
+                  f"run config: {name} is a {type(getattr(self, name)).__name__}; expected a {kind.__name__}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,4 +126,5 @@ class RunConfig:
                 train=from_dict(TrainConfig, data["train"]),
             )
         except (KeyError, TypeError, AttributeError) as exc:
-            raise GradscopeError(f"run config: malformed ({exc})") from None
+            raise GradscopeError(f"run config: malformed ({type(exc).__name__}: "
+                                 f"{(str(exc).splitlines() or [''])[0][:160]})") from None

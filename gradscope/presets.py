@@ -81,6 +81,8 @@ def _checked(name: str, value: Any, default: Any) -> Any:
     kind = type(default)
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 1e300:
+            raise GradscopeError(f"{name}: got {value}; it is too large for a number")
         return float(value)
     if not ok:
         raise GradscopeError(f"{name}: got {value!r}; expected {'a number' if kind is float else kind.__name__}")
@@ -95,6 +97,7 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
     base = PRESETS[preset]
     sections: dict[str, dict[str, Any]] = {"model": {}, "task": {}, "train": {}, "core": {}}
     core = options.get("model") or base.model.core
+    check(isinstance(core, str), f"model: got {str(core)[:40]!r}; expected the name of a core")
     own = core_class(core).Config() if core != base.model.core else base.model.core_config
     for name, value in options.items():
         if value is not None and name in FIELDS:
@@ -107,7 +110,8 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
             sections[section][field] = _checked(name, value, default)
     if options.get("beta1") is not None or options.get("beta2") is not None:
         b1, b2 = base.train.betas
-        sections["train"]["betas"] = (options.get("beta1") or b1, options.get("beta2") or b2)
+        sections["train"]["betas"] = tuple(b if options.get(k) is None else _checked(k, options[k], b)
+                                           for k, b in (("beta1", b1), ("beta2", b2)))
     task = dataclasses.replace(base.task, **sections["task"])
     sections["model"].setdefault("vocab_size", make_task(task).num_classes)
     sections["model"].setdefault("max_len", max(base.model.max_len, make_task(task).total_len))

@@ -7,12 +7,48 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import math
+
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import from_dict, one_of, positive
-from gradscope.models.registry import core_class
+from gradscope.fields import from_dict, one_of
+from gradscope.guard import as_int
+from gradscope.models.registry import CORES, core_class
 
 PE_KINDS = ("none", "sinusoidal", "learnable", "random", "dummy")
 PE_COMBINE = ("concat", "add")
+MAX_SIZE = 2**31 - 1  # sizes and counts a tensor dimension can hold; memory is checked separately
+MAX_LAYERS = 1024  # layers are built one Python module at a time
+
+
+def shown(value: Any) -> str:
+    """A value from outside as one short line: the repr of a plain scalar, else its type."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"a {type(value).__name__}"
+
+
+def integer(name: str, value: Any, low: int, high: int) -> None:
+    """A config field that must be an int (not a bool or a float) within [low, high]."""
+    check(isinstance(value, int) and not isinstance(value, bool), f"{name}: got {shown(value)}; expected an integer")
+    as_int(value, name, low, high)
+
+
+def real(name: str, value: Any, low: float, high: float = math.inf, *, above: bool = False,
+         below: bool = False) -> None:
+    """A config field that must be a finite real number in [low, high] (``above``/``below``: open at
+    that end)."""
+    check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+          f"{name}: got {shown(value)}; expected a finite number")
+    ok = (value > low if above else value >= low) and (value < high if below else value <= high)
+    check(ok, f"{name}: got {value}; it must be {'>' if above else '>='} {low}"
+              + (f" and {'<' if below else '<='} {high}" if math.isfinite(high) else ""))
+
+
+def text(name: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
+    """A config field that must be one of the strings ``valid``."""
+    check(isinstance(value, str), f"{name}: got {shown(value)}; valid values are {', '.join(valid)}")
+    one_of(name, value, valid)
 
 
 @dataclass(frozen=True)
@@ -33,17 +69,20 @@ class ModelConfig:
     core_config: Any = None
 
     def __post_init__(self) -> None:
+        text("core", self.core, list(CORES))
         cls = core_class(self.core)
         if self.core_config is None or isinstance(self.core_config, dict):
-            object.__setattr__(self, "core_config", from_dict(cls.Config, dict(self.core_config or {})))
+            try:
+                object.__setattr__(self, "core_config", from_dict(cls.Config, dict(self.core_config or {})))
+            except TypeError as exc:  # a field of the wrong type, compared in the core config's checks
+                raise GradscopeError(f"core_config: malformed for the {self.core!r} core ({exc})") from None
         check(type(self.core_config) is cls.Config,
               f"core_config: got {type(self.core_config).__name__}; the {self.core!r} core takes {cls.Config.__name__}")
-        one_of("pe", self.pe, PE_KINDS)
-        one_of("pe_combine", self.pe_combine, PE_COMBINE)
-        for name in ("vocab_size", "embed_size", "hidden_size", "num_layers", "max_len"):
-            value = getattr(self, name)
-            check(isinstance(value, int) and not isinstance(value, bool), f"{name}: got {value!r}; expected an integer")
-            positive(name, value)
+        text("pe", self.pe, PE_KINDS)
+        text("pe_combine", self.pe_combine, PE_COMBINE)
+        for name in ("vocab_size", "embed_size", "hidden_size", "max_len"):
+            integer(name, getattr(self, name), 1, MAX_SIZE)
+        integer("num_layers", self.num_layers, 1, MAX_LAYERS)
         check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
         if self.pe == "sinusoidal":
             check(self.embed_size % 2 == 0,

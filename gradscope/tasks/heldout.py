@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from gradscope.errors import check
+from gradscope.errors import GradscopeError, check
 from gradscope.tasks.base import Batch, Task
 from gradscope.tasks.reverse import Reverse
 from gradscope.tasks.vocab import group_size, sample_group
@@ -55,7 +55,9 @@ def sample_unique(draw: Callable[[int], Batch], n: int) -> Batch:
         if bool(keep.all()):
             return batch
         batch = _cat(batch.select(keep), draw(n - int(keep.sum())))
-    raise RuntimeError(f"could not draw {n} distinct sequences in {MAX_ROUNDS} rounds")
+    raise GradscopeError(f"heldout_size: could not draw {n} distinct sequences in {MAX_ROUNDS} rounds: the task's "
+                         f"token distribution makes that many distinct sequences too unlikely; use fewer held-out "
+                         f"sequences")
 
 
 class Excluder:
@@ -92,7 +94,9 @@ def sample_excluding(task: Task, n: int, gen: torch.Generator, excluder: Exclude
         inputs, targets = batch.inputs.clone(), batch.targets.clone()
         inputs[hit], targets[hit] = fresh.inputs, fresh.targets
         batch = Batch(inputs, targets)
-    raise RuntimeError(f"could not draw a batch outside the held-out set in {MAX_ROUNDS} rounds")
+    raise GradscopeError(f"heldout_size: could not draw a training batch outside the held-out set in {MAX_ROUNDS} "
+                         f"rounds: the held-out sequences cover almost all of the task's probability mass; use fewer "
+                         f"held-out sequences")
 
 
 def supports_grid(task: Task) -> bool:

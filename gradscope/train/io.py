@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from gradscope.errors import GradscopeError
-from gradscope.guard import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
+from gradscope.guard import WRITE_ERRORS, check_bytes, disk_error, publish, remove_stale_temporaries, temp_path
 
 
 def atomic_write(path: Path, write: Callable[[Path], None], *, overwrite: bool = True, what: str = "out") -> None:
@@ -44,6 +45,9 @@ def atomic_write(path: Path, write: Callable[[Path], None], *, overwrite: bool =
             raise disk_error(exc, path, what) from None
         raise
     except RuntimeError as exc:  # torch.save reports a failed write as a RuntimeError
+        cause = _disk_cause(exc)
+        if cause is not None:
+            raise disk_error(cause, path, what) from None
         if "write" in str(exc).lower() or "file" in str(exc).lower():
             raise GradscopeError(f"{what}: cannot write {path} ({str(exc).splitlines()[0][:120]}); "
                                  f"nothing was written") from None
@@ -52,13 +56,31 @@ def atomic_write(path: Path, write: Callable[[Path], None], *, overwrite: bool =
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+def _disk_cause(exc: BaseException | None) -> OSError | None:
+    """The full-disk (or file-size limit, or permission) error behind ``exc``, if any: torch.save
+    reports the OSError of the file object it writes to as the context of a RuntimeError."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in WRITE_ERRORS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+def _torch_save(obj: Any, path: Path) -> None:
+    # through a Python file object, so that a failed write keeps its OSError (errno) as the context
+    with open(path, "wb") as fh:
+        torch.save(obj, fh)
+
+
+def atomic_write_text(path: Path, text: str, *, what: str = "out") -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text), what=what)
+
+
+def atomic_save(obj: Any, path: Path, *, what: str = "out") -> None:
     """``torch.save`` to ``path`` atomically."""
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    atomic_write(path, lambda tmp: _torch_save(obj, tmp), what=what)
 
 
 def safe_load(path: Path) -> Any:
@@ -66,8 +88,12 @@ def safe_load(path: Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise GradscopeError(f"checkpoint: {path} does not exist or is not a file")
+    check_bytes(path.stat().st_size, f"checkpoint: {path}")  # torch.load reads the whole file into memory
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch warns before refusing a TorchScript archive; the refusal below says it in one line
+            warnings.filterwarnings("ignore", message=".*TorchScript archive.*")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln]
         reason = (lines[0] if lines else type(exc).__name__).replace("WeightsUnpickler error: ", "")
@@ -75,6 +101,9 @@ def safe_load(path: Path) -> Any:
             f"checkpoint: refused to load {path}: it holds objects that are not plain data, "
             f"which could run code ({reason[:160]})") from None
     except Exception as exc:  # noqa: BLE001 - any failure to parse a user file is a user error
+        if "TorchScript" in str(exc):
+            raise GradscopeError(f"checkpoint: {path} is a TorchScript archive (torch.jit.save), not a checkpoint; "
+                                 f"load it with torch.jit.load and pass the model through gradscope.wrap") from None
         raise GradscopeError(
             f"checkpoint: cannot read {path}: not a torch checkpoint, or truncated "
             f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ''})") from None

@@ -2,22 +2,29 @@
 
 A run directory holds ``config.json``, checkpoints ``step-XXXXXXX.pt`` and ``metrics.jsonl``;
 at the end, ``eval.json`` holds the held-out evaluation. Resume restores model, optimizer,
-schedule position and the data generator's state, so N steps + resume N steps is bit-identical
-to 2N uninterrupted steps on the CPU.
+schedule position, the data generator's state and the last logged metrics, so N steps + resume
+N steps writes the same checkpoints, bit for bit in every field, as 2N uninterrupted steps on the
+CPU.
+
+One process at a time trains a run directory (:func:`gradscope.train.lock.run_lock`). Every run
+first removes the temporaries a killed run left in it, and validates everything it reads (options
+and sizes against memory; on resume, every file of the directory) before it writes anything.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 import torch
 
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
+from gradscope.guard import WRITE_ERRORS, as_int, disk_error, remove_stale_temporaries
 from gradscope.models import SeqModel
 from gradscope.tasks import Batch, Excluder, HeldOut, Task, build_heldout, make_task, sample_excluding
 from gradscope.tasks.base import IGNORE
@@ -26,11 +33,15 @@ from gradscope.train.checkpoint import (FORMAT, FORMAT_VERSION, checkpoint_name,
 from gradscope.train.device import resolve_device
 from gradscope.train.evaluate import evaluate_heldout
 from gradscope.train.io import atomic_save, atomic_write_text
+from gradscope.train.lock import run_lock
+from gradscope.train.rundir import (CONFIG_FILE, EVAL_FILE, METRICS_FILE, RUN_FORMAT, check_resume_state,
+                                    read_evaluation, read_log, read_run_config)
 from gradscope.train.schedule import lr_at
+from gradscope.train.validate import check_fits, check_training_memory
 from gradscope.version import __version__
 
-CONFIG_FILE, METRICS_FILE, EVAL_FILE = "config.json", "metrics.jsonl", "eval.json"
-RUN_FORMAT = "gradscope-run"
+__all__ = ["CONFIG_FILE", "EVAL_FILE", "METRICS_FILE", "RUN_FORMAT", "TrainState", "check_fits", "discard_unstarted",
+           "is_run_dir", "loss_and_correct", "read_evaluation", "read_run_config", "resumable", "train"]
 
 StepCallback = Callable[[int, "dict[str, float] | None"], None]
 
@@ -46,6 +57,7 @@ class TrainState:
     iteration: int
     window: torch.Tensor  # (3,) loss sum, correct, scored since the last log line
     window_steps: int
+    metrics: dict[str, float]  # loss and accuracy of the last log line ({} before the first)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -62,23 +74,13 @@ def discard_unstarted(run_dir: Path) -> None:
     its config, a few log lines and perhaps a temporary file of an interrupted write; a fresh start
     redoes all of it, so nothing is lost. Anything else in the directory is refused, not deleted."""
     run_dir = Path(run_dir)
-    others = sorted(p.name for p in run_dir.iterdir()
-                    if p.name not in (CONFIG_FILE, METRICS_FILE) and not (p.name.startswith(".") and p.name.endswith(".tmp")))
-    check(not others, f"run directory: {run_dir} has no checkpoint to resume from but holds {', '.join(others)}; "
-                      f"move it away to start the run again")
-    for p in run_dir.iterdir():
-        p.unlink()
-
-
-def read_run_config(run_dir: Path) -> RunConfig:
-    path = Path(run_dir) / CONFIG_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise GradscopeError(f"resume: {run_dir} is not a gradscope run ({CONFIG_FILE}: {exc})") from None
-    if data.get("format") != RUN_FORMAT:
-        raise GradscopeError(f"resume: {path} is not a gradscope run config")
-    return RunConfig.from_dict(data["config"])
+    with run_lock(run_dir):
+        remove_stale_temporaries(run_dir)
+        others = sorted(p.name for p in run_dir.iterdir() if p.name not in (CONFIG_FILE, METRICS_FILE))
+        check(not others, f"run directory: {run_dir} has no checkpoint to resume from but holds {', '.join(others)}; "
+                          f"move it away to start the run again")
+        for p in run_dir.iterdir():
+            p.unlink()
 
 
 def _fresh_state(cfg: RunConfig, device: torch.device) -> TrainState:
@@ -87,7 +89,7 @@ def _fresh_state(cfg: RunConfig, device: torch.device) -> TrainState:
     model = SeqModel(cfg.model).to(device)
     optimizer = _optimizer(cfg, model)
     gen = torch.Generator(device=device).manual_seed(cfg.train.seed + 1)
-    return TrainState(model, optimizer, gen, heldout, 0, torch.zeros(3, device=device), 0)
+    return TrainState(model, optimizer, gen, heldout, 0, torch.zeros(3, device=device), 0, {})
 
 
 def _optimizer(cfg: RunConfig, model: SeqModel) -> torch.optim.Adam:
@@ -95,7 +97,7 @@ def _optimizer(cfg: RunConfig, model: SeqModel) -> torch.optim.Adam:
     return torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=0.0)
 
 
-def _checkpoint(cfg: RunConfig, state: TrainState, metrics: dict[str, float]) -> dict[str, Any]:
+def _checkpoint(cfg: RunConfig, state: TrainState) -> dict[str, Any]:
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "gradscope_version": __version__,
         "torch_version": str(torch.__version__), "config": cfg.to_dict(), "iteration": state.iteration,
@@ -103,47 +105,38 @@ def _checkpoint(cfg: RunConfig, state: TrainState, metrics: dict[str, float]) ->
         "scheduler": {"name": "warmup-cosine", "iteration": state.iteration},
         "rng": {"data": state.data_gen.get_state(), "data_device": str(state.data_gen.device),
                 "torch": torch.get_rng_state()},
-        "heldout": heldout_to_dict(state.heldout), "metrics": metrics,
+        "heldout": heldout_to_dict(state.heldout), "metrics": dict(state.metrics),
         "log_window": {"sums": state.window.detach().cpu(), "steps": state.window_steps},
     }
 
 
-def _resumed_state(cfg: RunConfig, run_dir: Path, device: torch.device) -> TrainState:
+def _resumed_state(cfg: RunConfig, run_dir: Path, device: torch.device) -> tuple[TrainState, str]:
+    """The state at the run's last checkpoint and its log cut back to it, everything validated
+    (config.json, the checkpoint, metrics.jsonl, eval.json); nothing is modified here."""
+    check(read_run_config(run_dir) == cfg, f"resume: {run_dir / CONFIG_FILE} does not hold this run's configuration")
     found = [p for p in list_checkpoints(run_dir) if p.name.startswith("step-")]
     if not found:
         raise GradscopeError(f"resume: {run_dir} has no checkpoint yet; start it again without --resume "
                              f"after removing the directory")
     loaded = load_checkpoint(found[-1])
-    raw = loaded.raw
-    if raw.get("stripped"):
-        raise GradscopeError(f"resume: {found[-1]} is a stripped sample checkpoint (no optimizer state); it can be "
-                             f"analysed but not resumed")
+    what = f"resume: {found[-1]}"
+    check(loaded.config == cfg, f"{what} was written with another configuration than {run_dir / CONFIG_FILE}")
     model = loaded.model.to(device).train()
     optimizer = _optimizer(cfg, model)
-    optimizer.load_state_dict(raw["optimizer"])
+    resume = check_resume_state(loaded.raw, cfg, loaded.iteration, optimizer.state_dict(), list(model.parameters()),
+                                device, what)
+    log = read_log(run_dir, cfg, loaded.iteration)
+    evaluation = read_evaluation(run_dir)
+    check(evaluation is None or evaluation["iteration"] == loaded.iteration == cfg.train.iterations,
+          f"resume: {run_dir / EVAL_FILE} evaluates iteration {evaluation and evaluation['iteration']}, but the last "
+          f"checkpoint is at {loaded.iteration} of {cfg.train.iterations}; move it away to continue")
+    optimizer.load_state_dict(resume.optimizer)
     gen = torch.Generator(device=device)
-    if raw["rng"]["data_device"] != str(gen.device):
-        raise GradscopeError(f"resume: the run's data generator lives on {raw['rng']['data_device']}, "
-                             f"but this run would use {gen.device}; resume on the same device")
-    gen.set_state(raw["rng"]["data"])
-    torch.set_rng_state(raw["rng"]["torch"])
-    window = raw["log_window"]
-    return TrainState(model, optimizer, gen, loaded.heldout, loaded.iteration, window["sums"].to(device),
-                      int(window["steps"]))
-
-
-def _truncate_metrics(path: Path, iteration: int) -> None:
-    """Keep the metrics lines up to ``iteration`` (work after the last checkpoint is redone)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["iteration"] <= iteration:
-                kept.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut short by a kill
-    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+    gen.set_state(resume.data_rng)
+    torch.set_rng_state(resume.torch_rng)
+    state = TrainState(model, optimizer, gen, loaded.heldout, loaded.iteration, resume.window.to(device),
+                       resume.window_steps, resume.metrics)
+    return state, log
 
 
 def loss_and_correct(model: SeqModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -159,33 +152,89 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
           on_step: StepCallback | None = None, command: str = "") -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the held-out evaluation when finished
     (an empty dict if ``stop_after`` stopped it early). ``on_step(iteration, log)`` is called after
-    every iteration, with the logged metrics on logging iterations and None otherwise."""
+    every iteration, with the logged metrics on logging iterations and None otherwise.
+
+    Everything is checked before the directory is touched: the device, that the model fits the
+    task, that model, optimizer, batch and held-out data fit in memory, and on resume every file
+    of the run. One process at a time may train a directory; a second gets a :class:`GradscopeError`.
+    """
     run_dir = Path(run_dir)
+    check(isinstance(cfg, RunConfig), f"cfg: got {type(cfg).__name__}; expected a RunConfig")
+    if stop_after is not None:
+        as_int(stop_after, "stop_after", 1)
+    device = resolve_device(cfg.train.device)
+    task = make_task(cfg.task)
+    check_fits(cfg, task)
+    check_training_memory(cfg, task, device)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise GradscopeError(f"run directory: {run_dir} is a file, not a directory; choose another path")
+    if resume and not run_dir.is_dir():
+        raise GradscopeError(f"resume: {run_dir} is not a run directory")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    device = resolve_device(cfg.train.device)
-    if resume:
-        state = _resumed_state(cfg, run_dir, device)
-        _truncate_metrics(run_dir / METRICS_FILE, state.iteration)
-    else:
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise GradscopeError(f"run directory: {run_dir} already exists and is not empty; pass --resume "
-                                 f"to continue it, or choose a new directory")
-        check_fits(cfg, make_task(cfg.task))
-        state = _fresh_state(cfg, device)
+    with run_lock(run_dir):
+        if run_dir.is_dir():
+            remove_stale_temporaries(run_dir)  # what a killed run of this directory left half-written
+        if resume:
+            state, log = _resumed_state(cfg, run_dir, device)
+            atomic_write_text(run_dir / METRICS_FILE, log, what="resume")  # the redone iterations' lines go
+        else:
+            state = _started_state(cfg, run_dir, device, command)
+        return _run(cfg, task, run_dir, state, stop_after, on_step, device)
+
+
+def _started_state(cfg: RunConfig, run_dir: Path, device: torch.device, command: str) -> TrainState:
+    """A fresh run: the state at iteration 0, in a new (or empty) directory holding its config."""
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise GradscopeError(f"run directory: {run_dir} already exists and is not empty; pass --resume "
+                             f"to continue it, or choose a new directory")
+    state = _fresh_state(cfg, device)
+    try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / CONFIG_FILE, json.dumps(
-            {"format": RUN_FORMAT, "format_version": FORMAT_VERSION, "gradscope_version": __version__,
-             "command": command, "config": cfg.to_dict()}, indent=2) + "\n")
-    task = make_task(cfg.task)
+    except OSError as exc:
+        if exc.errno in WRITE_ERRORS:
+            raise disk_error(exc, run_dir, "run directory") from None
+        raise GradscopeError(f"run directory: cannot create {run_dir} ({exc.strerror})") from None
+    atomic_write_text(run_dir / CONFIG_FILE, json.dumps(
+        {"format": RUN_FORMAT, "format_version": FORMAT_VERSION, "gradscope_version": __version__,
+         "command": command, "config": cfg.to_dict()}, indent=2) + "\n", what="run directory")
+    return state
+
+
+def _append(log: IO[bytes], line: str, path: Path) -> None:
+    """Append one log line (the log is unbuffered: a failed write leaves nothing to flush later)."""
+    data = memoryview(line.encode())
+    try:
+        while data:
+            written = log.write(data)
+            if not written:  # a regular file that takes no byte and reports no error: treat it as full
+                raise OSError(errno.ENOSPC, "no byte written")
+            data = data[written:]
+    except OSError as exc:
+        if exc.errno in WRITE_ERRORS:
+            raise disk_error(exc, path, "train") from None
+        raise
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    try:
+        return open(path, "ab", buffering=0)
+    except OSError as exc:
+        if exc.errno in WRITE_ERRORS or exc.errno == errno.EISDIR:
+            raise disk_error(exc, path, "train") from None
+        raise
+
+
+def _run(cfg: RunConfig, task: Task, run_dir: Path, state: TrainState, stop_after: int | None,
+         on_step: StepCallback | None, device: torch.device) -> dict[str, Any]:
     excluder = Excluder(state.heldout.exclusion_rows(task)).to(device)
     t = cfg.train
     end = t.iterations if stop_after is None else min(t.iterations, state.iteration + stop_after)
     model, opt = state.model.train(), state.optimizer
     tic, tic_steps = time.perf_counter(), 0
-    last: dict[str, float] = {}
+    log_path = run_dir / METRICS_FILE
     # enable_grad: never inherit a caller's (or an earlier task on this worker thread's) no_grad
-    with open(run_dir / METRICS_FILE, "a") as log, torch.enable_grad():
+    with _open_log(log_path) as log, torch.enable_grad():
         while state.iteration < end:
             lr = lr_at(state.iteration, t.lr, t.warmup, t.iterations)
             for group in opt.param_groups:
@@ -209,25 +258,16 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
                 entry = {"iteration": state.iteration, "loss": loss_sum / state.window_steps,
                          "accuracy": n_correct / max(n_scored, 1), "lr": lr,
                          "tokens_per_s": tic_steps * t.batch_size * task.total_len / max(elapsed, 1e-9)}
-                log.write(json.dumps(entry) + "\n")
-                log.flush()
-                last = {"loss": entry["loss"], "accuracy": entry["accuracy"]}
+                _append(log, json.dumps(entry) + "\n", log_path)
+                state.metrics = {"loss": entry["loss"], "accuracy": entry["accuracy"]}
                 state.window.zero_()
                 state.window_steps, tic, tic_steps = 0, time.perf_counter(), 0
             if state.iteration % t.checkpoint_every == 0 or state.iteration == end:
-                atomic_save(_checkpoint(cfg, state, last), run_dir / checkpoint_name(state.iteration))
+                atomic_save(_checkpoint(cfg, state), run_dir / checkpoint_name(state.iteration), what="checkpoint")
             if on_step is not None:
                 on_step(state.iteration, entry)
     if state.iteration < t.iterations:
         return {}
     result = {"iteration": state.iteration, **evaluate_heldout(model, task, state.heldout)}
-    atomic_write_text(run_dir / EVAL_FILE, json.dumps(result, indent=2) + "\n")
+    atomic_write_text(run_dir / EVAL_FILE, json.dumps(result, indent=2) + "\n", what="train")
     return result
-
-
-def check_fits(cfg: RunConfig, task: Task) -> None:
-    """The model must cover the task: same number of classes, PE table long enough."""
-    check(cfg.model.vocab_size == task.num_classes,
-          f"model vocab_size: got {cfg.model.vocab_size}; the task needs {task.num_classes} classes")
-    check(cfg.model.max_len >= task.total_len,
-          f"max_len: got {cfg.model.max_len}; the task's sequences are {task.total_len} steps long")

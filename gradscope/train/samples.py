@@ -17,9 +17,9 @@ import torch
 
 from gradscope.errors import check
 from gradscope.store.io import sha256_file
-from gradscope.train.checkpoint import list_checkpoints
+from gradscope.train.checkpoint import list_checkpoints, validate_checkpoint
 from gradscope.train.io import atomic_save, atomic_write_text, safe_load
-from gradscope.train.loop import CONFIG_FILE, EVAL_FILE, METRICS_FILE
+from gradscope.train.rundir import CONFIG_FILE, EVAL_FILE, METRICS_FILE, read_evaluation, read_json, read_run_config
 
 MANIFEST = "MANIFEST.json"
 
@@ -34,6 +34,8 @@ def _narrow(t: torch.Tensor | None) -> torch.Tensor | None:
 def strip_checkpoint(src: Path, dst: Path) -> None:
     """Copy a gradscope checkpoint without its optimizer state, held-out ids narrowed (atomically)."""
     ckpt = safe_load(src)
+    _, source = validate_checkpoint(ckpt, src)
+    check(source == "gradscope", f"sample: {src} is not a gradscope checkpoint")
     ckpt["optimizer"] = {}
     ckpt["stripped"] = True
     ckpt["heldout"] = {k: _narrow(v) for k, v in ckpt["heldout"].items()}
@@ -48,8 +50,9 @@ def package_run(run_dir: Path, dest: Path) -> dict[str, Any]:
         shutil.copyfile(run_dir / name, dest / name)
     for ckpt in list_checkpoints(run_dir):
         strip_checkpoint(ckpt, dest / ckpt.name)
-    config = json.loads((run_dir / CONFIG_FILE).read_text())
-    evaluation = json.loads((run_dir / EVAL_FILE).read_text())
+    read_run_config(run_dir)  # validated: a sample must load
+    config = read_json(run_dir / CONFIG_FILE, "sample")
+    evaluation = read_evaluation(run_dir)
     return {"run": dest.name, "config": config["config"], "command": config["command"],
             "seed": config["config"]["train"]["seed"], "heldout": evaluation,
             "files": {p.name: sha256_file(p) for p in sorted(dest.iterdir())}}
