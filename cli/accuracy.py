@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
@@ -65,7 +66,8 @@ def grid_table(r: AccuracyResult, bins: int | tuple[int, ...]) -> Table:
     for t in (0, 1):
         for d in (0, 1):
             correct, total = r.grid_bin_correct[t, d], r.grid_bin_total[t, d]
-            table.add_row(f"{GROUP_NAMES[t]}/{GROUP_NAMES[d]}", *(f"{c / n:.3f}" for c, n in zip(correct, total)),
+            table.add_row(f"{GROUP_NAMES[t]}/{GROUP_NAMES[d]}", *(f"{c / n:.3f}" if n else "nan"
+                                                                  for c, n in zip(correct, total)),
                           str(int(total[0])))
     return table
 
@@ -105,4 +107,4 @@ def accuracy_command(
         lengths = [(n, c / t) for n, (c, t) in enumerate(zip(last.length_correct, last.length_total)) if t]
         console.print("token accuracy by sequence length: " + ", ".join(f"L={n}: {a:.3f}" for n, a in lengths))
     write_store(run.to_xarray(), out_path, overwrite=overwrite)
-    console.print(f"wrote {out_path}")
+    console.print(escape(f"wrote {out_path}"))

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
@@ -21,14 +22,14 @@ def check_out(out: Path, overwrite: bool) -> None:
         raise GradscopeError(f"--out: directory {out.parent} does not exist")
     if out.is_dir():
         raise GradscopeError(f"--out: {out} is a directory; give an .html file path")
-    if out.exists() and not overwrite:
+    if (out.exists() or out.is_symlink()) and not overwrite:
         raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
 
 
 @user_errors
 def report_command(
     ctx: typer.Context,
-    inputs: Annotated[Optional[list[Path]], typer.Argument(help="Stability, accuracy or summary stores and run directories (any mix).", show_default=False)] = None,
+    inputs: Annotated[Optional[list[Path]], typer.Argument(help="Stability, accuracy, dynamics or summary stores and run directories (any mix), sweep directories, or folders of them.", show_default=False)] = None,
     out: Annotated[Path, Opt("--out", "-o", help="HTML file to write (self-contained, works offline).")] = Path("report.html"),
     static: Annotated[Optional[str], Opt(help="Also write each figure as png or svg beside the HTML (needs kaleido>=1 and Chrome/Chromium on PATH).")] = None,
     score: Annotated[str, Opt(help="Stability score to plot: default, frobenius or l1.")] = "default",
@@ -41,7 +42,7 @@ def report_command(
     """Render stores and runs into one offline HTML report (plots, table of contents, provenance)."""
     from gradscope.reports import export_static, render_report, ReportOptions, STATIC_FORMATS
     from gradscope.store.inputs import load_inputs
-    from gradscope.train.io import atomic_write_text
+    from gradscope.train.io import atomic_write
 
     if static is not None and static not in STATIC_FORMATS:
         raise GradscopeError(f"--static: got {static!r}; valid formats are {', '.join(STATIC_FORMATS)}")
@@ -51,10 +52,11 @@ def report_command(
     items = load_inputs(list(inputs or []))
     opts = ReportOptions(score, iteration, resamples, seed, title, command_line(ctx))
     page, sections = render_report(items, opts)
-    images = export_static(sections, out, static) if static else []
-    atomic_write_text(out, page)
+    images = export_static(sections, out, static, overwrite) if static else []
+    # exclusive without --overwrite: a report that appeared meanwhile is not replaced
+    atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"), overwrite=overwrite, what="--out")
     figures = sum(s.figure is not None for s in sections)
-    console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, {figures} figures: "
-                  f"{', '.join(s.id for s in sections if s.figure is not None)})", soft_wrap=True)
+    console.print(escape(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, {figures} figures: "
+                  f"{', '.join(s.id for s in sections if s.figure is not None)})"), soft_wrap=True)
     for path in images:
-        console.print(f"wrote {path}", soft_wrap=True)
+        console.print(escape(f"wrote {path}"), soft_wrap=True)

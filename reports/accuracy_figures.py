@@ -51,11 +51,21 @@ def _seeds(ds: xr.Dataset, g: int) -> str:
     return f" (seeds {', '.join(map(str, seeds))})" if seeds else ""
 
 
+def _nan_text(ds: xr.Dataset, g: int, metric: str) -> str:
+    """What was NaN behind a summary value: trials, and units (triplets, sequences) of the trials,
+    left out and counted (SPEC: never averaged in silently); '' when nothing was."""
+    trials = int(ds["nan"].sel(metric=metric).values[g]) if "nan" in ds else 0
+    units = int(ds["nan_units"].sel(metric=metric).values[g]) if "nan_units" in ds else 0
+    parts = [f"{trials} trial(s)"] * bool(trials) + [f"{units} unit(s) within trials"] * bool(units)
+    return f"<br>NaN, left out: {', '.join(parts)}" if parts else ""
+
+
 def _hover(what: str, ds: xr.Dataset, x_name: str) -> str:
     conf = float(ds.attrs.get("confidence", 0.95))
     unit = str(ds.attrs.get("unit", "trial"))
     return (f"%{{fullData.name}}<br>{x_name}<br>{what} %{{y{NUM}}} [{conf:.0%} CI %{{customdata[0]{NUM}}}, "
-            f"%{{customdata[1]{NUM}}}]<br>n = %{{customdata[2]}} ({unit}s)%{{customdata[3]}}<extra></extra>")
+            f"%{{customdata[1]{NUM}}}]<br>n = %{{customdata[2]}} ({unit}s)%{{customdata[3]}}%{{customdata[4]}}"
+            f"<extra></extra>")
 
 
 def vocab_figure(ds: xr.Dataset, metric: str = "token_accuracy") -> go.Figure | None:
@@ -84,7 +94,8 @@ def vocab_figure(ds: xr.Dataset, metric: str = "token_accuracy") -> go.Figure | 
                 x=[int(ds["vocab_size"].values[g]) for g in groups], y=finite_or_none(mean), mode="lines+markers",
                 name=name, legendgroup=name, showlegend=c == 1, line=dict(color=palette[name]),
                 error_y=error_arrays(mean, low, high),
-                customdata=[[low[i], high[i], int(row["n"].values[g]), _seeds(ds, g)] for i, g in enumerate(groups)],
+                customdata=[[low[i], high[i], int(row["n"].values[g]), _seeds(ds, g), _nan_text(ds, g, metric)]
+                            for i, g in enumerate(groups)],
                 hovertemplate=_hover(metric.replace("_", " "), ds, "K = %{x}")), 1, c)
         fig.update_xaxes(type="log", tickvals=sizes, title_text="vocabulary size K (tokens, log scale)", row=1, col=c)
     fig.update_yaxes(title_text=f"{metric.replace('_', ' ')} (fraction of scored tokens)", row=1, col=1)
@@ -107,6 +118,7 @@ class GridLine:
     high: np.ndarray | None
     n: list[int]
     note: str = ""
+    nans: list[str] | None = None  # per bin: what was NaN behind the value (summary stores)
 
 
 def _grid_figure(lines: list[GridLine], title: str, hover: str, ticks: dict[int, str] | None) -> go.Figure:
@@ -124,7 +136,8 @@ def _grid_figure(lines: list[GridLine], title: str, hover: str, ticks: dict[int,
             x=ln.bins, y=finite_or_none(ln.mean), mode="lines+markers", name=ln.name, legendgroup=ln.name,
             showlegend=ln.name not in seen, line=dict(color=ln.color),
             error_y=error_arrays(ln.mean, low, high) if ln.low is not None else None,
-            customdata=[[low[i], high[i], ln.n[i], ln.note] for i in range(len(ln.bins))],
+            customdata=[[low[i], high[i], ln.n[i], ln.note, ln.nans[i] if ln.nans else ""]
+                        for i in range(len(ln.bins))],
             hovertemplate=hover), r, c)
         seen.add(ln.name)
     for r in range(1, len(targets) + 1):
@@ -156,7 +169,8 @@ def grid_figure_summary(ds: xr.Dataset) -> go.Figure | None:
         for g, label in enumerate(labels):
             lines.append(GridLine(label, palette[label], tg, dg, [k for k, _ in metrics], sel["mean"].values[g],
                                   sel["low"].values[g], sel["high"].values[g],
-                                  [int(v) for v in sel["n"].values[g]], _seeds(ds, g)))
+                                  [int(v) for v in sel["n"].values[g]], _seeds(ds, g),
+                                  [_nan_text(ds, g, name) for _, name in metrics]))
     conf = float(ds.attrs.get("confidence", 0.95))
     return _grid_figure(lines, f"Accuracy by target-position bin in the frequency grid (mean over trials, "
                                f"{conf:.0%} bootstrap CI)", _hover("accuracy", ds, "bin %{x}"), None)

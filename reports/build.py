@@ -152,16 +152,20 @@ def _kaleido_major() -> int:
         return 0
 
 
-def export_static(sections: list[Section], html_path: Path, fmt: str) -> list[Path]:
+def export_static(sections: list[Section], html_path: Path, fmt: str, overwrite: bool = True) -> list[Path]:
     """Each figure as <html stem>-<section id>.<fmt> beside the page, via kaleido 1.x (which drives a
-    Chrome/Chromium found on PATH). Missing kaleido or browser: a user error."""
+    Chrome/Chromium found on PATH). Missing kaleido or browser: a user error; so is an existing
+    image without ``overwrite``."""
     if fmt not in STATIC_FORMATS:
         raise GradscopeError(f"--static: got {fmt!r}; valid formats are {', '.join(STATIC_FORMATS)}")
     import plotly.io as pio
 
+    figs = [(s.figure, html_path.with_name(f"{html_path.stem}-{s.id}.{fmt}")) for s in sections if s.figure]
+    existing = [p for _, p in figs if p.exists() or p.is_symlink()]
+    if existing and not overwrite:
+        raise GradscopeError(f"--static: {existing[0]} already exists; choose another --out or pass --overwrite")
     if _kaleido_major() < 1:
         raise GradscopeError("--static: needs the kaleido package, version 1 or later (pip install 'kaleido>=1')")
-    figs = [(s.figure, html_path.with_name(f"{html_path.stem}-{s.id}.{fmt}")) for s in sections if s.figure]
     from kaleido.errors import ChromeNotFoundError
 
     try:

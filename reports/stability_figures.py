@@ -54,11 +54,12 @@ def stability_figure(points: list[StabilityPoint], score: str = "default", confi
                     x=x, y=finite_or_none(p.interval.mean for p in pts), mode="lines+markers",
                     name=condition_text(cond), legendgroup=label, legendgrouptitle_text=label,
                     showlegend=c == 1, line=dict(color=color, dash=group_dash(disturbant), width=2),
-                    customdata=[[p.interval.low, p.interval.high, p.interval.n, p.stores] for p in pts],
+                    customdata=[[p.interval.low, p.interval.high, p.interval.n, p.stores,
+                                 f" (+{p.interval.nan} NaN, left out)" if p.interval.nan else ""] for p in pts],
                     hovertemplate=(f"{label}<br>{pair}, {condition_text(cond)}<br>iteration %{{x}}<br>"
                                    f"mean %{{y{NUM}}} [{confidence:.0%} CI %{{customdata[0]{NUM}}}, "
-                                   f"%{{customdata[1]{NUM}}}]<br>n = %{{customdata[2]}} triplets from "
-                                   f"%{{customdata[3]}} store(s)<extra></extra>")), r, c)
+                                   f"%{{customdata[1]{NUM}}}]<br>n = %{{customdata[2]}} triplets%{{customdata[4]}} "
+                                   f"from %{{customdata[3]}} store(s)<extra></extra>")), r, c)
             fig.update_yaxes(title_text=f"{score} score (dimensionless)" if c == 1 else None, row=r, col=c)
             fig.update_xaxes(title_text="training iteration" if r == len(labels) else None, row=r, col=c)
     title = (f"Gradient stability over training ({score} score): mean over triplets, seeds pooled, "
@@ -84,7 +85,8 @@ def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], s
                 values = samples[label].get((pair, cond), np.array([]))
                 xs += [cond] * values.size
                 ys += list(values)
-                ns += [int(np.isfinite(values).sum())] * values.size
+                nan = int(values.size - np.isfinite(values).sum())
+                ns += [f"{int(np.isfinite(values).sum())}" + (f" (+{nan} NaN, left out)" if nan else "")] * values.size
             fig.add_trace(go.Box(
                 x=xs, y=finite_or_none(ys), name=label, legendgroup=label, showlegend=c == 1,
                 marker=dict(color=palette[label], size=3), boxpoints="all", jitter=0.4, pointpos=0, boxmean=True,

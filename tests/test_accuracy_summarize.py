@@ -117,7 +117,7 @@ def test_three_seeds_to_a_ci_table(runner: CliRunner, seed_runs: dict, tmp_path:
     assert float(ds["low"].sel(metric="token_accuracy")[g]) == pytest.approx(ref.low)
     assert float(ds["high"].sel(metric="token_accuracy")[g]) == pytest.approx(ref.high)
     assert ds["seed"].values[g].tolist() == [1, 2, 3]
-    assert csv.read_text().startswith("group,metric,mean,low,high,n,nan,per_seed,note")
+    assert csv.read_text().startswith("group,metric,mean,low,high,n,nan,nan_units,per_seed,note")
     # the same command again gives the same numbers
     again = tmp_path / "again.zarr"
     assert _run(runner, "summarize", *stores, "-o", again, "--resamples", "2000").exit_code == 0

@@ -44,9 +44,11 @@ def position_accuracy(preds: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
 
 
 def sequence_accuracy(preds: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Fraction of rows whose every scored position is right (full match)."""
+    """Fraction of rows whose every scored position is right (full match), over the rows with a
+    scored position; NaN if no row has one (nothing was scored: not a perfect score)."""
     correct, scored = token_correct(preds, targets)
-    return (correct == scored).all(dim=1).float().mean()
+    has = scored.any(dim=1)
+    return (correct == scored).all(dim=1)[has].float().mean()
 
 
 # --- reverse-variable: accuracy per sequence length ---------------------------------------------

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
+from gradscope.guard import inside
 from gradscope.train.io import atomic_write_text
 
 MANIFEST = "sweep.json"
@@ -47,23 +48,54 @@ def write_manifest(root: Path, header: dict[str, Any], points: list[dict[str, An
     return path
 
 
+MAX_MANIFEST = 64 << 20  # bytes; a manifest lists points, not data
+
+
+def _check_point(point: Any, found: Path) -> None:
+    """A point as ``write_manifest`` writes it: a name, a known status, outputs mapping output kinds to
+    relative paths or null."""
+    what = f"sweep: {found}"
+    if not isinstance(point, dict) or not isinstance(point.get("name"), str):
+        raise GradscopeError(f"{what} has a point {str(point)[:60]!r}; expected an object with a name")
+    name = point["name"][:60]
+    if point.get("status") not in STATUSES:
+        raise GradscopeError(f"{what}: point {name!r} has status {str(point.get('status'))[:30]!r}; expected one of "
+                             f"{', '.join(STATUSES)}")
+    outputs = point.get("outputs")
+    if outputs is None:
+        return
+    if not isinstance(outputs, dict) or not all(isinstance(v, str) or v is None for v in outputs.values()):
+        raise GradscopeError(f"{what}: point {name!r} has outputs {str(outputs)[:60]!r}; expected an object "
+                             f"mapping {', '.join(OUTPUTS)} to paths relative to the sweep directory, or null")
+    for kind, rel in outputs.items():
+        if rel:
+            inside(found.parent, rel, f"{what}: output {str(kind)[:20]} of point {name!r}")
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """A sweep manifest, checked; ``path`` is the file or the sweep directory."""
     found = manifest_path(path)
     check(found is not None, f"sweep: {path} is not a sweep directory (no {MANIFEST})")
     assert found is not None
     try:
-        doc = json.loads(found.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise GradscopeError(f"sweep: cannot read {found} ({type(exc).__name__}: {exc})") from None
+        if found.stat().st_size > MAX_MANIFEST:
+            raise GradscopeError(f"sweep: {found} is larger than {MAX_MANIFEST >> 20} MB; not a sweep manifest")
+        doc = json.loads(found.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else \
+            "not UTF-8" if isinstance(exc, UnicodeDecodeError) else f"{type(exc).__name__}: {exc}"
+        raise GradscopeError(f"sweep: cannot read {found} ({reason[:160]})") from None
     check(isinstance(doc, dict) and doc.get("format") == MANIFEST_FORMAT and isinstance(doc.get("points"), list),
           f"sweep: {found} is not a gradscope sweep manifest")
+    for point in doc["points"]:
+        _check_point(point, found)
     return doc
 
 
 def manifest_outputs(path: Path, kinds: tuple[str, ...]) -> list[Path]:
     """The existing outputs of the finished grid points of a sweep, of the given kinds (run,
-    accuracy, stability), as paths; in grid order, kinds in the order given."""
+    accuracy, stability), as paths; in grid order, kinds in the order given. A path that leads
+    outside the sweep directory is refused."""
     for kind in kinds:
         check(kind in OUTPUTS, f"sweep: unknown output kind {kind!r}; valid kinds are {', '.join(OUTPUTS)}")
     found = manifest_path(path)
@@ -74,6 +106,8 @@ def manifest_outputs(path: Path, kinds: tuple[str, ...]) -> list[Path]:
     for kind in kinds:
         for point in doc["points"]:
             rel = (point.get("outputs") or {}).get(kind)
-            if point.get("status") == "done" and rel and (root / rel).exists():
+            if point["status"] != "done" or not rel:
+                continue
+            if (root / rel).exists():  # inside the sweep: read_manifest checked
                 out.append(root / rel)
     return out

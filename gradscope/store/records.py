@@ -49,13 +49,15 @@ class AccuracyResult:
 
     @property
     def token_accuracy(self) -> float:
-        return float(self.sequence_correct.sum() / max(self.sequence_scored.sum(), 1)) if self.sequence_scored.size \
-            else float("nan")
+        """Scored tokens right / scored tokens; NaN when nothing was scored."""
+        scored = int(self.sequence_scored.sum())
+        return float(self.sequence_correct.sum() / scored) if scored else float("nan")
 
     @property
     def sequence_accuracy(self) -> float:
-        return float((self.sequence_correct == self.sequence_scored).mean()) if self.sequence_scored.size \
-            else float("nan")
+        """Full-match rate over the sequences with a scored token; NaN when there is none."""
+        has = self.sequence_scored > 0
+        return float((self.sequence_correct[has] == self.sequence_scored[has]).mean()) if has.any() else float("nan")
 
     @property
     def dl_distance(self) -> float:
@@ -64,7 +66,8 @@ class AccuracyResult:
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """One store = one trial: its config fields (as strings), seed, metric values and unit values."""
+    """One store = one trial: its config fields (as strings), seed, metric values, unit values and,
+    per metric, how many units were NaN (left out of the metric's value, counted here)."""
 
     path: Path
     kind: str
@@ -72,15 +75,21 @@ class TrialRecord:
     seed: int
     metrics: dict[str, float]
     units: dict[str, np.ndarray] = field(default_factory=dict)
+    nan_units: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class SummaryEntry:
+    """One group × metric: the interval over its trials (``interval.nan`` trials were NaN), the
+    per-seed values, and ``nan_units``: units (triplets, sequences) of its trials that were NaN,
+    left out of the trials' values and counted here (never averaged in silently)."""
+
     group: tuple[str, ...]
     label: str
     metric: str
     interval: Interval
     seeds: tuple[int, ...]
     values: tuple[float, ...]
+    nan_units: int = 0
 
 

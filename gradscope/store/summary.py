@@ -10,21 +10,27 @@ import numpy as np
 import xarray as xr
 
 from gradscope.errors import GradscopeError, check
+from gradscope.guard import as_int
 from gradscope.models import model_fields
-from gradscope.store.io import attr_json, provenance, read_store
+from gradscope.store.io import attr_json, folder_entries, is_store, provenance, read_store, store_kind
 from gradscope.store.manifest import manifest_outputs, manifest_path
-from gradscope.train.io import atomic_write_text
+from gradscope.train.io import atomic_write
 from gradscope.store.records import SummaryEntry, TrialRecord
 
 CONFIG_FIELDS = {"model_config": ("core", "pe", "pe_combine", "hidden_size", "embed_size", "num_layers", "state_size"),
                  "task_config": ("vocab_size", "length", "distribution", "rarity")}
 
 
+SUMMARIZED = ("accuracy", "stability")  # the kinds of store summarize reads
+
+
 def expand_store_paths(patterns: list[str], kind: str | None = None) -> list[Path]:
     """Paths as given; patterns with wildcards (quoted, so the shell left them) are globbed; a
-    sweep directory (or its sweep.json) stands for the stores of its finished points, of ``kind``
-    (accuracy or stability) — required when the sweep has both."""
-    check(kind in (None, "accuracy", "stability"), f"kind: got {kind!r}; valid kinds are accuracy, stability")
+    sweep directory (or its sweep.json) stands for the stores of its finished points, and a folder
+    that is not a store for the accuracy and stability stores in it — of ``kind`` (accuracy or
+    stability) if given, else of both kinds."""
+    check(kind in (None, *SUMMARIZED), f"kind: got {kind!r}; valid kinds are accuracy, stability")
+    kinds = (kind,) if kind is not None else SUMMARIZED
     out: list[Path] = []
     for pattern in patterns:
         if any(ch in pattern for ch in "*?["):
@@ -32,31 +38,35 @@ def expand_store_paths(patterns: list[str], kind: str | None = None) -> list[Pat
             check(bool(matches), f"stores: the pattern {pattern!r} matches nothing")
             out.extend(Path(m) for m in matches)
         elif manifest_path(Path(pattern)) is not None:
-            out.extend(_sweep_stores(Path(pattern), kind))
+            found = manifest_outputs(Path(pattern), kinds)
+            check(bool(found), f"stores: the sweep {pattern} has no finished {' or '.join(kinds)} stores yet")
+            out.extend(found)
+        elif Path(pattern).is_dir() and not is_store(Path(pattern)):
+            found = [p for p in folder_entries(Path(pattern)) if is_store(p) and store_kind(p) in (*kinds, None)]
+            check(bool(found), f"stores: {pattern} is not a store and holds no {' or '.join(kinds)} store")
+            out.extend(found)
         else:
             out.append(Path(pattern))
     check(bool(out), "stores: give at least one store")
     return out
 
 
-def _sweep_stores(path: Path, kind: str | None) -> list[Path]:
-    found = {k: manifest_outputs(path, (k,)) for k in ("accuracy", "stability")}
-    if kind is None:
-        present = [k for k, v in found.items() if v]
-        check(len(present) < 2, f"stores: the sweep {path} has accuracy and stability stores; choose one with "
-                                f"kind='accuracy' or kind='stability'")
-        kind = present[0] if present else "accuracy"
-    check(bool(found[kind]), f"stores: the sweep {path} has no finished {kind} stores yet")
-    return found[kind]
+def _config(ds: xr.Dataset, path: Path, key: str) -> dict[str, Any]:
+    if key not in ds.attrs:
+        raise GradscopeError(f"store: {path} lacks its run configuration ({key}); re-create it")
+    return attr_json(ds, key)  # read_store checked it is a JSON object
 
 
-def _fields(ds: xr.Dataset) -> dict[str, str]:
+def _fields(ds: xr.Dataset, path: Path) -> dict[str, str]:
     fields = {}
     for attr, names in CONFIG_FIELDS.items():
-        cfg = attr_json(ds, attr)
+        cfg = _config(ds, path, attr)
         cfg = model_fields(cfg) if attr == "model_config" else cfg
         fields.update({n: str(cfg[n]) for n in names if n in cfg})
-    fields["task"] = str(attr_json(ds, "task_config")["name"])
+    task = _config(ds, path, "task_config")
+    if "name" not in task:
+        raise GradscopeError(f"store: {path} lacks its run configuration (the task's name); re-create it")
+    fields["task"] = str(task["name"])
     return fields
 
 
@@ -65,33 +75,49 @@ def _require(ds: xr.Dataset, path: Path, names: list[str]) -> None:
     check(not missing, f"store: {path} lacks the variable(s) {', '.join(missing)}; re-create it with this gradscope")
 
 
+def _right(p: Path, what: str, ok: bool) -> None:
+    if not ok:
+        raise GradscopeError(f"store: {p}: {what}; re-create it")
+
+
 def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Metrics at the last checkpoint; units: 1/0 per scored token, per scored sequence (full match),
+    the DL distance per sequence. Nothing scored gives NaN, never 0."""
     _require(ds, path, ["token_accuracy", "sequence_accuracy", "dl_distance", "sequence_correct", "sequence_scored",
                         "sequence_dl"])
     last = ds.isel(checkpoint=-1)
     correct, scored = last["sequence_correct"].values, ds["sequence_scored"].values
+    _right(path, "sequence_correct exceeds sequence_scored", bool((correct <= scored).all()))
     metrics = {m: float(last[m]) for m in ("token_accuracy", "sequence_accuracy", "dl_distance")}
-    tokens = np.concatenate([np.repeat([1.0, 0.0], [c, s - c]) for c, s in zip(correct, scored)]) \
-        if scored.size else np.array([])
-    units = {"token_accuracy": tokens, "sequence_accuracy": (correct == scored).astype(float),
+    tokens = np.repeat(np.tile([1.0, 0.0], correct.size), np.column_stack([correct, scored - correct]).ravel())
+    units = {"token_accuracy": tokens, "sequence_accuracy": (correct == scored)[scored > 0].astype(float),
              "dl_distance": last["sequence_dl"].values.astype(float)}
     if "grid_accuracy" in ds:
+        _require(ds, path, ["grid_total", "grid_bin_accuracy"])
         acc, total = last["grid_accuracy"].values, ds["grid_total"].values  # (2, 2, L)
         for t, tg in enumerate(ds["target_group"].values):
             for d, dg in enumerate(ds["disturbant_group"].values):
-                right = np.rint(acc[t, d] * total[t, d]).astype(int)
-                metrics[f"grid/{tg}/{dg}"] = float(right.sum() / total[t, d].sum())
-                units[f"grid/{tg}/{dg}"] = np.repeat([1.0, 0.0], [right.sum(), total[t, d].sum() - right.sum()])
+                scored_at = total[t, d] > 0
+                cell = acc[t, d][scored_at]
+                _right(path, f"grid_accuracy of {tg}/{dg} is not a fraction where sequences were scored",
+                       bool(((cell >= 0) & (cell <= 1)).all()))
+                right = int(np.rint(cell * total[t, d][scored_at]).sum())
+                n = int(total[t, d][scored_at].sum())
+                metrics[f"grid/{tg}/{dg}"] = right / n if n else float("nan")
+                units[f"grid/{tg}/{dg}"] = np.repeat([1.0, 0.0], [right, n - right])
                 for b in range(ds.sizes["bin"]):
                     metrics[f"grid/{tg}/{dg}/bin{b + 1}"] = float(last["grid_bin_accuracy"].values[t, d, b])
     return metrics, units
 
 
 def _stability_trial(ds: xr.Dataset, path: Path, score: str) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Mean score per pair and condition at the last checkpoint over the triplets whose score is not
+    NaN; units: every triplet's score, NaN included (summaries count them)."""
     name = f"score_{score}"
-    _require(ds, path, [name])
+    valid = sorted(str(k)[6:] for k in ds.data_vars if str(k).startswith("score_"))
+    check(name in ds, f"score: got {score!r}; {path} holds {', '.join(valid) or 'no scores'}")
     last = ds[name].isel(checkpoint=-1)  # (pair, triplet)
-    conditions = ds["condition"].values
+    conditions = np.array([str(c) for c in ds["condition"].values], dtype=object)
     metrics, units = {}, {}
     for pair in ds["pair"].values:
         for cond in dict.fromkeys(conditions):
@@ -103,17 +129,19 @@ def _stability_trial(ds: xr.Dataset, path: Path, score: str) -> tuple[dict[str, 
 
 
 def trial_record(path: Path, score: str = "default") -> TrialRecord:
-    """The trial in one store: its config fields, seed, and metrics at the last checkpoint."""
+    """The trial in one store: its config fields, seed, metrics at the last checkpoint, and how many
+    of each metric's units (triplets, sequences) were NaN and left out of it."""
     ds = read_store(path)
     kind = ds.attrs["kind"]
-    check(kind in ("accuracy", "stability"), f"stores: {path} is a {kind} store; summarize reads accuracy and "
-                                             f"stability stores")
-    try:
-        fields, seed = _fields(ds), int(attr_json(ds, "train_config")["seed"])
-    except (KeyError, ValueError) as exc:
-        raise GradscopeError(f"store: {path} lacks its run configuration ({exc}); re-create it") from None
+    check(kind in SUMMARIZED, f"stores: {path} is a {kind} store; summarize reads accuracy and stability stores")
+    fields = _fields(ds, path)
+    train = _config(ds, path, "train_config")
+    if "seed" not in train:
+        raise GradscopeError(f"store: {path} lacks its run configuration (the training seed); re-create it")
+    seed = as_int(train["seed"], f"store: {path}: train_config seed")
     metrics, units = _accuracy_trial(ds, path) if kind == "accuracy" else _stability_trial(ds, path, score)
-    return TrialRecord(path, kind, fields, seed, metrics, units)
+    nan_units = {k: int(np.count_nonzero(np.isnan(v))) for k, v in units.items()}
+    return TrialRecord(path, kind, fields, seed, metrics, units, nan_units)
 
 
 def summary_dataset(entries: list[SummaryEntry], by: tuple[str, ...], attrs: dict[str, Any]) -> xr.Dataset:
@@ -122,15 +150,16 @@ def summary_dataset(entries: list[SummaryEntry], by: tuple[str, ...], attrs: dic
     trials = max(len(e.values) for e in entries)
     shape = (len(groups), len(metrics))
     table = {name: np.full(shape, np.nan) for name in ("mean", "low", "high")}
-    counts = {name: np.zeros(shape, dtype=np.int64) for name in ("n", "nan")}
+    counts = {name: np.zeros(shape, dtype=np.int64) for name in ("n", "nan", "nan_units")}
     values = np.full((*shape, trials), np.nan)
     seeds = np.full((len(groups), trials), -1, dtype=np.int64)
     for e in entries:
         g, m = groups.index(e.group), metrics.index(e.metric)
         for name in table:
             table[name][g, m] = getattr(e.interval, name)
-        for name in counts:
+        for name in ("n", "nan"):
             counts[name][g, m] = getattr(e.interval, name)
+        counts["nan_units"][g, m] = e.nan_units
         values[g, m, :len(e.values)] = e.values
         seeds[g, :len(e.seeds)] = e.seeds
     data = {**{k: (("group", "metric"), v) for k, v in {**table, **counts}.items()},
@@ -151,14 +180,22 @@ def summary_attrs(command: str, by: tuple[str, ...], unit: str, method: str, con
                                                   "source_kind": kind, "sources": [str(p) for p in sources]})
 
 
-def write_csv(entries: list[SummaryEntry], path: Path) -> None:
-    """Tidy CSV: one row per group × metric, per-seed values in one column (seed=value;…)."""
-    lines = ["group,metric,mean,low,high,n,nan,per_seed,note"]
+def write_csv(entries: list[SummaryEntry], path: Path, overwrite: bool = False) -> None:
+    """Tidy CSV: one row per group × metric, per-seed values in one column (seed=value;…); ``nan``
+    counts trials whose value was NaN, ``nan_units`` the units (triplets, sequences) left out of the
+    trials' values for being NaN. An existing file is replaced only with ``overwrite``."""
+    lines = ["group,metric,mean,low,high,n,nan,nan_units,per_seed,note"]
     for e in entries:
         iv = e.interval
         per_seed = ";".join(f"{s}={v:.6g}" for s, v in zip(e.seeds, e.values))
-        lines.append(",".join([f'"{e.label}"', e.metric, f"{iv.mean:.6g}", f"{iv.low:.6g}", f"{iv.high:.6g}",
-                               str(iv.n), str(iv.nan), per_seed, f'"{iv.note}"']))
+        metric = _quoted(e.metric) if any(ch in e.metric for ch in ',"\n') else e.metric  # names come from stores
+        lines.append(",".join([_quoted(e.label), metric, f"{iv.mean:.6g}", f"{iv.low:.6g}", f"{iv.high:.6g}",
+                               str(iv.n), str(iv.nan), str(e.nan_units), per_seed, _quoted(iv.note)]))
     if not path.parent.is_dir():
         raise GradscopeError(f"csv: directory {path.parent} does not exist")
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite, what="csv")
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"'

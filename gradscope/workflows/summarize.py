@@ -48,6 +48,10 @@ def group_records(records: list[TrialRecord], by: tuple[str, ...]) -> dict[tuple
           f"stores: they come from different tasks ({', '.join(sorted(tasks))}); add task to `by`")
     groups: dict[tuple[str, ...], list[TrialRecord]] = {}
     for r in records:
+        lacking = [f for f in by if f not in r.fields]
+        if lacking:
+            raise GradscopeError(f"by: {r.path} has no {lacking[0]} in its configuration to group by; group by "
+                                 f"other fields")
         groups.setdefault(tuple(r.fields[f] for f in by), []).append(r)
     for key, members in groups.items():
         seeds = [m.seed for m in members]
@@ -87,8 +91,9 @@ def summarize_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple
                 sample = np.concatenate([m.units[metric] for m in members])
             interval = confidence_interval(sample, method=method, confidence=confidence, resamples=resamples,
                                            seed=seed)
+            nan_units = sum(m.nan_units.get(metric, 0) for m in members)
             entries.append(SummaryEntry(key, label_of(by, key), metric, interval,
-                                        tuple(m.seed for m in members), tuple(float(v) for v in values)))
+                                        tuple(m.seed for m in members), tuple(float(v) for v in values), nan_units))
     return entries
 
 
