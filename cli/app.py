@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import IO, Any
+
 import typer
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
 from .accuracy import accuracy_command
 from .dynamics import dynamics_command
+from .errors import err_console
 from .report import report_command
 from .reproduce import reproduce_command
 from .stability import stability_command
@@ -13,7 +17,41 @@ from .summarize import summarize_command
 from .sweep import sweep_command
 from .train import train_command
 
+
+
+class _OneLineUsageError(ClickException):
+    """A usage error (unknown option, a value of the wrong type, a missing argument) as one line,
+    exit status 2, like every other user error."""
+
+    exit_code = 2
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        err_console.print(f"error: {' '.join(self.format_message().split())}", markup=False)
+
+
+class OneLineGroup(typer.core.TyperGroup):
+    """The command group, with click's multi-line usage errors turned into one line."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as exc:
+            raise _OneLineUsageError(exc.format_message()) from None
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as exc:
+            name = f"{ctx.command_path} {ctx.invoked_subcommand}" if ctx.invoked_subcommand else ctx.command_path
+            raise _OneLineUsageError(f"{exc.format_message()} (see '{name} --help')") from None
+
+
 app = typer.Typer(
+    cls=OneLineGroup,
     name="gradscope",
     help="Analysis and diagnostics for trained sequence-model checkpoints (GRU, LSTM, Elman RNN, S4D): "
          "train on synthetic tasks, then measure gradient stability and frequency-conditioned accuracy.",

@@ -9,6 +9,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from gradscope.errors import GradscopeError
+
 
 def command_line(ctx: typer.Context) -> str:
     """The current command as a shell line, rebuilt from the parsed parameters (provenance).
@@ -45,3 +47,21 @@ def make_console() -> Console:
     """A console for tables: the terminal's width, or 120 columns when output is piped (rich
     would otherwise assume 80 and squeeze the tables)."""
     return Console() if sys.stdout.isatty() else Console(width=120)
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an output store before any work is done: an existing path without ``--overwrite``,
+    an existing file (a store is a directory), or a missing parent directory. (Writing refuses an
+    existing store again, atomically, in case one appears meanwhile.)"""
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
+    if out.exists() and not out.is_dir():
+        raise GradscopeError(f"--out: {out} is a file; a store is a directory, choose another path")
+    if not out.parent.is_dir():
+        raise GradscopeError(f"--out: directory {out.parent} does not exist")
+
+
+def warn(message: str) -> None:
+    """One line on stderr: ``warning: message``."""
+    from .errors import err_console
+    err_console.print(f"warning: {' '.join(message.split())}", markup=False)

@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from gradscope.errors import GradscopeError
 
-from .common import command_line, default_out, make_console
+from .common import check_out, command_line, default_out, make_console, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -85,15 +84,18 @@ def dynamics_command(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Gradient dynamics (SPEC §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra."""
+    import warnings
+
     from gradscope.store.io import write_store
     from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics
+    from gradscope.workflows.stability import DivergedWarning
 
     opts = DynamicsOptions(tuple(p.strip() for p in parts.split(",") if p.strip()), sequences, grid_sequences, sv,
                            trajectories, steps, warmup, reorth, seed, device)
     out_path = out if out is not None else default_out("dynamics", checkpoints[0] if checkpoints else Path("x"))
-    if out is not None and out.exists() and not overwrite:
-        raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
-    with make_progress(console) as progress:
+    check_out(out_path, overwrite)
+    with make_progress(console) as progress, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
         bar = progress.add_task("checkpoints", total=None, visible=not quiet)
         run = run_dynamics(checkpoints, opts, target_groups=tuple(target_freq or ()),
                            disturbant_groups=tuple(disturbant or ()),
@@ -102,4 +104,8 @@ def dynamics_command(
     ds = run.to_xarray()
     console.print(dynamics_table(ds))
     write_store(ds, out_path, overwrite=overwrite)
+    bad = {k: v for k, v in run.nonfinite.items() if v}
+    if bad:
+        warn(f"non-finite (NaN or Inf) values, a diverged model? {', '.join(f'{v} in {k}' for k, v in bad.items())}; "
+             f"stored as they are")
     console.print(f"wrote {out_path}")

@@ -98,13 +98,15 @@ def reproduce_command(
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report."""
     from gradscope.store.io import write_store
     from gradscope.store.summary import summary_attrs, summary_dataset, trial_record
-    from gradscope.workflows.reproduce import accuracy_step, Layout, plan_runs, stability_step, train_step
+    from gradscope.workflows.reproduce import (accuracy_step, check_run_sizes, Layout, plan_runs, stability_step,
+                                               train_step)
     from gradscope.workflows.stability import StabilityOptions
     from gradscope.workflows.summarize import group_records, summarize_groups
 
-    if triplets < 1:
-        raise GradscopeError(f"--triplets: got {triplets}; it must be positive")
+    stability_opts = StabilityOptions(triplets=triplets)
     runs = plan_runs(scale, [m.strip() for m in models.split(",") if m.strip()], _ints(seeds, "--seeds"), iterations)
+    for r in runs:  # before anything runs: every run's training and stability must fit in memory
+        check_run_sizes(r, stability_opts)
     if dry_run:
         console.print(plan_table(runs, measure))
         return
@@ -119,7 +121,7 @@ def reproduce_command(
             progress.update(bar, completed=r.config.train.iterations, step=done, visible=False)
             progress.advance(overall)
             for name, make, path in (("accuracy", lambda: accuracy_step(r, layout, command), layout.accuracy(r)),
-                                     ("stability", lambda: stability_step(r, layout, StabilityOptions(triplets=triplets), command),
+                                     ("stability", lambda: stability_step(r, layout, stability_opts, command),
                                       layout.stability(r))):
                 progress.update(overall, step=f"{name} {r.name}")
                 ds = make()

@@ -9,7 +9,7 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, default_out, make_console
+from .common import check_out, command_line, default_out, make_console, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -31,20 +31,31 @@ def interval_text(iv: Interval) -> str:
     return f"{fmt(iv.mean)} [{fmt(iv.low)}, {fmt(iv.high)}]"
 
 
-def stability_table(rows: list[SummaryRow], kind: str, resamples: int) -> Table:
-    """One row per checkpoint × condition; both pairs side by side."""
+def stability_table(rows: list[SummaryRow], kind: str, resamples: int, files: list[str] | None = None) -> Table:
+    """One row per checkpoint × condition; both pairs side by side. Checkpoints of several models
+    or runs get a model and a run column (and their file names where those still coincide)."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"gradient stability, {kind} score: mean [95% CI] over triplets "
                         f"({resamples} bootstrap resamples)", title_justify="left")
-    for col in ("iteration", "target/disturbant", "same-target", "same-suffix", "n", "NaN"):
-        table.add_column(col, justify="left" if col.startswith("target") else "right", no_wrap=True)
-    by_key: dict[tuple[str, int, str], dict[str, SummaryRow]] = {}
+    labels = {r.checkpoint: (r.model, r.run, r.iteration) for r in rows}
+    extra = [name for i, name in enumerate(("model", "run")) if len({v[i] for v in labels.values()}) > 1]
+    if files and len(set(labels.values())) < len(labels):
+        extra.append("file")
+    for col in (*extra, "iteration", "target/disturbant", "same-target", "same-suffix", "n", "NaN"):
+        table.add_column(col, justify="left" if col in ("model", "run", "file") or col.startswith("target")
+                         else "right", no_wrap=True)
+    by_key: dict[tuple[int, str], dict[str, SummaryRow]] = {}
     for row in rows:
-        by_key.setdefault((row.run, row.iteration, row.condition), {})[row.pair] = row
-    for (_, iteration, condition), pairs in by_key.items():
+        by_key.setdefault((row.checkpoint, row.condition), {})[row.pair] = row
+    for (checkpoint, condition), pairs in by_key.items():
         st, ss = pairs["same-target"].interval, pairs["same-suffix"].interval
-        table.add_row(str(iteration), condition, interval_text(st), interval_text(ss), str(st.n), str(st.nan + ss.nan))
+        first = pairs["same-target"]
+        cells = {"model": first.model, "run": first.run, "file": files[checkpoint] if files else ""}
+        # Text, not markup: rich would take "[nan, nan]" (and a label from a probes file) for a style tag
+        table.add_row(*(Text(cells[c]) for c in extra), str(first.iteration), Text(condition), Text(interval_text(st)),
+                      Text(interval_text(ss)), str(st.n), str(st.nan + ss.nan))
     return table
 
 
@@ -73,23 +84,25 @@ def stability_command(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4)."""
+    import warnings
+
+    from gradscope.analysis.bootstrap import check_resamples
     from gradscope.store.io import write_store
     from gradscope.workflows.factory import build_model
-    from gradscope.workflows.stability import run_model_stability, run_stability, StabilityOptions
+    from gradscope.workflows.stability import DivergedWarning, run_model_stability, run_stability, StabilityOptions
 
-    for name, value in (("--triplets", triplets), ("--batch-size", batch_size), ("--sv", sv),
-                        ("--resamples", resamples)):
-        if value < 1:
-            raise GradscopeError(f"{name}: got {value}; it must be positive")
+    if sv < 1:
+        raise GradscopeError(f"--sv: got {sv}; it must be positive")
+    check_resamples(resamples)
     if model_factory is None and (token_counts is not None or length is not None or filler is not None):
         raise GradscopeError("--token-counts/--length/--filler: they describe probes for --model-factory models; "
                              "gradscope checkpoints generate their own")
     opts = StabilityOptions(tuple(target_freq or ()), tuple(disturbant or ()), target_pos, triplets, probes, seed,
                             method, batch_size, sv, device, token_counts, length, filler)
     out_path = out if out is not None else default_out("stability", checkpoints[0] if checkpoints else Path("x"))
-    if out is not None and out.exists() and not overwrite:
-        raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
-    with make_progress(console) as progress:
+    check_out(out_path, overwrite)
+    with make_progress(console) as progress, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
         bar = progress.add_task("jacobians", total=None, visible=not quiet)
         hooks = {"on_start": lambda total: progress.update(bar, total=total),
                  "on_progress": lambda k: progress.advance(bar, k)}
@@ -100,9 +113,11 @@ def stability_command(
             run = run_model_stability(model, opts, source=checkpoints[0], command=command_line(ctx), **hooks)
         else:
             run = run_stability(checkpoints, opts, command=command_line(ctx), **hooks)
-    console.print(stability_table(run.summary(score, seed, resamples), score, resamples))
+    console.print(stability_table(run.summary(score, seed, resamples), score, resamples,
+                                  [str(r.path) for r in run.results]))
     write_store(run.to_xarray(), out_path, overwrite=overwrite)
-    nan = run.nan_count[score]
+    nan, bad = run.nan_count[score], run.nonfinite_jacobians
     if nan:
-        console.print(f"[yellow]{nan} NaN scores (an all-zero Jacobian) were left out of the means.[/]")
+        why = (f"{bad} Jacobians have NaN or Inf entries: a diverged model?" if bad else "an all-zero Jacobian")
+        warn(f"{nan} NaN {score} scores ({why}) are counted in the NaN column and left out of the means")
     console.print(f"wrote {out_path}")

@@ -70,13 +70,12 @@ def sweep_command(
     from gradscope.workflows.reproduce import Layout
     from gradscope.workflows.sweep import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
+    opts = ClusterOptions(scheduler, workers, threads, parse_resources(resources), retries)  # checked first
     spec = read_spec(spec_file)
     points = plan_points(spec)
-    out = out if out is not None else Path(f"sweep-{spec.name}")
+    out = out if out is not None else Path(f"sweep-{spec.name}")  # the name is one plain component
     if out.exists() and not out.is_dir():
         raise GradscopeError(f"--out: {out} is a file; give a directory")
-    if retries < 0:
-        raise GradscopeError(f"--retries: got {retries}; it must be >= 0")
     layout = Layout(out)
     check_existing(points, layout)
     before = _previous(out, spec)
@@ -84,7 +83,6 @@ def sweep_command(
     if dry_run:
         console.print(plan_table(spec, points, finished))
         return
-    opts = ClusterOptions(scheduler, workers, threads, parse_resources(resources), retries)
     todo = [p for p in points if p.name not in finished]
     command = command_line(ctx)
     header = {"name": spec.name, "spec": spec_file.read_text(), "command": command,

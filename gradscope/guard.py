@@ -73,6 +73,7 @@ def _size(nbytes: float) -> str:
 def check_bytes(nbytes: float, what: str, *, present: float | None = None) -> None:
     """Refuse ``what`` if it would need ``nbytes`` of memory beyond the budget, or (given the bytes
     actually ``present`` in the file) if it expands more than :data:`MAX_RATIO`-fold."""
+    nbytes = float(nbytes) if nbytes < 1e300 else math.inf  # a Python int may exceed any float
     if not math.isfinite(nbytes) or nbytes > memory_budget():
         raise GradscopeError(f"{what}: needs {_size(nbytes)} of memory; {_size(memory_budget())} is available "
                              f"to one allocation on this machine")

@@ -9,6 +9,7 @@ therefore carry a note saying so.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from gradscope.errors import check
 METHODS = ("percentile", "bca", "basic", "t")
 FEW_TRIALS = 10  # below this, bootstrap intervals under-cover noticeably (see module docstring)
 MAX_ELEMENTS = 1 << 24  # resample values held at once (~128 MiB float64); bounds token-level resampling
+MAX_RESAMPLES = 10_000_000  # beyond this a bootstrap takes hours and its CI no longer changes
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,18 @@ def finite_values(values: np.ndarray) -> tuple[np.ndarray, int]:
     return finite, int(values.size - finite.size)
 
 
+def check_resamples(resamples: int) -> None:
+    """1 <= resamples <= MAX_RESAMPLES (more would run for hours without changing the interval)."""
+    check(isinstance(resamples, numbers.Integral) and not isinstance(resamples, bool) and 1 <= resamples <= MAX_RESAMPLES,
+          f"resamples: got {resamples!r}; expected a number of bootstrap resamples between 1 and {MAX_RESAMPLES}")
+
+
+def check_seed(seed: int) -> None:
+    """A generator seed: an integer in 0 … 2**63 − 1."""
+    check(isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and 0 <= seed < 2**63,
+          f"seed: got {seed!r}; it must be an integer between 0 and {2**63 - 1}")
+
+
 def _join(*notes: str) -> str:
     return "; ".join(n for n in notes if n)
 
@@ -63,7 +77,8 @@ def confidence_interval(values: np.ndarray, *, method: str = "percentile", confi
     """
     check(method in METHODS, f"method: got {method!r}; valid values are {', '.join(METHODS)}")
     check(0 < confidence < 1, f"confidence: got {confidence}; expected a level strictly between 0 and 1")
-    check(resamples >= 1, f"resamples: got {resamples}; expected a positive number of bootstrap resamples")
+    check_resamples(resamples)
+    check_seed(seed)
     finite, nan = finite_values(values)
     n = int(finite.size)
     few = n < FEW_TRIALS

@@ -6,6 +6,8 @@ Conventions. Steps are 1-based: z_k is the full real state right after input k i
 state before step t and that step's input. The state z is the *full* state of SPEC §4: every
 layer; LSTM h and c (D = 2H per layer); S4D the complex modes on the real view (D = H·N per
 block). Everything runs in the model's dtype; only the Lyapunov log-sums accumulate in float64.
+A step Jacobian with a NaN or Inf entry (a diverged model) gives NaN norms, spectra and exponents;
+decompositions never see it (LAPACK fails on it, MKL's eigenvalue routine crashes the process).
 Step Jacobians come from :func:`gradscope.models.core.step_jacobian`: analytic for gradscope's
 cores (O(D²) elementwise work per step and sequence), ``vmap(jacrev)`` of ``core.step`` for any
 other protocol core (D reverse passes of a step).
@@ -25,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.analysis.jacobian import rows_vjp, state_readout
+from gradscope.analysis.scores import finite_only
 from gradscope.errors import GradscopeError, check
 from gradscope.models.core import gate_terms, scan, step_jacobian
 from gradscope.tasks.vocab import sample_tokens
@@ -125,7 +128,7 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
 
     def record(k: int, G: Tensor) -> None:  # G = ∂y_T/∂z_k (B, H, D)
         fro[:, k - 1] = torch.linalg.matrix_norm(G)
-        spectral[:, k - 1] = torch.linalg.matrix_norm(G, ord=2)
+        spectral[:, k - 1] = finite_only(lambda g: torch.linalg.matrix_norm(g, ord=2), G)
 
     z_T = core.step(x[:, T - 1], prev[:, T - 1])[1]
     try:
@@ -211,8 +214,8 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
         singular = x.new_empty(B, T, k)
         for t in range(T):
             J = step_jacobian(core, x[:, t], prev[:, t])
-            radius[:, t] = torch.linalg.eigvals(J).abs().amax(dim=-1)
-            singular[:, t] = torch.linalg.svdvals(J)[:, :k]
+            radius[:, t] = finite_only(lambda j: torch.linalg.eigvals(j).abs().amax(dim=-1), J)
+            singular[:, t] = finite_only(torch.linalg.svdvals, J)[:, :k]
     return {"radius": radius, "singular_values": singular}
 
 
@@ -358,5 +361,6 @@ def block_spectra(core: nn.Module) -> dict[str, tuple[float, float]]:
     out = {}
     for name, w in getattr(core, "recurrent_blocks", dict)().items():
         w = w.detach().double().cpu()
-        out[name] = (float(torch.linalg.matrix_norm(w, ord=2)), float(torch.linalg.eigvals(w).abs().max()))
+        out[name] = (float(finite_only(lambda m: torch.linalg.matrix_norm(m, ord=2), w)),
+                     float(finite_only(lambda m: torch.linalg.eigvals(m).abs().max(), w)))
     return out

@@ -3,7 +3,8 @@
 A Jacobian is a real tensor of shape (..., D_out, D_in); row i is the gradient g_i of output i with
 respect to the D_in state values. Leading batch dims (e.g. one per probe triplet) broadcast. A score
 whose denominator is 0 (an all-zero Jacobian, say) is NaN, never 0, so it cannot be averaged in
-silently. Complex states (S4D) are handled through their real view; see `real_view_columns` and
+silently. A Jacobian with a NaN or Inf entry (a diverged model) gives NaN statistics, never an
+exception (see `finite_only`). Complex states (S4D) are handled through their real view; see `real_view_columns` and
 `wirtinger`.
 """
 
@@ -17,6 +18,35 @@ from torch import Tensor
 from gradscope.errors import check
 
 NAN = float("nan")
+
+
+def finite_matrices(j: Tensor) -> Tensor:
+    """Which matrices of j (..., m, n) have only finite entries: bool (...)."""
+    return j.isfinite().all(-1).all(-1)
+
+
+def finite_only(fn: Callable[[Tensor], Tensor], j: Tensor, fill: float = NAN) -> Tensor:
+    """``fn`` (a decomposition of each matrix of j (..., m, n), returning (..., *)) on the finite
+    matrices only, ``fill`` (NaN) for the others. LAPACK fails to converge on a matrix with a NaN
+    or Inf entry, and MKL's eigenvalue routine even crashes the process, so a diverged model's
+    Jacobians are zeroed before the call and their results marked NaN afterwards. All-finite
+    input is passed to ``fn`` untouched (the same numbers, bit for bit)."""
+    ok = finite_matrices(j)
+    if bool(ok.all()):
+        return fn(j)
+    out = fn(j.where(ok[..., None, None], 0.0))
+    return out.masked_fill(~ok.reshape(tuple(ok.shape) + (1,) * (out.dim() - ok.dim())), fill)
+
+
+def svd_or_nan(j: Tensor) -> tuple[Tensor, Tensor]:
+    """Thin SVD (U, S) of each matrix of j (..., m, n) (``torch.linalg.svd``); NaN for a matrix
+    with a non-finite entry (see :func:`finite_only`)."""
+    ok = finite_matrices(j)
+    if bool(ok.all()):
+        u, s, _ = torch.linalg.svd(j, full_matrices=False)
+        return u, s
+    u, s, _ = torch.linalg.svd(j.where(ok[..., None, None], 0.0), full_matrices=False)
+    return u.masked_fill(~ok[..., None, None], NAN), s.masked_fill(~ok[..., None], NAN)
 
 
 def _check_pair(ja: Tensor, jb: Tensor) -> None:
@@ -85,8 +115,9 @@ def row_cosines(ja: Tensor, jb: Tensor) -> Tensor:
 
 
 def singular_values(j: Tensor) -> Tensor:
-    """Singular values of j (..., D_out, D_in) → (..., min(D_out, D_in)), descending."""
-    return torch.linalg.svdvals(j)
+    """Singular values of j (..., D_out, D_in) → (..., min(D_out, D_in)), descending (NaN for a
+    matrix with a non-finite entry)."""
+    return finite_only(torch.linalg.svdvals, j)
 
 
 def effective_rank(sigma: Tensor) -> Tensor:
@@ -116,8 +147,8 @@ def subspace_similarity(ja: Tensor, jb: Tensor, k: int | None = None,
     limit = min(ja.shape[-2], ja.shape[-1])
     check(k is None or k >= 1, f"k: got {k}; expected a positive int or None")
     k = max(1, limit // 2) if k is None else min(k, limit)
-    ua, sa = svd_a if svd_a is not None else torch.linalg.svd(ja, full_matrices=False)[:2]
-    ub, sb = svd_b if svd_b is not None else torch.linalg.svd(jb, full_matrices=False)[:2]
+    ua, sa = svd_a if svd_a is not None else svd_or_nan(ja)
+    ub, sb = svd_b if svd_b is not None else svd_or_nan(jb)
     overlap = ua[..., :k].transpose(-2, -1) @ ub[..., :k]  # (..., k, k)
     sim = overlap.square().sum((-2, -1)) / k
     return sim.where((sa[..., k - 1] > 0) & (sb[..., k - 1] > 0), NAN)
@@ -145,8 +176,8 @@ def companion_stats(ja: Tensor, jb: Tensor, ya: Tensor, yb: Tensor, k: int | Non
     check(ya.shape[-1] == ja.shape[-2] and yb.shape[-1] == ja.shape[-2],
           f"ya, yb: got trailing sizes {ya.shape[-1]}, {yb.shape[-1]}; expected D_out = {ja.shape[-2]}")
     cos = row_cosines(ja, jb)  # (..., D_out)
-    svd_a = svd_a if svd_a is not None else tuple(torch.linalg.svd(ja, full_matrices=False)[:2])
-    svd_b = svd_b if svd_b is not None else tuple(torch.linalg.svd(jb, full_matrices=False)[:2])
+    svd_a = svd_a if svd_a is not None else svd_or_nan(ja)
+    svd_b = svd_b if svd_b is not None else svd_or_nan(jb)
     sa, sb = svd_a[1], svd_b[1]  # (..., R)
     fwd_dot, fwd_na, fwd_nb = _rows(ya, yb)
     return {

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from gradscope.analysis.jacobian import state_jacobian
-from gradscope.analysis.scores import SCORES, companion_stats, wirtinger
+from gradscope.analysis.scores import SCORES, companion_stats, finite_matrices, svd_or_nan, wirtinger
 from gradscope.errors import check
 from gradscope.tasks.probes import Probes
 
@@ -27,6 +27,8 @@ class StabilityResult:
 
     scores[kind] (2 pair, n); stats[name] (2 pair, n); singular_values (3 member, n, k);
     wirtinger_real / wirtinger_imag (2 pair, n) for S4D (the conjugate-Wirtinger score), else None.
+    nonfinite (3 member, n) bool: the Jacobian has a NaN or Inf entry (a diverged model); every
+    score and statistic of its pairs is then NaN.
     """
 
     scores: dict[str, torch.Tensor]
@@ -34,6 +36,12 @@ class StabilityResult:
     singular_values: torch.Tensor
     wirtinger_real: torch.Tensor | None
     wirtinger_imag: torch.Tensor | None
+    nonfinite: torch.Tensor | None = None
+
+    @property
+    def nonfinite_count(self) -> int:
+        """Jacobians with a NaN or Inf entry."""
+        return 0 if self.nonfinite is None else int(self.nonfinite.sum())
 
 
 def wirtinger_score(ja: torch.Tensor, jb: torch.Tensor) -> torch.Tensor:
@@ -44,11 +52,12 @@ def wirtinger_score(ja: torch.Tensor, jb: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den.where(den > 0, 1.0), torch.full_like(num, complex(float("nan"), 0.0)))
 
 
-def triplets_per_chunk(model: nn.Module, requested: int, budget_bytes: int) -> int:
-    """At most ``requested`` triplets, fewer if their 3 Jacobians (D_out × D each) would exceed the budget.
+def triplets_per_chunk(model: nn.Module, requested: int, budget_bytes: int, steps: int = 0) -> int:
+    """At most ``requested`` triplets, fewer if their 3 Jacobians (D_out × D each) and scanned
+    states (``steps`` × D each) would exceed the budget.
     (A paper-size S4D Jacobian is 512 × 32768 floats = 64 MB per sequence.)"""
     param = next(model.parameters())
-    per_triplet = 3 * model.core.out_dim * model.core.state_dim * param.element_size()
+    per_triplet = 3 * (model.core.out_dim + steps) * model.core.state_dim * param.element_size()
     return max(1, min(requested, budget_bytes // max(per_triplet, 1)))
 
 
@@ -62,14 +71,18 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
     token id, or none (None: y_T is read right after the probe's last token).
     Up to ``chunk`` triplets (3·chunk sequences) are processed at a time, fewer when their Jacobians
     would exceed ``memory_budget`` bytes; ``on_chunk(k)`` reports progress.
+    A Jacobian with a NaN or Inf entry (a diverged model) gives NaN scores and statistics for its
+    pairs, and is flagged in ``nonfinite``; it never stops the analysis.
     """
     if output_phase == "query":
         output_phase = getattr(model, "query_token", None)
         check(output_phase is not None, "output_phase: this model has no query token; give a filler token id or None")
     device = next(model.parameters()).device
     complex_state = bool(getattr(model.core, "complex_state", False))
-    chunk = triplets_per_chunk(model, chunk, memory_budget)
+    steps = probes.length * (1 if output_phase is None else 2)
+    chunk = triplets_per_chunk(model, chunk, memory_budget, steps)
     parts: dict[str, list[torch.Tensor]] = {}
+    nonfinite: list[torch.Tensor] = []
 
     def keep(name: str, value: torch.Tensor) -> None:
         parts.setdefault(name, []).append(value.detach().to("cpu", torch.float64))
@@ -86,7 +99,8 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
         out = res.output.reshape(n, 3, -1)  # (n, 3, D_out)
         ja, jb = jac[:, :1].expand(-1, 2, -1, -1), jac[:, 1:]  # base against both partners: (n, 2, D_out, D)
         ya, yb = out[:, :1].expand(-1, 2, -1), out[:, 1:]
-        u, s, _ = torch.linalg.svd(jac, full_matrices=False)  # one decomposition per sequence, reused
+        nonfinite.append(~finite_matrices(jac).T.cpu())  # (3, n)
+        u, s = svd_or_nan(jac)  # one decomposition per sequence, reused
         svd_a = (u[:, :1].expand(-1, 2, -1, -1), s[:, :1].expand(-1, 2, -1))
         svd_b = (u[:, 1:], s[:, 1:])
         for kind, fn in SCORES.items():
@@ -104,4 +118,4 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
     scores = {kind: cat.pop(f"score_{kind}") for kind in SCORES}
     sv = cat.pop("singular_values")
     wr, wi = cat.pop("wirtinger_real", None), cat.pop("wirtinger_imag", None)
-    return StabilityResult(scores, cat, sv, wr, wi)
+    return StabilityResult(scores, cat, sv, wr, wi, torch.cat(nonfinite, dim=1))

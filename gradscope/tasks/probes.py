@@ -10,16 +10,27 @@ model reads the L tokens, then L query tokens (the output phase; PE continues th
 
 from __future__ import annotations
 
+import ast
 import math
+import struct
+import warnings
+import zipfile
+import zlib
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
+import numpy as np
 import torch
 
-from gradscope.errors import check
+from gradscope.errors import GradscopeError, check
+from gradscope.guard import check_bytes, check_tensor
 from gradscope.tasks.vocab import group_bounds
 
 MEMBERS = ("base", "same-target", "same-suffix")
 GROUPS = ("frequent", "rare", "all")
+MAX_LABEL = 100  # characters of a condition label
+MAX_HEADER = 10_000  # bytes of a .npy header (numpy's own limit)
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,16 @@ class Probes:
     tokens: torch.Tensor
     target_group: tuple[str, ...]
     disturbant_group: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        check_tensor(self.tokens, "probes", kind="int", ndim=3)
+        check(self.tokens.shape[0] >= 1 and self.tokens.shape[1] == 3 and self.tokens.shape[2] >= 1,
+              f"probes: shape {tuple(self.tokens.shape)}; expected (n, 3 [base, same-target, same-suffix], L) with "
+              f"n, L >= 1")
+        n = self.tokens.shape[0]
+        check(len(self.target_group) == n and len(self.disturbant_group) == n,
+              f"probes: {len(self.target_group)} target and {len(self.disturbant_group)} disturbant labels for {n} "
+              f"triplets; give one of each per triplet")
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -125,3 +146,191 @@ def check_probes_fit(probes: Probes, vocab_size: int, length: int) -> None:
     low, high = int(probes.tokens.min()), int(probes.tokens.max())
     check(low >= 0 and high < vocab_size,
           f"probes: token ids span {low}…{high}; this model's vocabulary is 0…{vocab_size - 1}")
+
+
+# ---- probes and token counts from files: the validation layer of SPEC §4's inputs ---------------
+
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+PROBE_ARRAYS = (("tokens", "iu", 3), ("target_group", "US", 1), ("disturbant_group", "US", 1))
+
+
+def _npy_header(fh: IO[bytes], what: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) from a .npy header, parsed strictly: a literal dict of exactly
+    descr (a dtype string), fortran_order (a bool) and shape (a tuple of ints), at most
+    MAX_HEADER characters (numpy's own reader also runs a Python-2 tokenizer over bad headers,
+    which raises tokenize errors and prints warnings)."""
+    magic = fh.read(8)
+    check(len(magic) == 8 and magic[:6] == NPY_MAGIC and magic[6] in (1, 2, 3) and magic[7] == 0,
+          f"{what}: not a .npy array of format version 1, 2 or 3")
+    size_format = "<H" if magic[6] == 1 else "<I"
+    raw = fh.read(struct.calcsize(size_format))
+    length = struct.unpack(size_format, raw)[0] if len(raw) == struct.calcsize(size_format) else -1
+    check(0 <= length <= MAX_HEADER, f"{what}: its .npy header is truncated or longer than {MAX_HEADER} bytes")
+    header = fh.read(length)
+    check(len(header) == length, f"{what}: truncated inside its .npy header")
+    try:
+        d = ast.literal_eval(header.decode("latin1" if magic[6] < 3 else "utf-8"))
+    except (UnicodeDecodeError, ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise GradscopeError(f"{what}: its .npy header is not a literal dictionary") from None
+    ok = isinstance(d, dict) and set(d) == {"descr", "fortran_order", "shape"} and isinstance(d["descr"], str) \
+        and isinstance(d["fortran_order"], bool) and isinstance(d["shape"], tuple) \
+        and all(type(x) is int and x >= 0 for x in d["shape"])
+    check(ok, f"{what}: its .npy header is malformed (expected descr, fortran_order and a shape of sizes >= 0)")
+    try:
+        dtype = np.dtype(d["descr"])
+    except (TypeError, ValueError):
+        raise GradscopeError(f"{what}: its .npy header names an unknown dtype {d['descr'][:20]!r}") from None
+    return d["shape"], d["fortran_order"], dtype
+
+
+def read_npy(fh: IO[bytes], present: float, what: str, kinds: str, ndim: int) -> np.ndarray:
+    """One array from the .npy stream ``fh``, its header checked before any data is read: a plain
+    dtype of the numpy ``kinds`` (never objects, so never a pickle), ``ndim`` dimensions, and a size
+    that fits in memory and that the ``present`` bytes on disk can plausibly hold (a deflate bomb
+    declares gigabytes in a few kilobytes). Then exactly that many bytes are read."""
+    shape, fortran, dtype = _npy_header(fh, what)
+    wanted = "integers" if kinds == "iu" else "numbers" if "f" in kinds else "strings"
+    check(not dtype.hasobject and dtype.fields is None and dtype.shape == () and dtype.kind in kinds,
+          f"{what}: holds dtype {dtype.str!r}; expected {wanted}")
+    check(len(shape) == ndim, f"{what}: has shape {shape}; expected {ndim} dimension(s)")
+    nbytes = math.prod(shape) * dtype.itemsize
+    check_bytes(min(nbytes, 1 << 100), what, present=present)
+    try:
+        data = fh.read(nbytes)
+    except (EOFError, OSError, zlib.error, zipfile.BadZipFile) as exc:
+        raise GradscopeError(f"{what}: its data cannot be read ({' '.join(str(exc).split())[:120]})") from None
+    check(len(data) == nbytes, f"{what}: truncated: its header declares {nbytes} bytes of data, the file holds {len(data)}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+
+
+def _labels(values: np.ndarray | None, n: int, what: str) -> tuple[str, ...]:
+    """One printable label of at most MAX_LABEL characters per triplet ("file" when none are given)."""
+    if values is None:
+        return ("file",) * n
+    check(values.shape == (n,), f"{what}: {values.shape[0]} labels for {n} triplets; give one per triplet")
+    out = []
+    for v in values.tolist():
+        try:
+            text = v.decode("utf-8") if isinstance(v, bytes) else v
+            text.encode("utf-8")
+        except UnicodeError:
+            raise GradscopeError(f"{what}: a label is not valid UTF-8 text") from None
+        check(0 < len(text) <= MAX_LABEL and text.isprintable(),
+              f"{what}: got the label {text[:40]!r}; labels are 1 to {MAX_LABEL} printable characters")
+        out.append(text)
+    return tuple(out)
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    what = f"probes_file: {path}"
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise GradscopeError(f"{what} is not a readable .npz archive ({' '.join(str(exc).split())[:120]})") from None
+    with archive:
+        infos = archive.infolist()
+        names = [i.filename for i in infos]
+        check(len(set(names)) == len(names), f"{what}: the archive names a member twice")
+        by_name = {i.filename: i for i in infos}
+        check("tokens.npy" in by_name or "tokens" in by_name, f"{what}: has no 'tokens' array (members: {', '.join(names[:5])[:120]}); "
+                                       f"expected .npz with 'tokens' (+ 'target_group', 'disturbant_group')")
+        arrays = {}
+        for key, kinds, ndim in PROBE_ARRAYS:
+            info = by_name.get(f"{key}.npy") or by_name.get(key)  # numpy reads either name
+            if info is None:
+                continue
+            check(not info.flag_bits & 0x1, f"{what}: its {key} array is encrypted")
+            check(info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED),
+                  f"{what}: its {key} array uses compression method {info.compress_type}; expected stored or deflated")
+            try:
+                with archive.open(info) as fh:
+                    arrays[key] = read_npy(fh, info.compress_size, f"{what}: {key}", kinds, ndim)
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+                if isinstance(exc, GradscopeError):
+                    raise
+                raise GradscopeError(f"{what}: its {key} array cannot be read ({' '.join(str(exc).split())[:120]})") from None
+    return arrays
+
+
+def read_probe_arrays(path: Path) -> Probes:
+    """Probe triplets from a .npy file (int (n, 3, L)) or a .npz archive (``tokens`` plus optional
+    ``target_group`` and ``disturbant_group`` string arrays). Everything is checked before it is
+    used: sizes against memory and against the bytes on disk (before decompressing), dtypes (never
+    objects, so never a pickle), shapes, and ids (non-negative; against a vocabulary with
+    :func:`check_probes_fit`)."""
+    path = Path(path)
+    what = f"probes_file: {path}"
+    check(path.is_file(), f"probes_file: {path} does not exist")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+            fh.seek(0)
+            npy = read_npy(fh, path.stat().st_size, what, "iu", 3) if magic == NPY_MAGIC else None
+    except OSError as exc:
+        raise GradscopeError(f"{what}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if npy is not None:
+        arrays = {"tokens": npy}
+    elif magic[:4] in ZIP_MAGICS:
+        arrays = _read_npz(path)
+    else:
+        raise GradscopeError(f"probes_file: cannot read {path}: neither .npy nor .npz; expected .npy int64 (n, 3, L), "
+                             f".npz with 'tokens', or a stability store")
+    tokens = arrays["tokens"]
+    check(tokens.shape[0] >= 1 and tokens.shape[1] == 3 and tokens.shape[2] >= 1,
+          f"{what} has shape {tokens.shape}; expected (n, 3 [base, same-target, same-suffix], L) with n, L >= 1")
+    low, high = int(tokens.min()), int(tokens.max())
+    check(low >= 0 and high < 2**62, f"{what}: token ids span {low}…{high}; ids are non-negative vocabulary indices")
+    n = tokens.shape[0]
+    return Probes(torch.from_numpy(tokens.astype(np.int64)), _labels(arrays.get("target_group"), n, f"{what}: target_group"),
+                  _labels(arrays.get("disturbant_group"), n, f"{what}: disturbant_group"))
+
+
+def validate_probes(probes: Any, what: str = "probes") -> Probes:
+    """Probes given from outside (a tensor, a store, a Probes), checked: (n >= 1, 3, L >= 1) integer
+    ids >= 0, one label of at most MAX_LABEL printable characters per triplet."""
+    if isinstance(probes, torch.Tensor):
+        check_tensor(probes, what, kind="int", ndim=3)
+        probes = Probes(probes.long(), ("file",) * probes.shape[0], ("file",) * probes.shape[0])
+    check(isinstance(probes, Probes), f"{what}: got {type(probes).__name__}; expected a path, a Probes or a tensor (n, 3, L)")
+    low = int(probes.tokens.min())  # Probes checked the shape (n >= 1, 3, L >= 1) and the dtype
+    check(low >= 0, f"{what}: token ids below 0 ({low}); ids are vocabulary indices")
+    labels = probes.target_group + probes.disturbant_group
+    check(all(isinstance(v, str) and 0 < len(v) <= MAX_LABEL and v.isprintable() for v in labels),
+          f"{what}: condition labels must be 1 to {MAX_LABEL} printable characters")
+    return probes
+
+
+def read_counts_file(path: Path) -> torch.Tensor:
+    """Token counts (K,) from a .npy file, or a text file with one count per line (line i = token id
+    i): K >= 2 finite, non-negative numbers, the size checked against memory before reading."""
+    path = Path(path)
+    what = f"token_counts: {path}"
+    check(path.is_file(), f"{what} does not exist")
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+            fh.seek(0)
+            npy = read_npy(fh, size, what, "iuf", 1) if magic == NPY_MAGIC else None
+    except OSError as exc:
+        raise GradscopeError(f"{what}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if npy is not None:
+        values = npy
+    else:
+        check_bytes(4 * size, what)  # at most size/2 lines of one count, 8 bytes each
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # numpy warns about an empty file; it is refused below
+                values = np.loadtxt(path, ndmin=1, dtype=np.float64)
+        except (ValueError, OSError) as exc:
+            raise GradscopeError(f"{what}: cannot be read as one count per line ({type(exc).__name__}); expected "
+                                 f".npy or one count per line") from None
+    check(values.ndim == 1 and values.size >= 2,
+          f"{what} must hold one count per token id, shape (K,) with K >= 2; got shape {values.shape}")
+    values = values.astype(np.float64)
+    check(bool(np.isfinite(values).all()) and bool((values >= 0).all()),
+          f"{what} must hold finite, non-negative counts")
+    return torch.from_numpy(values)
+
+

@@ -10,7 +10,9 @@ the re-run resumes training from the last checkpoint and redoes only missing sto
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,7 +21,16 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
 from gradscope.errors import GradscopeError, check
+from gradscope.guard import check_bytes
+from gradscope.workflows.stability import as_count
 from gradscope.workflows.sweep import Analyses, PointOutcome, SweepPoint, run_point
+
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")  # dask's network transports
+ADDRESS = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"
+                     r":(?P<port>[0-9]{1,5})$")
+WORKER_BYTES = 256 << 20  # a local worker process, before any work: interpreter, torch, dask
+MAX_THREADS = 4096
+MAX_RETRIES = 100
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,25 @@ class ClusterOptions:
     threads: int | None = None
     resources: dict[str, float] = field(default_factory=dict)
     retries: int = 0
+
+    def __post_init__(self) -> None:
+        if self.scheduler is not None:
+            m = ADDRESS.match(self.scheduler) if isinstance(self.scheduler, str) else None
+            check(m is not None and (m["scheme"] or "tcp") in SCHEMES and 1 <= int(m["port"]) <= 65535,
+                  f"scheduler: got {str(self.scheduler)[:80]!r}; expected a dask scheduler address "
+                  f"[SCHEME://]HOST:PORT with SCHEME one of {', '.join(SCHEMES)}, e.g. tcp://host:8786")
+            check(self.workers is None, "workers: it sizes a local cluster; with `scheduler`, start workers with "
+                                        "`dask worker ADDRESS` instead")
+        if self.workers is not None:
+            object.__setattr__(self, "workers", as_count(self.workers, "workers", 1))
+            check_bytes(self.workers * WORKER_BYTES, "workers")
+        if self.threads is not None:
+            object.__setattr__(self, "threads", as_count(self.threads, "threads", 1, MAX_THREADS))
+        check(isinstance(self.resources, dict) and all(
+            isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v > 0 for k, v in self.resources.items()),
+            f"resources: got {self.resources!r}; give NAME=AMOUNT pairs with finite positive amounts, such as GPU=1")
+        object.__setattr__(self, "retries", as_count(self.retries, "retries", 0, MAX_RETRIES))
 
 
 @dataclass
@@ -67,7 +97,8 @@ def parse_resources(text: str | None) -> dict[str, float]:
             out[name.strip()] = float(value)
         except ValueError:
             sep = ""
-        check(bool(sep) and bool(name.strip()) and out.get(name.strip(), 0) > 0,
+        amount = out.get(name.strip(), 0.0)
+        check(bool(sep) and bool(name.strip()) and math.isfinite(amount) and amount > 0,
               f"resources: got {text!r}; give NAME=AMOUNT pairs such as GPU=1 (comma-separated)")
     return out
 
@@ -86,14 +117,10 @@ def open_client(opts: ClusterOptions, points: int) -> Iterator[Any]:
     on exit. Logs of the cluster below ERROR are silenced (the progress bar speaks instead)."""
     import dask
     from distributed import Client, LocalCluster
-    check(opts.workers is None or opts.workers >= 1, f"workers: got {opts.workers}; it must be >= 1")
-    check(opts.threads is None or opts.threads >= 1, f"threads: got {opts.threads}; it must be >= 1")
     if opts.scheduler is not None:
-        check(opts.workers is None, "workers: it sizes a local cluster; with `scheduler`, start workers with "
-                                    "`dask worker ADDRESS` instead")
         try:
             client = Client(opts.scheduler, timeout="10s")
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:  # ValueError: dask refused the address
             raise GradscopeError(f"scheduler: cannot reach a dask scheduler at {opts.scheduler} "
                                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
         try:

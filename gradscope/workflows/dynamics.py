@@ -18,8 +18,10 @@ system is the one the model saw, only longer.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,12 +33,14 @@ from torch import nn
 from gradscope.analysis import dynamics as dyn
 from gradscope.config import RunConfig
 from gradscope.errors import check
+from gradscope.guard import check_bytes, check_ids, check_tensor
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.train.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
-from gradscope.workflows.stability import STABILITY_TASKS, conditions_for, config_attrs, expand_checkpoints
+from gradscope.workflows.stability import (MAX_COUNT, STABILITY_TASKS, DivergedWarning, as_count, as_seed,
+                                           conditions_for, config_attrs, expand_checkpoints)
 
 PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")
 
@@ -58,13 +62,48 @@ class DynamicsOptions:
     device: str = "auto"
 
     def __post_init__(self) -> None:
+        """Types and ranges; the memory the sizes imply is checked once the model is known
+        (:func:`dynamics_bytes`)."""
+        check(isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts),
+              f"parts: got {self.parts!r}; valid parts are {', '.join(PARTS)}")
         bad = [p for p in self.parts if p not in PARTS]
         check(not bad and bool(self.parts), f"parts: got {', '.join(bad) or 'none'}; valid parts are {', '.join(PARTS)}")
+        object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
         for name in ("sequences", "grid_sequences", "top_sv", "trajectories", "steps", "reorth"):
-            value = getattr(self, name)
-            check(isinstance(value, int) and value >= 1, f"{name}: got {value!r}; it must be a positive integer")
-        check(isinstance(self.warmup, int) and 0 <= self.warmup < self.steps,
-              f"warmup: got {self.warmup!r}; need 0 <= warmup < steps ({self.steps})")
+            object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
+        object.__setattr__(self, "warmup", as_count(self.warmup, "warmup", 0, self.steps - 1))
+        object.__setattr__(self, "seed", as_seed(self.seed, "seed"))
+        check(self.seed < 2**63 - 1, f"seed: got {self.seed}; it must be below {2**63 - 1} (trajectories use seed + 1)")
+        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
+
+
+def dynamics_bytes(opts: DynamicsOptions, n: int, T: int, D: int, H: int, width: int, checkpoints: int = 1) -> int:
+    """Memory the requested parts need for ``n`` probe sequences of T steps of a core with state
+    width D, output width H and input width ``width`` (8 bytes a number, generously): the largest
+    working set of one part, plus every checkpoint's results (held until the store is written,
+    then copied once)."""
+    g, k, m, S = min(opts.grid_sequences, n), min(opts.top_sv, D), opts.trajectories, opts.steps
+    chunk, gates = min(n, 64), 4
+    work = {"flow": chunk * (T * (D + 2) + 3 * H * D), "grid": g * T * (T + 2 * D * D),
+            "spectra": n * (T * (1 + k) + 3 * D * D), "gates": n * (T * (gates + D) + 2 * gates * D * D),
+            "lyapunov": m * (S * (width + 2) + 5 * D * D + (S // 10 + 2) * D)}
+    kept = {"flow": 2 * n * T, "grid": g * T * T, "spectra": n * T * (1 + k), "gates": n * T * gates,
+            "lyapunov": m * (S // 10 + 3) * D}
+    parts = [p for p in opts.parts if p in work]
+    return 8 * (2 * n * T + max(work[p] for p in parts) + 2 * checkpoints * sum(kept[p] for p in parts))
+
+
+def nonfinite_counts(parts: dict[str, np.ndarray]) -> dict[str, int]:
+    """NaN/Inf values per stored part that a healthy model gives finite (a diverged model's): the
+    (t, T) grid's undefined t > T half and the flow's column T (it needs a readout) are skipped."""
+    counts = {}
+    for name, values in parts.items():
+        if name == "grid":
+            values = values[..., np.triu(np.ones(values.shape[-2:], dtype=bool))]
+        elif name.startswith("flow_"):
+            values = values[..., :-1]
+        counts[name] = int(values.size - np.isfinite(values).sum())
+    return counts
 
 
 @dataclass(frozen=True)
@@ -80,16 +119,28 @@ class DynamicsRun:
     options: DynamicsOptions
     command: str = ""
     device: str = "cpu"
+    nonfinite: dict[str, int] = field(default_factory=dict)  # part → NaN/Inf values (see nonfinite_counts)
 
     def to_xarray(self) -> xr.Dataset:
         tokens = self.probes.tokens[:, 0].numpy()  # the base members
         n, L = tokens.shape
         query = np.full((n, self.token_class.shape[1] - L), -1)  # the output phase's query token
-        return dynamics_dataset(self.results, tokens=np.concatenate([tokens, query], axis=1),
-                                token_class=self.token_class, condition=np.asarray(self.probes.conditions),
-                                gate_names=self.gate_names, lyapunov_steps=self.lyapunov_steps,
-                                options=dataclasses.asdict(self.options), config=self.config,
-                                command=self.command, device=self.device)
+        ds = dynamics_dataset(self.results, tokens=np.concatenate([tokens, query], axis=1),
+                              token_class=self.token_class, condition=np.asarray(self.probes.conditions),
+                              gate_names=self.gate_names, lyapunov_steps=self.lyapunov_steps,
+                              options=dataclasses.asdict(self.options), config=self.config,
+                              command=self.command, device=self.device)
+        ds.attrs["nonfinite_values"] = json.dumps(self.nonfinite)
+        return ds
+
+
+def warn_diverged(run: DynamicsRun) -> None:
+    """A :class:`DivergedWarning` when some values a healthy model gives finite are NaN or Inf."""
+    bad = {k: v for k, v in run.nonfinite.items() if v}
+    if bad:
+        warnings.warn(DivergedWarning(f"non-finite (NaN or Inf) values, a diverged model: "
+                                      f"{', '.join(f'{v} in {k}' for k, v in bad.items())}; they are stored as they "
+                                      f"are"), stacklevel=3)
 
 
 def token_classes(tokens: torch.Tensor, vocab_size: int, query: int | None) -> np.ndarray:
@@ -149,23 +200,31 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
                  on_start: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None,
                  command: str = "") -> DynamicsRun:
     """Dynamics of every checkpoint (run directories expand to all of theirs, oldest first), on the
-    same probe sequences and the same trajectories. ``on_progress(1)`` after each checkpoint."""
+    same probe sequences and the same trajectories. ``on_progress(1)`` after each checkpoint.
+    Checkpoints are loaded one at a time, each dropped before the next is loaded; a diverged one
+    (NaN/Inf values) is stored as it is, with a :class:`DivergedWarning`."""
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)
-    first = load_checkpoint(files[0])
-    task = first.config.task
+    loaded = load_checkpoint(files[0])
+    task, core_name = loaded.config.task, loaded.config.model.core
     check(task.name in STABILITY_TASKS, f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
                                         f"{', '.join(STABILITY_TASKS)} (an input phase followed by query tokens)")
     conditions = conditions_for(task, target_groups, disturbant_groups)
+    core, query = loaded.model.core, loaded.model.query_token
+    width = loaded.model.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
+    check_bytes(dynamics_bytes(opts, len(conditions) * opts.sequences, 2 * task.length, core.state_dim, core.out_dim,
+                               width, len(files)), "sequences/grid_sequences/trajectories/steps")
     probes = make_probes(opts.sequences, task.length, 1, task.vocab_size, conditions, opts.seed)
-    tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], first.model.query_token)], dim=1)
-    classes = token_classes(tokens, task.vocab_size, first.model.query_token)
+    tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], query)], dim=1)
+    classes = token_classes(tokens, task.vocab_size, query)
+    config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files))
-    results, names, lyap_steps = [], (), None
-    for path in files:
-        loaded = first if path == files[0] else load_checkpoint(path)
-        check(loaded.config.task == first.config.task and loaded.config.model.core == first.config.model.core,
+    results, names, lyap_steps, nonfinite = [], (), None, {}
+    for i, path in enumerate(files):
+        if i:
+            loaded = load_checkpoint(path)
+        check(loaded.config.task == task and loaded.config.model.core == core_name,
               f"checkpoint: {path} has another task or core than {files[0]}; analyse it separately")
         model = loaded.model.to(device)
         traj = task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1) \
@@ -173,11 +232,14 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
         parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))
-        del loaded, model
+        for k, v in nonfinite_counts(parts).items():
+            nonfinite[k] = nonfinite.get(k, 0) + v
+        loaded = model = traj = None  # only one checkpoint in memory at a time
         if on_progress is not None:
             on_progress(1)
-    return DynamicsRun(config_attrs(first.config), probes, classes, results, names, lyap_steps, opts, command,
-                       str(device))
+    out = DynamicsRun(config, probes, classes, results, names, lyap_steps, opts, command, str(device), nonfinite)
+    warn_diverged(out)
+    return out
 
 
 def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOptions = DynamicsOptions(), *,
@@ -190,12 +252,24 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
     embedding's vocabulary (a wrapped model with an ``nn.Embedding``), else required.
     counts: token counts per id (optional): steps are then classed frequent/rare by
     :func:`~gradscope.tasks.probes.frequency_groups`, else every step is class ``token``."""
-    check(isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and not tokens.is_floating_point(),
-          f"tokens: expected token ids (n, T); got {getattr(tokens, 'shape', type(tokens).__name__)}")
+    check(isinstance(model, nn.Module) and hasattr(model, "core") and hasattr(model, "core_inputs"),
+          f"model: expected a gradscope model or gradscope.wrap(...); got {type(model).__name__}")
+    vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
+    for name, ids in (("tokens", tokens), ("trajectory_tokens", trajectory_tokens)):
+        if ids is not None or name == "tokens":
+            check_tensor(ids, name, kind="int", ndim=2)
+            check(ids.shape[0] >= 1 and ids.shape[1] >= 1, f"{name}: shape {tuple(ids.shape)}; expected (n >= 1, T >= 1)")
+            if vocab is not None:
+                check_ids(ids, name, int(vocab))
+    width = model.core_inputs(tokens[:1, :1].to(next(model.parameters()).device)).shape[-1]
+    lyap = opts if trajectory_tokens is None else dataclasses.replace(
+        opts, trajectories=trajectory_tokens.shape[0], steps=trajectory_tokens.shape[1],
+        warmup=min(opts.warmup, trajectory_tokens.shape[1] - 1))
+    check_bytes(dynamics_bytes(lyap, tokens.shape[0], tokens.shape[1], model.core.state_dim, model.core.out_dim, width),
+                "tokens/trajectories/steps")
     device = resolve_device(opts.device)
     model = model.to(device)
     if "lyapunov" in opts.parts and trajectory_tokens is None:
-        vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
         check(vocab is not None, "trajectory_tokens: give the Lyapunov trajectories' token ids (m, S) for this model")
         gen = torch.Generator().manual_seed(opts.seed + 1)
         trajectory_tokens = torch.randint(0, int(vocab), (opts.trajectories, opts.steps), generator=gen)
@@ -215,7 +289,10 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
               (model.describe() if hasattr(model, "describe") else {"core": type(model.core).__name__}),
               "task_config": {}, "train_config": {}}
     result = DynamicsResult(Path("<in memory>"), -1, "", parts, blocks)
-    return DynamicsRun(config, probes, classes, [result], names, lyap_steps, opts, command, str(device))
+    out = DynamicsRun(config, probes, classes, [result], names, lyap_steps, opts, command, str(device),
+                      nonfinite_counts(parts))
+    warn_diverged(out)
+    return out
 
 
 def dynamics(source: Any, opts: DynamicsOptions | None = None, *, tokens: torch.Tensor | None = None,

@@ -11,17 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
 import xarray as xr
 
 from gradscope.config import RunConfig
 from gradscope.errors import check
+from gradscope.guard import check_bytes, safe_component
 from gradscope.models import SeqModel
 from gradscope.presets import SCALES
 from gradscope.tasks import make_task
 from gradscope.train.checkpoint import checkpoint_iteration, resolve_checkpoints
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
-from gradscope.workflows.stability import StabilityOptions, run_stability
+from gradscope.workflows.stability import (STABILITY_TASKS, StabilityOptions, as_seed, conditions_for, result_bytes,
+                                           run_stability)
 
 PES = ("none", "sinusoidal")
 
@@ -31,6 +34,9 @@ class PlannedRun:
     name: str  # <core>-<pe>-s<seed>
     config: RunConfig
 
+    def __post_init__(self) -> None:
+        safe_component(self.name, "run name")  # it names a directory under the study's root
+
     @property
     def tokens(self) -> int:
         """Tokens processed in training (batch × sequence length × iterations)."""
@@ -39,7 +45,24 @@ class PlannedRun:
 
     @property
     def parameters(self) -> int:
-        return sum(p.numel() for p in SeqModel(self.config.model).parameters())
+        """Trainable parameters, counted on the meta device (nothing is allocated)."""
+        with torch.device("meta"):
+            model = SeqModel(self.config.model)
+        return sum(p.numel() for p in model.parameters())
+
+    @property
+    def memory_bytes(self) -> int:
+        """A lower bound of training memory, from the config alone (nothing is built), so a refusal
+        is never a false alarm: float32 weights (at least the embedding, a position table, one H × H
+        recurrent matrix per layer and the readout), their gradients and two Adam moments; one batch's inputs, states
+        of every layer and logits at every step (autograd keeps more); the held-out data (int64)."""
+        m, t, task = self.config.model, self.config.train, self.config.task
+        weights = (m.vocab_size + 1) * m.embed_size + m.num_layers * m.hidden_size ** 2 + m.hidden_size * m.vocab_size
+        weights += m.max_len * m.embed_size if m.pe in ("learnable", "random") else 0  # a position table
+        steps = 2 * task.length  # every task reads its input, then answers (at least as long)
+        width = m.embed_size + 2 * m.hidden_size * m.num_layers + m.vocab_size
+        grid = 4 * task.grid_per_cell * task.length * task.length
+        return 4 * (4 * weights + t.batch_size * steps * width) + 8 * steps * (2 * task.heldout_size + grid)
 
     @property
     def train_flops(self) -> float:
@@ -51,9 +74,13 @@ def plan_runs(scale: str, models: list[str], seeds: list[int], iterations: int |
               pes: tuple[str, ...] = PES) -> list[PlannedRun]:
     """Every (model, PE, seed) run of the study, configured from ``SCALES[scale]``."""
     check(scale in SCALES, f"scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
+    check(bool(models), f"models: give at least one of {', '.join(SCALES[scale])}")
     for m in models:
         check(m in SCALES[scale], f"models: got {m!r}; valid models are {', '.join(SCALES[scale])}")
     check(bool(seeds), "seeds: give at least one seed")
+    seeds = [as_seed(s, "seeds") for s in seeds]
+    check(len(set(seeds)) == len(seeds), f"seeds: got {seeds}; a seed given twice would train the same run twice")
+    check(len(set(models)) == len(models), f"models: got {models}; a model given twice would train the same runs twice")
     check(iterations is None or iterations > 0, f"iterations: got {iterations}; it must be positive")
     runs = []
     for core in models:
@@ -72,6 +99,19 @@ def plan_runs(scale: str, models: list[str], seeds: list[int], iterations: int |
                                 train=dataclasses.replace(train_cfg, seed=seed))
                 runs.append(PlannedRun(f"{core}-{pe}-s{seed}", cfg))
     return runs
+
+
+def check_run_sizes(r: PlannedRun, stability: StabilityOptions | None = None, checkpoints: int | None = None) -> None:
+    """Refuse a planned run (before it starts) whose training, or whose stability analysis over
+    ``checkpoints`` checkpoints (None: every one it saves), would not fit in memory."""
+    check_bytes(min(r.memory_bytes, 1 << 100), f"{r.name}: training (hidden {r.config.model.hidden_size}, vocab "
+                                f"{r.config.model.vocab_size}, batch {r.config.train.batch_size})")
+    if stability is not None and r.config.task.name in STABILITY_TASKS:
+        t = r.config.train
+        saved = checkpoints if checkpoints is not None else -(-t.iterations // t.checkpoint_every)
+        conditions = len(conditions_for(r.config.task, stability.target_groups, stability.disturbant_groups))
+        check_bytes(min(result_bytes(conditions * stability.triplets, r.config.task.length, saved,
+                                     min(stability.top_sv, r.config.model.hidden_size)), 1 << 100), "triplets")
 
 
 @dataclass(frozen=True)

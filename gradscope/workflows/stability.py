@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import operator
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -14,16 +17,37 @@ import xarray as xr
 from torch import nn
 
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
+from gradscope.analysis.jacobian import METHODS
 from gradscope.analysis.stability import PAIRS, probe_stability
 from gradscope.config import ModelConfig, RunConfig, TaskConfig
-from gradscope.errors import GradscopeError, check
+from gradscope.errors import check
+from gradscope.guard import as_int, check_bytes
 from gradscope.store.records import CheckpointResult
 from gradscope.store.stability import probes_from_store, stability_dataset
-from gradscope.tasks.probes import GROUPS, Probes, check_probes_fit, frequency_groups, make_probes
+from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_groups, make_probes, read_counts_file,
+                                    read_probe_arrays, validate_probes)
 from gradscope.train.checkpoint import Loaded, load_checkpoint, resolve_checkpoints
 from gradscope.train.device import resolve_device
 
 STABILITY_TASKS = ("reverse", "reverse-variable", "sort")
+MAX_SEED = 2**63 - 1
+MAX_COUNT = 2**31 - 1  # sizes, positions and counts of options: beyond this none fits in memory anyway
+
+
+class DivergedWarning(UserWarning):
+    """Some Jacobians had NaN or Inf entries (a diverged model): their scores are NaN, counted."""
+
+
+def as_count(value: Any, what: str, low: int = 1, high: int | None = None) -> int:
+    """An integer option (an int, an integral float or a numpy integer) within [low, high]."""
+    if not isinstance(value, (bool, float, int)) and hasattr(value, "__index__"):
+        value = operator.index(value)  # numpy integers
+    return as_int(value, what, low, high)
+
+
+def as_seed(value: Any, what: str = "seed") -> int:
+    """A seed from outside: an integer in 0 … 2**63 − 1 (what torch and numpy generators accept)."""
+    return as_count(value, what, 0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -48,6 +72,32 @@ class StabilityOptions:
     filler: int | None = None
     split: float = 0.5
 
+    def __post_init__(self) -> None:
+        """Types and ranges (bounds that need the model, such as position <= L, and the memory the
+        probes need are checked once the checkpoint is known)."""
+        for name in ("target_groups", "disturbant_groups"):
+            groups = getattr(self, name)
+            check(isinstance(groups, (tuple, list)) and all(isinstance(g, str) for g in groups),
+                  f"{name}: got {groups!r}; expected a tuple of groups ({', '.join(GROUPS)})")
+            object.__setattr__(self, name, tuple(dict.fromkeys(groups)))  # a group named twice is one condition
+        for name in ("position", "triplets", "chunk", "top_sv"):
+            object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
+        object.__setattr__(self, "seed", as_seed(self.seed))
+        check(self.method == "auto" or self.method in METHODS,
+              f"method: got {self.method!r}; valid values are auto, {', '.join(METHODS)}")
+        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
+        for name in ("probes_file", "token_counts"):
+            value = getattr(self, name)
+            check(value is None or isinstance(value, (str, Path)), f"{name}: got {type(value).__name__}; expected a path")
+            if isinstance(value, str):
+                object.__setattr__(self, name, Path(value))
+        if self.length is not None:
+            object.__setattr__(self, "length", as_count(self.length, "length", 1, MAX_COUNT))
+        if self.filler is not None:
+            object.__setattr__(self, "filler", as_count(self.filler, "filler", 0, MAX_COUNT))
+        check(isinstance(self.split, (int, float)) and not isinstance(self.split, bool) and 0 < self.split < 1,
+              f"split: got {self.split!r}; it must lie strictly between 0 and 1")
+
 
 def conditions_for(task: TaskConfig, targets: tuple[str, ...], disturbants: tuple[str, ...]) -> list[tuple[str, str]]:
     """The (target group, disturbant group) conditions to probe, checked against the vocabulary."""
@@ -65,31 +115,21 @@ def conditions_for(task: TaskConfig, targets: tuple[str, ...], disturbants: tupl
 
 def read_probes_file(path: Path) -> Probes:
     """Probe triplets from .npy (int (n, 3, L)), .npz (``tokens`` plus optional ``target_group`` and
-    ``disturbant_group`` string arrays) or a previous stability store (.zarr)."""
+    ``disturbant_group`` string arrays) or a previous stability store (.zarr), checked (see
+    :func:`~gradscope.tasks.probes.read_probe_arrays`; ids against the vocabulary once the model is known)."""
     path = Path(path)
     if path.is_dir():
-        return probes_from_store(path)
-    if not path.is_file():
-        raise GradscopeError(f"probes_file: {path} does not exist")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if isinstance(loaded, np.lib.npyio.NpzFile):
-            with loaded:
-                tokens = loaded["tokens"]
-                n = tokens.shape[0]
-                tg = loaded["target_group"].tolist() if "target_group" in loaded else ["file"] * n
-                dg = loaded["disturbant_group"].tolist() if "disturbant_group" in loaded else ["file"] * n
-        else:
-            tokens, tg, dg = loaded, ["file"] * loaded.shape[0], ["file"] * loaded.shape[0]
-    except (ValueError, OSError, KeyError, IndexError) as exc:
-        raise GradscopeError(f"probes_file: cannot read {path} ({type(exc).__name__}: {exc}); expected .npy int64 "
-                             f"(n, 3, L) or .npz with 'tokens'") from None
-    check(np.issubdtype(tokens.dtype, np.integer), f"probes_file: {path} holds {tokens.dtype}; expected integers")
-    check(tokens.ndim == 3 and tokens.shape[1] == 3,
-          f"probes_file: {path} has shape {tokens.shape}; expected (n, 3 [base, same-target, same-suffix], L)")
-    check(len(tg) == tokens.shape[0] and len(dg) == tokens.shape[0],
-          f"probes_file: {path}: one target_group and disturbant_group label per triplet expected")
-    return Probes(torch.from_numpy(tokens.astype(np.int64)), tuple(map(str, tg)), tuple(map(str, dg)))
+        return validate_probes(probes_from_store(path), f"probes_file: {path}")
+    return read_probe_arrays(path)
+
+
+def result_bytes(triplets: int, length: int, checkpoints: int, top_sv: int) -> int:
+    """Memory that ``triplets`` probes of length L and their results over ``checkpoints`` take:
+    the token ids with their output phase (3 · 2L int64 per triplet, twice while batching) and,
+    held for every checkpoint until the store is written (then copied once), the float64 scores,
+    statistics and ``top_sv`` singular values."""
+    values = 24  # per pair: the scores, the companion statistics and the Wirtinger parts (17), generously
+    return triplets * (2 * 3 * 2 * length * 8 + 2 * checkpoints * (2 * values + 3 * top_sv) * 8)
 
 
 def expand_checkpoints(paths: list[Path]) -> list[Path]:
@@ -98,26 +138,33 @@ def expand_checkpoints(paths: list[Path]) -> list[Path]:
     return [c for p in paths for c in resolve_checkpoints(Path(p))]
 
 
-def build_probes(first: Loaded, opts: StabilityOptions) -> Probes:
+def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) -> Probes:
+    """The probes for ``first``'s task: read from ``opts.probes_file`` or generated, checked against
+    its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
     task = first.config.task
     check(task.name in STABILITY_TASKS,
           f"checkpoint: its task is {task.name!r}; stability probes are defined for "
           f"{', '.join(STABILITY_TASKS)} (an input phase followed by query tokens)")
     length = task.length
     check(1 <= opts.position <= length, f"position: got {opts.position}; valid positions are 1…{length}")
+    kept = min(opts.top_sv, first.model.core.out_dim, first.model.core.state_dim)
     if opts.probes_file is not None:
         probes = read_probes_file(opts.probes_file)
     else:
         conditions = conditions_for(task, opts.target_groups, opts.disturbant_groups)
+        check_bytes(result_bytes(len(conditions) * opts.triplets, length, checkpoints, kept), "triplets")
         probes = make_probes(opts.triplets, length, opts.position, task.vocab_size, conditions, opts.seed)
     check_probes_fit(probes, task.vocab_size, length)
+    check_bytes(result_bytes(len(probes), length, checkpoints, kept), "probes_file")
     return probes
 
 
 @dataclass(frozen=True)
 class StabilityRun:
     """A finished stability analysis: every checkpoint's results on the same probes.
-    :meth:`to_xarray` gives the stability store's dataset; :meth:`summary` the table's rows."""
+    :meth:`to_xarray` gives the stability store's dataset; :meth:`summary` the table's rows.
+    ``configs``: each checkpoint's own config dicts (checkpoints of different models may be
+    analysed together; each is labelled by its own)."""
 
     config: dict[str, Any]  # model_config, task_config, train_config (of the first checkpoint)
     probes: Probes
@@ -125,18 +172,55 @@ class StabilityRun:
     options: StabilityOptions
     command: str = ""
     device: str = "cpu"
+    configs: tuple[dict[str, Any], ...] = ()
 
     def to_xarray(self) -> xr.Dataset:
         options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self.options).items()}
-        return stability_dataset(self.results, self.probes, options, self.config, self.command, self.device)
+        ds = stability_dataset(self.results, self.probes, options, self.config, self.command, self.device)
+        entries = json.loads(ds.attrs["checkpoints"])
+        for entry, cfg in zip(entries, self.configs):
+            entry["model_config"] = cfg["model_config"]
+        ds.attrs["checkpoints"] = json.dumps(entries)
+        ds = ds.assign_coords(model=("checkpoint", np.asarray(self.models, dtype=object)))
+        ds.attrs["nan_scores"] = json.dumps(self.nan_count)
+        ds.attrs["nonfinite_jacobians"] = self.nonfinite_jacobians
+        return ds
+
+    @property
+    def models(self) -> list[str]:
+        """Each checkpoint's model label, ``<core>-<pe>`` from its own config (its class name for a
+        model of your own)."""
+        configs = self.configs or (self.config,) * len(self.results)
+        return [model_label(c["model_config"]) for c in configs]
 
     def summary(self, kind: str = "default", seed: int = 0, resamples: int = 10_000) -> list["SummaryRow"]:
-        return summarize(self.results, self.probes, kind, seed, resamples)
+        return summarize(self.results, self.probes, kind, seed, resamples, self.models)
 
     @property
     def nan_count(self) -> dict[str, int]:
-        """NaN scores (all-zero Jacobians) per score kind, over every checkpoint and pair."""
+        """NaN scores (all-zero or non-finite Jacobians) per score kind, over every checkpoint and pair."""
         return {k: sum(int(r.result.scores[k].isnan().sum()) for r in self.results) for k in self.results[0].result.scores}
+
+    @property
+    def nonfinite_jacobians(self) -> int:
+        """Jacobians with a NaN or Inf entry (a diverged model), over every checkpoint and member."""
+        return sum(r.result.nonfinite_count for r in self.results)
+
+
+def model_label(model_config: dict[str, Any]) -> str:
+    """'gru-sinusoidal' for a gradscope model's config; the core's name for another model's."""
+    core = model_config.get("core", "?")
+    return f"{core}-{model_config['pe']}" if "pe" in model_config else str(core)
+
+
+def warn_diverged(run: StabilityRun) -> None:
+    """A :class:`DivergedWarning` when some Jacobians were non-finite."""
+    bad = run.nonfinite_jacobians
+    if bad:
+        total = sum(r.result.singular_values.shape[0] * r.result.singular_values.shape[1] for r in run.results)
+        warnings.warn(DivergedWarning(f"{bad} of {total} Jacobians have non-finite (NaN or Inf) entries, a diverged "
+                                      f"model; their scores are NaN ({run.nan_count['default']} default scores), "
+                                      f"counted and left out of every mean"), stacklevel=3)
 
 
 def run_stability(paths: list[Path], opts: StabilityOptions,
@@ -144,29 +228,38 @@ def run_stability(paths: list[Path], opts: StabilityOptions,
                   on_progress: Callable[[int], None] | None = None, *, command: str = "",
                   device_label: str | None = None, probes: Probes | None = None) -> StabilityRun:
     """Analyse every checkpoint with the same probes. ``on_start(total triplets)`` then
-    ``on_progress(k)`` report progress. Checkpoints are loaded one at a time."""
+    ``on_progress(k)`` report progress. Checkpoints are loaded one at a time, and each is dropped
+    (optimizer state and all) before the next is loaded. Non-finite Jacobians (a diverged model)
+    give NaN scores and a :class:`DivergedWarning`."""
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)
-    first = load_checkpoint(files[0])
-    probes = build_probes(first, opts) if probes is None else probes
-    if probes is not None:
-        check_probes_fit(probes, first.config.task.vocab_size, first.config.task.length)
+    loaded = load_checkpoint(files[0])
+    task = loaded.config.task
+    if probes is None:
+        probes = build_probes(loaded, opts, len(files))
+    else:
+        probes = validate_probes(probes)
+        check_probes_fit(probes, task.vocab_size, task.length)
+    config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files) * len(probes))
-    results = []
-    for path in files:
-        loaded = first if path == files[0] else load_checkpoint(path)
-        check(loaded.config.task.vocab_size == first.config.task.vocab_size
-              and loaded.config.task.length == first.config.task.length,
+    results, configs = [], []
+    for i, path in enumerate(files):
+        if i:
+            loaded = load_checkpoint(path)
+        check(loaded.config.task.vocab_size == task.vocab_size and loaded.config.task.length == task.length,
               f"checkpoint: {path} has a different vocabulary or length than {files[0]}; analyse it separately")
         model = loaded.model.to(device)
         result = probe_stability(model, probes, opts.position, method=opts.method, chunk=opts.chunk,
                                  top_sv=opts.top_sv, on_chunk=on_progress)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(CheckpointResult(path, loaded.iteration, run, result))
-        del loaded, model
-    return StabilityRun(config_attrs(first.config), probes, results, opts, command,
-                        device_label if device_label is not None else str(device))
+        configs.append(config_attrs(loaded.config))
+        loaded = model = None  # only one checkpoint in memory at a time
+    out = StabilityRun(config, probes, results, opts, command,
+                       device_label if device_label is not None else str(device), tuple(configs))
+    warn_diverged(out)
+    return out
 
 
 def config_attrs(config: RunConfig) -> dict[str, Any]:
@@ -179,6 +272,7 @@ def model_probes(model: nn.Module, opts: StabilityOptions) -> Probes:
     """Probes for a user's own model: from ``probes_file`` (token ids, (n, 3, T)), or generated
     from ``token_counts`` (counts per token id; groups by :func:`frequency_groups`) and ``length``."""
     vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
+    kept = min(opts.top_sv, model.core.out_dim, model.core.state_dim)
     if opts.probes_file is not None:
         probes = read_probes_file(opts.probes_file)
     else:
@@ -190,26 +284,18 @@ def model_probes(model: nn.Module, opts: StabilityOptions) -> Probes:
               f"token_counts: {opts.token_counts} has {counts.numel()} entries; the model's embedding has {vocab} rows")
         pools = frequency_groups(counts, opts.split)
         groups = ("frequent", "rare")
+        for name, chosen in (("target_groups", opts.target_groups), ("disturbant_groups", opts.disturbant_groups)):
+            bad = [g for g in chosen if g not in pools]
+            check(not bad, f"{name}: got {bad[0] if bad else ''!r}; valid values are {', '.join(pools)}")
         conditions = list(itertools.product(opts.target_groups or groups, opts.disturbant_groups or groups))
-        probes = make_probes(opts.triplets, int(opts.length), opts.position, counts.numel(), conditions, opts.seed,
+        check(opts.position <= opts.length, f"position: got {opts.position}; valid positions are 1…{opts.length}")
+        check_bytes(result_bytes(len(conditions) * opts.triplets, opts.length, 1, kept), "triplets")
+        probes = make_probes(opts.triplets, opts.length, opts.position, counts.numel(), conditions, opts.seed,
                              pools=pools)
+    check_bytes(result_bytes(len(probes), probes.length, 1, kept), "probes_file")
     if vocab is not None:
         check_probes_fit(probes, int(vocab), probes.length)
     return probes
-
-
-def read_counts_file(path: Path) -> torch.Tensor:
-    """Token counts (K,) from a .npy file, or a text file with one count per line (line i = token id i)."""
-    path = Path(path)
-    check(path.is_file(), f"token_counts: {path} does not exist")
-    try:
-        values = np.load(path, allow_pickle=False) if path.suffix == ".npy" else np.loadtxt(path, ndmin=1)
-    except (ValueError, OSError) as exc:
-        raise GradscopeError(f"token_counts: cannot read {path} ({type(exc).__name__}); expected .npy or one "
-                             f"count per line") from None
-    check(values.ndim == 1 and np.issubdtype(values.dtype, np.number) and bool(np.isfinite(values).all()),
-          f"token_counts: {path} must hold one finite count per token id (shape (K,)); got shape {values.shape}")
-    return torch.from_numpy(values.astype(np.float64))
 
 
 def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Probes | None = None,
@@ -219,12 +305,20 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
                         on_progress: Callable[[int], None] | None = None) -> StabilityRun:
     """Stability of one in-memory model (a user's wrapped model, or a loaded gradscope model).
     The output phase holds ``opts.filler`` (None: no output phase) for a wrapped model, the query
-    token for a gradscope model."""
+    token for a gradscope model. Non-finite Jacobians give NaN scores and a :class:`DivergedWarning`."""
     check(isinstance(model, nn.Module) and hasattr(model, "core") and hasattr(model, "core_inputs"),
           f"model: expected a gradscope model or gradscope.wrap(...); got {type(model).__name__}")
     device = resolve_device(opts.device)
-    probes = model_probes(model, opts) if probes is None else probes
+    vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
+    if probes is None:
+        probes = model_probes(model, opts)
+    else:
+        probes = validate_probes(probes)
+        if vocab is not None:
+            check_probes_fit(probes, int(vocab), probes.length)
     check(1 <= opts.position <= probes.length, f"position: got {opts.position}; valid positions are 1…{probes.length}")
+    check(opts.filler is None or vocab is None or opts.filler < vocab,
+          f"filler: got {opts.filler}; the model's vocabulary is 0…{vocab - 1 if vocab else 0}")
     if on_start is not None:
         on_start(len(probes))
     own_query = getattr(model, "query_token", None)
@@ -239,7 +333,10 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
             model.describe() if hasattr(model, "describe") else {"core": type(model.core).__name__}
         config = {"model_config": described, "task_config": {}, "train_config": {}}
     run = path.parent.name if source is not None else ""
-    return StabilityRun(config, probes, [CheckpointResult(path, iteration, run, result)], opts, command, str(device))
+    out = StabilityRun(config, probes, [CheckpointResult(path, iteration, run, result)], opts, command, str(device),
+                       (config,))
+    warn_diverged(out)
+    return out
 
 
 @dataclass(frozen=True)
@@ -249,23 +346,27 @@ class SummaryRow:
     condition: str
     pair: str
     interval: Interval
+    checkpoint: int = 0  # index among the analysed checkpoints (rows of one checkpoint share it)
+    model: str = ""  # the checkpoint's model label (see StabilityRun.models)
 
 
 def summarize(results: list[CheckpointResult], probes: Probes, kind: str = "default", seed: int = 0,
-              resamples: int = 10_000) -> list[SummaryRow]:
-    """Mean score with a 95% bootstrap CI over triplets, per checkpoint × condition × pair."""
+              resamples: int = 10_000, models: list[str] | None = None) -> list[SummaryRow]:
+    """Mean score with a 95% bootstrap CI over triplets, per checkpoint × condition × pair; NaN
+    scores are counted in each interval's ``nan`` and left out of its mean."""
     check(kind in results[0].result.scores, f"score: got {kind!r}; valid values are "
                                             f"{', '.join(results[0].result.scores)}")
     conditions = probes.conditions
     order = list(dict.fromkeys(conditions))
     rows = []
-    for r in results:
+    for c, r in enumerate(results):
         scores = r.result.scores[kind].numpy()  # (2, n)
         for cond in order:
-            mask = np.array([c == cond for c in conditions])
+            mask = np.array([x == cond for x in conditions])
             for i, pair in enumerate(PAIRS):
                 rows.append(SummaryRow(r.iteration, r.run, cond, pair,
-                                       bootstrap_mean(scores[i, mask], seed=seed, resamples=resamples)))
+                                       bootstrap_mean(scores[i, mask], seed=seed, resamples=resamples), c,
+                                       models[c] if models else ""))
     return rows
 
 
@@ -290,18 +391,18 @@ def stability(source: Any, probes: Any = None, *, position: int = 1, triplets: i
     probes_file = None
     if isinstance(probes, (str, Path)):
         probes_file = Path(probes)
-    elif isinstance(probes, torch.Tensor):
-        check(probes.dim() == 3 and probes.shape[1] == 3 and not probes.is_floating_point(),
-              f"probes: expected an integer tensor (n, 3, L); got {probes.dtype} {tuple(probes.shape)}")
-        given = Probes(probes.long().cpu(), ("file",) * probes.shape[0], ("file",) * probes.shape[0])
-    elif isinstance(probes, Probes):
-        given = probes
+    elif isinstance(probes, (torch.Tensor, Probes)):
+        if isinstance(probes, torch.Tensor) and probes.device.type not in ("cpu", "meta"):
+            probes = probes.cpu()
+        given = validate_probes(probes)
     else:
         check(probes is None, f"probes: got {type(probes).__name__}; expected a path, a Probes or a tensor (n, 3, L)")
     opts = StabilityOptions(tuple(target_groups), tuple(disturbant_groups), position, triplets, probes_file, seed,
                             method, chunk, top_sv, device, Path(token_counts) if token_counts is not None else None,
                             length, filler, split)
     if isinstance(source, Loaded):
+        if given is not None:
+            check_probes_fit(given, source.config.task.vocab_size, source.config.task.length)
         return run_model_stability(source.model, opts, probes=given if given is not None else build_probes(source, opts),
                                    source=source.path, iteration=source.iteration,
                                    config=config_attrs(source.config)).to_xarray()

@@ -39,12 +39,14 @@ from typing import Any
 import torch
 
 from gradscope.errors import GradscopeError, check
+from gradscope.guard import safe_component
 from gradscope.presets import FIELDS, PRESETS, build_config
 from gradscope.store.io import write_store
 from gradscope.train.loop import EVAL_FILE, is_run_dir, read_run_config
 from gradscope.workflows.accuracy import AccuracyOptions
 from gradscope.workflows.lock import point_lock
-from gradscope.workflows.reproduce import Layout, PlannedRun, accuracy_step, stability_step, train_step
+from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, check_run_sizes, stability_step,
+                                           train_step)
 from gradscope.workflows.stability import STABILITY_TASKS, StabilityOptions, conditions_for
 
 if sys.version_info >= (3, 11):
@@ -57,6 +59,9 @@ SETTINGS = (*FIELDS, "beta1", "beta2")
 ACCURACY_KEYS = ("checkpoints", "bins", "device")
 STABILITY_KEYS = ("checkpoints", "target_freq", "disturbant", "triplets", "position", "seed", "device")
 Checkpoints = str | tuple[int, ...]  # "all", "last" or iterations
+MAX_SPEC_BYTES = 1 << 20  # a spec is a few lines; more is a mistake (or an attack)
+MAX_POINTS = 10_000  # grid points of one sweep
+MAX_TEXT = 200  # characters of a string value in a spec
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,20 @@ def _checkpoints(where: str, value: Any) -> Checkpoints:
     return tuple(sorted(set(value)))
 
 
+def _scalar(where: str, value: Any) -> Any:
+    """A setting or axis value: a number, a boolean or a short string (no table, list or date)."""
+    ok = isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= MAX_TEXT)
+    check(ok, f"spec: {where}: got {str(value)[:60]!r} ({type(value).__name__}); expected a number, a boolean or "
+              f"a string of at most {MAX_TEXT} characters")
+    return value
+
+
+def _text(where: str, key: str, value: Any) -> str:
+    check(isinstance(value, str) and 0 < len(value) <= MAX_TEXT,
+          f"spec: [{where}] {key}: got {str(value)[:60]!r}; expected a string such as \"auto\"")
+    return value
+
+
 def _groups(where: str, key: str, value: Any) -> tuple[str, ...]:
     value = [value] if isinstance(value, str) else value
     check(isinstance(value, list) and all(isinstance(v, str) for v in value),
@@ -148,32 +167,39 @@ def _analyses(doc: dict[str, Any]) -> Analyses:
         bins = table.get("bins", 4)
         bins = _int("accuracy", "bins", bins, 1) if not isinstance(bins, list) else tuple(
             _int("accuracy", "bins", b, 0) for b in bins)
-        acc = AccuracyOptions(bins=bins, device=str(table.get("device", "auto")))
+        acc = AccuracyOptions(bins=bins, device=_text("accuracy", "device", table.get("device", "auto")))
         acc_ckpt = _checkpoints("accuracy", table.get("checkpoints", "all"))
     stab, stab_ckpt = None, "all"
     if "stability" in doc:
         table = doc["stability"]
         check(isinstance(table, dict), "spec: stability must be a table ([stability])")
         _unknown("[stability]", table, STABILITY_KEYS)
-        stab = StabilityOptions(target_groups=_groups("stability", "target_freq", table.get("target_freq", [])),
-                                disturbant_groups=_groups("stability", "disturbant", table.get("disturbant", [])),
-                                triplets=_int("stability", "triplets", table.get("triplets", 16), 1),
-                                position=_int("stability", "position", table.get("position", 1), 1),
-                                seed=_int("stability", "seed", table.get("seed", 0), 0),
-                                device=str(table.get("device", "auto")))
+        try:
+            stab = StabilityOptions(target_groups=_groups("stability", "target_freq", table.get("target_freq", [])),
+                                    disturbant_groups=_groups("stability", "disturbant", table.get("disturbant", [])),
+                                    triplets=_int("stability", "triplets", table.get("triplets", 16), 1),
+                                    position=_int("stability", "position", table.get("position", 1), 1),
+                                    seed=_int("stability", "seed", table.get("seed", 0), 0),
+                                    device=_text("stability", "device", table.get("device", "auto")))
+        except GradscopeError as exc:
+            raise GradscopeError(str(exc) if str(exc).startswith("spec:") else f"spec: [stability] {exc}") from None
         stab_ckpt = _checkpoints("stability", table.get("checkpoints", "all"))
     return Analyses(acc, acc_ckpt, stab, stab_ckpt)
 
 
 def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     """Parse and check a TOML sweep spec; user errors name the key and what is valid."""
+    check(len(text) <= MAX_SPEC_BYTES, f"spec: {source} has {len(text)} characters; a spec is at most {MAX_SPEC_BYTES}")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise GradscopeError(f"spec: {source} is not valid TOML ({exc})") from None
+        raise GradscopeError(f"spec: {source} is not valid TOML ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise GradscopeError(f"spec: {source} nests arrays or tables too deeply") from None
     _unknown("the spec", doc, SPEC_KEYS)
     preset = doc.get("preset", "tiny")
-    check(preset in PRESETS, f"spec: preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
+    check(isinstance(preset, str) and preset in PRESETS,
+          f"spec: preset: got {str(preset)[:60]!r}; valid presets are {', '.join(PRESETS)}")
     settings = doc.get("settings", {})
     axes = doc.get("axes", {})
     check(isinstance(settings, dict), "spec: settings must be a table ([settings])")
@@ -182,11 +208,20 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     _unknown("[axes]", axes, tuple(FIELDS))
     both = sorted(set(settings) & set(axes))
     check(not both, f"spec: {', '.join(both)} is both a setting and an axis; keep it in one place")
-    for name, values in axes.items():
+    for key, value in settings.items():
+        _scalar(f"[settings] {key}", value)
+    points = 1
+    for key, values in axes.items():
         check(isinstance(values, list) and len(values) > 0,
-              f"spec: [axes] {name}: got {values!r}; give a non-empty list of values")
-        check(len({repr(v) for v in values}) == len(values), f"spec: [axes] {name}: repeated values in {values!r}")
-    name = str(doc.get("name", "sweep"))
+              f"spec: [axes] {key}: got {str(values)[:60]!r}; give a non-empty list of values")
+        for v in values:
+            _scalar(f"[axes] {key}", v)
+        check(len({repr(v) for v in values}) == len(values),
+              f"spec: [axes] {key}: repeated values in {str(values)[:80]}")
+        points *= len(values)
+    check(points <= MAX_POINTS, f"spec: [axes] span {points} grid points; a sweep has at most {MAX_POINTS}")
+    # the name becomes a directory (sweep-<name>): one plain component, never a path
+    name = safe_component(doc.get("name", "sweep"), "spec: name")
     return SweepSpec(name, preset, tuple(settings.items()), tuple((k, tuple(v)) for k, v in axes.items()),
                      _analyses(doc))
 
@@ -195,7 +230,9 @@ def read_spec(path: Path) -> SweepSpec:
     path = Path(path)
     check(path.is_file(), f"spec: {path} does not exist or is not a file")
     try:
-        text = path.read_text()
+        check(path.stat().st_size <= MAX_SPEC_BYTES,
+              f"spec: {path} has {path.stat().st_size} bytes; a spec is at most {MAX_SPEC_BYTES}")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise GradscopeError(f"spec: cannot read {path} ({type(exc).__name__})") from None
     return parse_spec(text, str(path))
@@ -232,6 +269,11 @@ def _check_point(point: SweepPoint, analyses: Analyses) -> None:
             raise GradscopeError(f"spec: [stability] {name}: {exc}") from None
         check(1 <= analyses.stability.position <= cfg.task.length,
               f"spec: [stability] position: got {analyses.stability.position}; {name} has positions 1…{cfg.task.length}")
+    chosen = analyses.stability_checkpoints
+    try:
+        check_run_sizes(point.run, analyses.stability, None if chosen == "all" else 1 if chosen == "last" else len(chosen))
+    except GradscopeError as exc:
+        raise GradscopeError(f"spec: {exc}") from None
 
 
 def plan_points(spec: SweepSpec) -> list[SweepPoint]:
@@ -246,7 +288,7 @@ def plan_points(spec: SweepSpec) -> list[SweepPoint]:
         except GradscopeError as exc:
             where = ", ".join(f"{a}={v}" for a, v in axes)
             raise GradscopeError(f"spec: at {where}: {exc}") from None
-        point = SweepPoint(PlannedRun(point_name(config, axes), config), axes)
+        point = SweepPoint(PlannedRun(safe_component(point_name(config, axes), "spec: point name"), config), axes)
         _check_point(point, spec.analyses)
         points.append(point)
     seen: dict[str, SweepPoint] = {}
