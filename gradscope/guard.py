@@ -178,7 +178,8 @@ def temp_path(path: Path) -> Path:
     return path.parent / f".{path.name}.{_HOST}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -197,7 +198,7 @@ def remove_stale_temporaries(folder: Path, name: str | None = None) -> list[Path
         return removed
     for p in folder.iterdir():
         m = _TEMP.match(p.name)
-        if not m or (name is not None and m["name"] != name) or m["host"] != _HOST or _alive(int(m["pid"])):
+        if not m or (name is not None and m["name"] != name) or m["host"] != _HOST or pid_alive(int(m["pid"])):
             continue
         try:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from gradscope.errors import GradscopeError
-from gradscope.guard import WRITE_ERRORS, disk_error
+from gradscope.guard import WRITE_ERRORS, disk_error, pid_alive
 
 STALE_AFTER = 120.0
 BEAT = 15.0
@@ -51,16 +51,6 @@ def _holder(path: Path) -> dict:
         return {}  # being written right now, or garbage: judged by its age alone
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
 def is_stale(path: Path, stale_after: float = STALE_AFTER) -> bool:
     """Whether the lock at ``path`` may be taken over (see the module docstring)."""
     try:
@@ -68,7 +58,7 @@ def is_stale(path: Path, stale_after: float = STALE_AFTER) -> bool:
     except FileNotFoundError:
         return True
     holder = _holder(path)
-    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
         return True
     return age > stale_after
 
