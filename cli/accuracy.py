@@ -10,7 +10,7 @@ from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, default_out, make_console
+from .common import check_out, command_line, default_out, make_console
 from .errors import user_errors
 from .progress import make_progress
 
@@ -92,8 +92,7 @@ def accuracy_command(
         raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
     opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size)
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
-    if out is not None and out.exists() and not overwrite:
-        raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
+    check_out(out_path, overwrite)
     with make_progress(console) as progress:
         bar = progress.add_task("evaluating", total=None, visible=not quiet)
         run = run_accuracy(checkpoints, opts, on_start=lambda n: progress.update(bar, total=n),

@@ -24,15 +24,6 @@ CORES = ("gru", "lstm", "s4d")
 POISONS = ("nan", "inf", "huge", "one-nan")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cached_command():  # noqa: ANN202
-    """typer rebuilds the click command on every CliRunner.invoke (~0.25 s here); build it once."""
-    import typer.testing
-    real, cache = typer.testing._get_command, {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(typer.testing, "_get_command", lambda app: cache.setdefault(id(app), real(app)))
-        yield
-
 
 def small_checkpoint(tmp_path_factory: pytest.TempPathFactory, core: str) -> Path:
     """A small trained checkpoint of ``core`` (vocabulary 8, L = 4), trained once per session and

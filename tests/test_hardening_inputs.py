@@ -38,15 +38,6 @@ FAST = ("-q", "--resamples", "2")
 BUDGET = str(256 << 20)  # a small memory budget: large option values are refused, never run
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cached_command():  # noqa: ANN202
-    """typer rebuilds the click command on every CliRunner.invoke (~0.25 s here); build it once."""
-    import typer.testing
-    real, cache = typer.testing._get_command, {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(typer.testing, "_get_command", lambda app: cache.setdefault(id(app), real(app)))
-        yield
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
