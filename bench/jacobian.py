@@ -27,10 +27,16 @@ D = 2H (h, c), 4H³, because ∂c'/∂c is diagonal; the nominal (H × 2H)·(2H 
 over T − p steps. Forming J_t elementwise, the forward scan and the readout are not counted. The
 references, timed in the same blocks: a float32 2048² matmul and a bmm of the chain's exact shape.
 
---paper adds H = E = 512, L = 64 (T = 128) GRU and LSTM rows: ``probe_stability`` (chunk 32 triplets)
-on a subset of triplets (--paper-triplets, default 32 = one chunk), extrapolated to 1024; each in a
-fresh process, reporting its peak memory over the resident memory after model and probes are built
-(CPU: VmHWM − VmRSS at that point, warm-up included; CUDA: max_memory_allocated − memory_allocated).
+--paper adds H = E = 512, L = 64 (T = 128) GRU and LSTM rows (--paper-only: just those), each job in
+a fresh process: (iii) ``probe_stability`` (chunk 32 triplets: Jacobians, SVDs, every score) on
+--paper-triplets triplets (default 1024 on CUDA, the goal's size; 32 on the CPU, extrapolated to 1024),
+then in the same process the same sequences' Jacobians alone, the engine's chain alone on one chunk,
+and the references: a bmm of the chain's exact shape and a 4096² matmul (the device's float32 matmul
+rate, measured in this run); (ii) vmap(jacrev) on --paper-vmap triplets (default 4 on CUDA, 1 on the
+CPU: it needs > 23 GB for 12 LSTM sequences), checked against gradscope's Jacobians of the same
+sequences. Peak memory is over the memory in use once model and probes are built (CPU: VmHWM − VmRSS
+at that point; CUDA: max_memory_allocated − memory_allocated), warm-up included. float32 throughout;
+the matmul precision in force is printed (torch's default "highest": no TF32).
 """
 
 from __future__ import annotations
@@ -173,30 +179,99 @@ def bench_core(core: str, args, device: torch.device, console: Console):
     return fns, rates, best, info
 
 
-def paper_child(core: str, n: int, chunk: int, device: str, threads: int):
-    """Fresh process: probe_stability on n paper-size triplets → (wall s, peak MiB over the resident
-    memory after building model and probes (warm-up and timed run both count), method, n, that RSS)."""
+def timed(fn, device: torch.device, reps: int = 1) -> float:
+    """Seconds per call of fn (one untimed warm-up call first)."""
+    fn()
+    sync(device)
+    tic = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(device)
+    return (time.perf_counter() - tic) / reps
+
+
+def peak_start(dev: torch.device) -> float:
+    """Resident memory now (MiB) and, on CUDA, a fresh peak counter; see ``peak_since``."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        return torch.cuda.memory_allocated(dev) / 2**20
+    return proc_status("VmRSS")
+
+
+def peak_since(dev: torch.device, base: float) -> float:
+    """Peak memory (MiB) above ``base`` since ``peak_start``: CUDA max_memory_allocated, CPU VmHWM."""
+    if dev.type == "cuda":
+        return torch.cuda.max_memory_allocated(dev) / 2**20 - base
+    return proc_status("VmHWM") - base
+
+
+def paper_child(core: str, n: int, chunk: int, device: str, threads: int, job: str) -> dict | None:
+    """Fresh process, paper size (H = E = 512, L = 64, T = 128).
+
+    job "gradscope": ``probe_stability`` on n triplets, timed whole (wall, peak memory over the memory
+    in use once model and probes are built; a one-triplet warm-up runs first and counts towards the
+    peak), then, untimed by the wall: the same sequences' Jacobians alone (``state_jacobian`` per
+    chunk), the engine's chain alone on one chunk, and the references in this same process — a bmm of
+    the chain's exact shape and a 4096² matmul, both float32.
+    job "vmap": ``vmap(jacrev)`` (this file's (ii)) on n triplets' Jacobians, timed and peaked the same
+    way, then checked against gradscope's Jacobians of the same sequences (max |ΔJ| / max |J|); None when
+    CUDA runs out of memory (on the CPU the kernel kills the process instead: the parent reports it)."""
     if threads:
         torch.set_num_threads(threads)
     dev = torch.device(device)
-    L = 64
-    model = build(core, 512, L, dev)
+    L, H = 64, 512
+    model = build(core, H, L, dev)
+    mc = model.core
+    D = mc.state_dim
     pr = probes(model, n, L)
-    base_rss = proc_status("VmRSS")
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-        base = torch.cuda.memory_allocated(dev)
+    tok = pr.model_inputs(model.query_token)[:3 * n].to(dev)
+    if job == "vmap":
+        base = peak_start(dev)
+        try:
+            vmap_jacrev(model, tok[:3])  # warm-up, one triplet
+            sync(dev)
+            tic = time.perf_counter()
+            jv = vmap_jacrev(model, tok).detach()
+            sync(dev)
+        except torch.OutOfMemoryError:
+            return None
+        wall = time.perf_counter() - tic
+        peak = peak_since(dev, base)
+        jg = state_jacobian(model, tok, P, chunk=3 * n).jac
+        top = jv.abs().max()
+        return {"wall": wall, "peak": peak, "n": n, "check": float((jg - jv).abs().max() / top), "top": float(top)}
+    base = peak_start(dev)
     probe_stability(model, make_probes(1, L, P, K, CONDITIONS[:1], SEED + 1), P, chunk=chunk)  # warm-up
     sync(dev)
     tic = time.perf_counter()
     probe_stability(model, pr, P, chunk=chunk)
     sync(dev)
     wall = time.perf_counter() - tic
-    if dev.type == "cuda":
-        peak = (torch.cuda.max_memory_allocated(dev) - base) / 2**20
-    else:
-        peak = proc_status("VmHWM") - base_rss
-    return wall, peak, resolve_method(model.core, "auto"), len(pr), base_rss
+    peak = peak_since(dev, base)
+    rows = 3 * min(chunk, n)
+
+    def jacobians() -> None:
+        for start in range(0, 3 * n, rows):
+            state_jacobian(model, tok[start:start + rows], P, chunk=rows)
+    sync(dev)
+    tic = time.perf_counter()
+    jacobians()
+    sync(dev)
+    jac_s = time.perf_counter() - tic
+    name = resolve_method(mc, "auto")
+    with torch.no_grad():
+        x, zs = mc.scan(model.core_inputs(tok[:rows]))
+    chain_s = timed(lambda: torch.no_grad()(METHODS[name])(mc, x, zs, P), dev, 2)
+    ba, bb = torch.randn(rows, H, D, device=dev), torch.randn(rows, D, H, device=dev)
+    bout = torch.empty(rows, H, H, device=dev)
+    bmm_s = timed(lambda: torch.bmm(ba, bb, out=bout), dev, 5)
+    a, b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
+    mm_s = timed(lambda: a @ b, dev, 5)
+    chain_gflop = rows * (2 * L - P) * 2 * H * D * H / 1e9
+    return {"wall": wall, "peak": peak, "n": len(pr), "method": name, "rss": base, "jac_s": jac_s,
+            "chain": chain_gflop / chain_s, "bmm": 2 * rows * H * D * H / 1e9 / bmm_s,
+            "mm": 2 * 4096**3 / 1e9 / mm_s, "chain_shape": f"{rows}×({H}×{D})·({D}×{H})"}
 
 
 def proc_status(key: str) -> float:
@@ -211,7 +286,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="very short run (checks the script works)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--paper", action="store_true", help="add the paper-size (H=512, L=64) GRU/LSTM rows")
-    ap.add_argument("--paper-triplets", type=int, default=0, help="triplets timed per paper row (default 32; quick 4)")
+    ap.add_argument("--paper-triplets", type=int, default=0,
+                    help="triplets timed per paper row (default 1024 on CUDA, 32 on CPU; quick 4)")
+    ap.add_argument("--paper-vmap", type=int, default=0,
+                    help="triplets for the paper-size vmap(jacrev) baseline (default 4 on CUDA, 1 on CPU)")
+    ap.add_argument("--paper-only", action="store_true", help="only the paper-size rows (implies --paper)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = ap.parse_args()
     if args.threads:
@@ -227,6 +306,9 @@ def main() -> None:
                   f" of {os.cpu_count()} CPUs (load avg {os.getloadavg()[0]:.1f} at start) | H=128, E=128, L=32 "
                   f"(T=64), p={P}, float32, S4D N=64, pe=none")
 
+    if args.paper_only:
+        paper(args, device, console)
+        return
     table = Table(title="Full state Jacobians ∂y_T/∂z_p, triplets/s (3 sequences each; higher is better)")
     for col in ("core", "D_out × D", "method", "triplets/call", "triplets/s (median)", "best block", "vs (ii)",
                 "vs (ii) best", "vs (i)"):
@@ -260,24 +342,60 @@ def main() -> None:
     console.print(flops)
 
     if args.paper:
-        n = -(-(args.paper_triplets or (4 if args.quick else 32)) // 4) * 4  # whole sets of the 4 conditions
-        ptable = Table(title=f"Paper size (H=E=512, L=64, T=128, p={P}): probe_stability, chunk 32 triplets; "
-                             f"{n} triplets timed, 1024 extrapolated (× 1024/{n})")
-        for col in ("core", "D_out × D", "method", "triplets timed", "wall s", "triplets/s", "1024 triplets (extrap.)",
-                    "chain GFLOP/s (over wall)", "RSS after setup (MiB)", "peak over setup (MiB)"):
-            ptable.add_column(col, justify="left" if col in ("core", "method") else "right")
-        ctx = mp.get_context("spawn")
-        for core in ("gru", "lstm"):
-            with cf.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-                wall, peak, method, done, base = pool.submit(paper_child, core, n, 32, str(device), args.threads).result()
-            D = 512 * (2 if core == "lstm" else 1)
-            gflop = done * 3 * 127 * 2 * 512 * D * 512 / 1e9
-            ptable.add_row(core.upper(), f"512 × {D}", method, str(done), f"{wall:.1f}", f"{done / wall:.2f}",
-                           f"{wall * 1024 / done / 60:.1f} min", f"{gflop / wall:.1f}", f"{base:,.0f}",
-                           f"{peak:,.0f}")
-            console.print(f"  done: paper {core}", style="dim")
-        console.print(ptable)
+        paper(args, device, console)
 
+
+def paper(args, device: torch.device, console: Console) -> None:
+    """The paper-size rows (see the module docstring): each core's gradscope run and its vmap(jacrev)
+    baseline in fresh processes, one after the other."""
+    cuda = device.type == "cuda"
+    n = -(-(args.paper_triplets or (4 if args.quick else 1024 if cuda else 32)) // 4) * 4  # whole condition sets
+    m = args.paper_vmap or (4 if cuda else 1)  # vmap(jacrev) needs > 23 GB for 12 paper-size LSTM sequences
+    ptable = Table(title=f"Paper size (H=E=512, L=64, T=128, p={P}, float32): probe_stability, chunk 32 triplets, "
+                         f"{n} triplets timed; vmap(jacrev) on {m}; '1024 triplets' scales each by 1024/timed")
+    for col in ("core", "D_out × D", "method", "triplets timed", "wall s", "1024 triplets", "Jacobians alone",
+                "vs (ii) per triplet", "chain GFLOP/s", "bmm same shape", "chain / bmm", "4096² mm", "peak MiB",
+                "agreement"):
+        ptable.add_column(col, justify="left" if col in ("core", "method") else "right")
+    ctx = mp.get_context("spawn")
+    shapes = []
+
+    def fmt(s: float) -> str:
+        return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
+    for core in ("gru", "lstm"):
+        results = {}
+        for job, count in (("gradscope", n), ("vmap", m)):
+            with cf.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+                try:
+                    results[job] = pool.submit(paper_child, core, count, 32, str(device), args.threads, job).result()
+                except cf.process.BrokenProcessPool:  # the kernel's OOM killer (vmap(jacrev) at paper size)
+                    results[job] = None
+            console.print(f"  done: paper {core} {job}: {results[job] or 'the process was killed (out of memory?)'}",
+                          style="dim")
+        g, v = results["gradscope"], results["vmap"]
+        if g is None:
+            continue
+        if v is None:
+            v = {"wall": float("nan"), "n": m, "peak": float("nan"), "check": float("nan"), "top": float("nan")}
+        D = 512 * (2 if core == "lstm" else 1)
+        per_g, per_v = g["jac_s"] / g["n"], v["wall"] / v["n"]
+        ptable.add_row(core.upper(), f"512 × {D}", f"(iii) gradscope ({g['method']})", str(g["n"]), f"{g['wall']:.2f}",
+                       fmt(g["wall"] * 1024 / g["n"]), f"{g['jac_s']:.2f} s ({g['jac_s'] / g['wall']:.0%})",
+                       f"{per_v / per_g:.1f}×", f"{g['chain']:,.0f}", f"{g['bmm']:,.0f}",
+                       f"{g['chain'] / g['bmm']:.0%}", f"{g['mm']:,.0f}", f"{g['peak']:,.0f}", "")
+        ptable.add_row("", "", "(ii) vmap(jacrev)", str(v["n"]), f"{v['wall']:.2f}",
+                       fmt(v["wall"] * 1024 / v["n"]), "", "1.0×", "", "", "", "", f"{v['peak']:,.0f}",
+                       f"{v['check']:.1e}")
+        shapes.append(f"{core.upper()} {g['chain_shape']}, max|J| {v['top']:.3g}")
+        ptable.add_section()
+    console.print(ptable)
+    console.print("(ii) times Jacobians only; 'agreement': max|ΔJ|/max|J| of (iii) against (ii) on (ii)'s sequences. "
+                  f"bmm shapes (chunk of 32 triplets): {'; '.join(shapes)}.")
+    console.print("'Jacobians alone': the same sequences' state_jacobian calls, chunk by chunk, after the timed run (share "
+                  "of its wall); the rest of the wall is SVDs, scores and copies to the host. 'vs (ii)': per-triplet "
+                  "Jacobian time of vmap(jacrev) over gradscope's Jacobians alone. 'peak MiB': above the memory in use "
+                  "once model and probes were built (CUDA: max_memory_allocated; CPU: VmHWM − VmRSS). "
+                  f"float32 matmul precision: {torch.get_float32_matmul_precision()} (highest = no TF32).")
 
 if __name__ == "__main__":
     main()

@@ -103,7 +103,7 @@ def sample(seed: int = 1) -> None:
 
 
 def plot(out: str, *stores: str) -> None:
-    """Same-target stability over training, one panel per condition, vanilla against PE: the mean
+    """Same-target stability over training, a panel per condition and a row per seed, vanilla against PE: the mean
     and 95% percentile-bootstrap CI over triplets (as `gradscope stability` prints them), drawn
     from the given stability stores (one per run) to ``out`` (.png), and printed as a table."""
     import plotly.graph_objects as go
@@ -113,12 +113,14 @@ def plot(out: str, *stores: str) -> None:
     from gradscope.store.io import attr_json, read_store
 
     conditions = ("rare/rare", "frequent/frequent", "frequent/rare", "rare/frequent")
-    fig = make_subplots(rows=1, cols=4, subplot_titles=[f"target/disturbant {c}" for c in conditions],
-                        shared_yaxes=True, horizontal_spacing=0.03)
+    loaded = [read_store(Path(store), "stability") for store in stores]
+    seeds = sorted({attr_json(ds, "train_config")["seed"] for ds in loaded})  # one row of panels per seed
+    fig = make_subplots(rows=len(seeds), cols=4, shared_yaxes=True, shared_xaxes=True, horizontal_spacing=0.03,
+                        vertical_spacing=0.08, subplot_titles=[f"seed {s}: target/disturbant {c}"
+                                                               for s in seeds for c in conditions])
     colours = {"none": ("#d62728", "rgba(214,39,40,0.15)"), "sinusoidal": ("#1f77b4", "rgba(31,119,180,0.15)")}
     print("| run | iteration | " + " | ".join(conditions) + " |\n|---|---|" + "---|" * len(conditions))
-    for store in stores:
-        ds = read_store(Path(store), "stability")
+    for ds in loaded:
         pe, seed = attr_json(ds, "model_config")["pe"], attr_json(ds, "train_config")["seed"]
         name = f"{'vanilla' if pe == 'none' else 'PE'} seed {seed}"
         iters = [int(i) for i in ds["iteration"].values]
@@ -131,18 +133,18 @@ def plot(out: str, *stores: str) -> None:
             for it, ci in zip(iters, cis):
                 rows[it].append(f"{ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]")
             line, band = colours.get(pe, ("#2ca02c", "rgba(44,160,44,0.15)"))
-            dash = "solid" if seed == 1 else "dot"
             fig.add_trace(go.Scatter(x=iters + iters[::-1], y=[ci.high for ci in cis] + [ci.low for ci in cis][::-1],
                                      fill="toself", fillcolor=band, line={"width": 0}, hoverinfo="skip",
-                                     showlegend=False), row=1, col=col)
+                                     showlegend=False), row=seeds.index(seed) + 1, col=col)
             fig.add_trace(go.Scatter(x=iters, y=[ci.mean for ci in cis], mode="lines+markers", name=name,
-                                     line={"color": line, "dash": dash}, legendgroup=name, showlegend=col == 1),
-                          row=1, col=col)
+                                     line={"color": line}, legendgroup=name, showlegend=col == 1),
+                          row=seeds.index(seed) + 1, col=col)
         for it in iters:
             print(f"| {name} | {it} | " + " | ".join(rows[it]) + " |")
-    fig.update_yaxes(title_text="same-target stability (default score)", row=1, col=1)
-    fig.update_xaxes(title_text="training iteration")
-    fig.update_layout(width=1600, height=450, template="plotly_white", margin={"t": 40, "b": 40})
+    for r in range(1, len(seeds) + 1):
+        fig.update_yaxes(title_text="same-target stability", row=r, col=1)
+    fig.update_xaxes(title_text="training iteration", row=len(seeds))
+    fig.update_layout(width=1600, height=80 + 370 * len(seeds), template="plotly_white", margin={"t": 40, "b": 40})
     fig.write_image(out)
 
 
