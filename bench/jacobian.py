@@ -33,7 +33,7 @@ a fresh process: (iii) ``probe_stability`` (chunk 32 triplets: Jacobians, SVDs, 
 then in the same process the same sequences' Jacobians alone, the engine's chain alone on one chunk,
 and the references: a bmm of the chain's exact shape and a 4096² matmul (the device's float32 matmul
 rate, measured in this run); (ii) vmap(jacrev) on --paper-vmap triplets (default 4 on CUDA, 1 on the
-CPU: it needs > 23 GB for 12 LSTM sequences), checked against gradscope's Jacobians of the same
+CPU: 12 LSTM sequences needed more than 22 GiB), checked against gradscope's Jacobians of the same
 sequences. Peak memory is over the memory in use once model and probes are built (CPU: VmHWM − VmRSS
 at that point; CUDA: max_memory_allocated − memory_allocated), warm-up included. float32 throughout;
 the matmul precision in force is printed (torch's default "highest": no TF32).
@@ -350,7 +350,7 @@ def paper(args, device: torch.device, console: Console) -> None:
     baseline in fresh processes, one after the other."""
     cuda = device.type == "cuda"
     n = -(-(args.paper_triplets or (4 if args.quick else 1024 if cuda else 32)) // 4) * 4  # whole condition sets
-    m = args.paper_vmap or (4 if cuda else 1)  # vmap(jacrev) needs > 23 GB for 12 paper-size LSTM sequences
+    m = args.paper_vmap or (4 if cuda else 1)  # 12 paper-size LSTM sequences: > 22 GiB
     ptable = Table(title=f"Paper size (H=E=512, L=64, T=128, p={P}, float32): probe_stability, chunk 32 triplets, "
                          f"{n} triplets timed; vmap(jacrev) on {m}; '1024 triplets' scales each by 1024/timed")
     for col in ("core", "D_out × D", "method", "triplets timed", "wall s", "1024 triplets", "Jacobians alone",

@@ -115,7 +115,7 @@ def plot(out: str, *stores: str) -> None:
     conditions = ("rare/rare", "frequent/frequent", "frequent/rare", "rare/frequent")
     loaded = [read_store(Path(store), "stability") for store in stores]
     seeds = sorted({attr_json(ds, "train_config")["seed"] for ds in loaded})  # one row of panels per seed
-    fig = make_subplots(rows=len(seeds), cols=4, shared_yaxes=True, shared_xaxes=True, horizontal_spacing=0.03,
+    fig = make_subplots(rows=len(seeds), cols=4, shared_yaxes="all", shared_xaxes=True, horizontal_spacing=0.03,
                         vertical_spacing=0.08, subplot_titles=[f"seed {s}: target/disturbant {c}"
                                                                for s in seeds for c in conditions])
     colours = {"none": ("#d62728", "rgba(214,39,40,0.15)"), "sinusoidal": ("#1f77b4", "rgba(31,119,180,0.15)")}
