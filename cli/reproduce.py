@@ -97,7 +97,7 @@ def reproduce_command(
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report."""
     from gradscope.store.io import write_store
-    from gradscope.store.summary import summary_attrs, summary_dataset, trial_record
+    from gradscope.store.summary import summary_attrs, summary_dataset, trial_records
     from gradscope.workflows.reproduce import (accuracy_step, check_run_sizes, Layout, plan_runs, stability_step,
                                                train_step)
     from gradscope.workflows.stability import StabilityOptions
@@ -132,7 +132,7 @@ def reproduce_command(
     fields = ("core", "pe")
     for kind, summary_path in (("accuracy", layout.summary_accuracy), ("stability", layout.summary_stability)):
         paths = [layout.accuracy(r) if kind == "accuracy" else layout.stability(r) for r in runs]
-        records = [trial_record(p) for p in paths]
+        records = [r for p in paths for r in trial_records(p)]
         metrics = list(dict.fromkeys(m for rec in records for m in rec.metrics))
         entries = summarize_groups(group_records(records, fields), fields, metrics)
         write_store(summary_dataset(entries, fields, summary_attrs(command, fields, "trial", "percentile", 0.95,

@@ -94,7 +94,7 @@ def summarize_command(
     seed: Annotated[int, Opt(help="Seed of the bootstrap and permutation resampling.")] = 0,
 ) -> None:
     """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs."""
-    from gradscope.store.summary import expand_store_paths, trial_record
+    from gradscope.store.summary import expand_store_paths, trial_records
     from gradscope.workflows.summarize import parse_by
 
     if method not in METHODS:
@@ -105,7 +105,7 @@ def summarize_command(
         raise GradscopeError(f"--resamples: got {resamples}; it must be positive")
     fields = parse_by(by)
     paths = expand_store_paths(stores, kind)
-    records = [trial_record(p, score) for p in paths]
+    records = [r for p in paths for r in trial_records(p, score)]
     kinds = list(dict.fromkeys(r.kind for r in records))
     targets = {k: (_per_kind(out, k, kinds, "--out") if out is not None else None,
                    _per_kind(csv, k, kinds, "--csv") if csv is not None else None) for k in kinds}

@@ -20,6 +20,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.guard import as_int
 from gradscope.store.io import attr_json, folder_entries, is_store, read_store, sha256_file
 from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
+from gradscope.store.parts import config_parts
 from gradscope.models import CORES, model_fields
 from gradscope.train.checkpoint import list_checkpoints
 
@@ -176,15 +177,21 @@ def load_run(path: Path) -> Input:
     return Input(path, "run", model_fields(model), task, train, None, metrics, evaluation, meta)
 
 
-def load_store(path: Path) -> Input:
-    """A gradscope store of any kind, with its configs and provenance decoded."""
+def load_store(path: Path) -> list[Input]:
+    """A gradscope store of any kind, with its configs and provenance decoded: one input per
+    configuration of its checkpoints (``store/parts.py``; one for a store of one configuration)."""
     ds = read_store(path)
     kind = ds.attrs["kind"]
-    decoded = {k: attr_json(ds, k) if k in ds.attrs else {} for k in ("model_config", "task_config", "train_config")}
     meta = {k: ds.attrs.get(k, "") for k in ("gradscope_version", "torch_version", "device", "host", "command",
                                              "created")}
-    meta["checkpoints"] = attr_json(ds, "checkpoints") if "checkpoints" in ds.attrs else []
-    return Input(path, kind, model_fields(decoded["model_config"]), decoded["task_config"], decoded["train_config"], ds, meta=meta)
+    out = []
+    for part in config_parts(ds):
+        decoded = {k: attr_json(part, k) if k in part.attrs else {} for k in ("model_config", "task_config",
+                                                                              "train_config")}
+        checkpoints = attr_json(part, "checkpoints") if "checkpoints" in part.attrs else []
+        out.append(Input(path, kind, model_fields(decoded["model_config"]), decoded["task_config"],
+                         decoded["train_config"], part, meta={**meta, "checkpoints": checkpoints}))
+    return out
 
 
 def is_run(path: Path) -> bool:
@@ -216,7 +223,7 @@ def load_inputs(paths: list[Path]) -> list[Input]:
     for path in expand_inputs(paths):
         check(path.exists(), f"inputs: {path} does not exist")
         check(path.is_dir(), f"inputs: {path} is a file; expected a zarr store or a run directory")
-        out.append(load_run(path) if is_run(path) else load_store(path))
+        out.extend([load_run(path)] if is_run(path) else load_store(path))
     label_inputs(out)
     return out
 

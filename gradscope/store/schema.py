@@ -168,6 +168,11 @@ def check_attrs(attrs: dict[str, Any], kind: str, path: Path) -> None:
             if not ok:
                 raise GradscopeError(f"{what}: its checkpoints attribute has an entry {str(entry)[:60]!r}; expected "
                                      f"{{path, iteration, run, sha256}}")
+            for key in CONFIGS:  # each checkpoint's own configs (store/parts.py), where recorded
+                if not isinstance(entry.get(key, {}), dict):
+                    raise GradscopeError(f"{what}: its checkpoints attribute has a {key} that is not an object")
+                if key == "train_config" and "seed" in entry.get(key, {}):
+                    as_int(entry[key]["seed"], f"{what}: a checkpoint's train_config seed")
     if "options" in attrs and isinstance(attrs["options"], str):
         try:
             json.loads(attrs["options"])

@@ -14,6 +14,7 @@ from gradscope.guard import as_int
 from gradscope.models import model_fields
 from gradscope.store.io import attr_json, folder_entries, is_store, provenance, read_store, store_kind
 from gradscope.store.manifest import manifest_outputs, manifest_path
+from gradscope.store.parts import config_parts
 from gradscope.train.io import atomic_write
 from gradscope.store.records import SummaryEntry, TrialRecord
 
@@ -128,20 +129,33 @@ def _stability_trial(ds: xr.Dataset, path: Path, score: str) -> tuple[dict[str, 
     return metrics, units
 
 
-def trial_record(path: Path, score: str = "default") -> TrialRecord:
-    """The trial in one store: its config fields, seed, metrics at the last checkpoint, and how many
-    of each metric's units (triplets, sequences) were NaN and left out of it."""
+def trial_records(path: Path, score: str = "default") -> list[TrialRecord]:
+    """The trials in one store: one per configuration (and seed) of its checkpoints — a store of
+    ``gradscope accuracy vanilla.pt pe.pt`` holds two (``store/parts.py``) — each with its config
+    fields, seed, metrics at its last checkpoint, and how many of each metric's units (triplets,
+    sequences) were NaN and left out of it."""
     ds = read_store(path)
     kind = ds.attrs["kind"]
     check(kind in SUMMARIZED, f"stores: {path} is a {kind} store; summarize reads accuracy and stability stores")
-    fields = _fields(ds, path)
-    train = _config(ds, path, "train_config")
-    if "seed" not in train:
-        raise GradscopeError(f"store: {path} lacks its run configuration (the training seed); re-create it")
-    seed = as_int(train["seed"], f"store: {path}: train_config seed")
-    metrics, units = _accuracy_trial(ds, path) if kind == "accuracy" else _stability_trial(ds, path, score)
-    nan_units = {k: int(np.count_nonzero(np.isnan(v))) for k, v in units.items()}
-    return TrialRecord(path, kind, fields, seed, metrics, units, nan_units)
+    records = []
+    for part in config_parts(ds):
+        fields = _fields(part, path)
+        train = _config(part, path, "train_config")
+        if "seed" not in train:
+            raise GradscopeError(f"store: {path} lacks its run configuration (the training seed); re-create it")
+        seed = as_int(train["seed"], f"store: {path}: train_config seed")
+        metrics, units = _accuracy_trial(part, path) if kind == "accuracy" else _stability_trial(part, path, score)
+        nan_units = {k: int(np.count_nonzero(np.isnan(v))) for k, v in units.items()}
+        records.append(TrialRecord(path, kind, fields, seed, metrics, units, nan_units))
+    return records
+
+
+def trial_record(path: Path, score: str = "default") -> TrialRecord:
+    """The trial in a store of one configuration (see :func:`trial_records`)."""
+    records = trial_records(path, score)
+    check(len(records) == 1, f"stores: {path} holds checkpoints of {len(records)} configurations; "
+                             "use trial_records for one trial per configuration")
+    return records[0]
 
 
 def summary_dataset(entries: list[SummaryEntry], by: tuple[str, ...], attrs: dict[str, Any]) -> xr.Dataset:

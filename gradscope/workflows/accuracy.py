@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ from gradscope.tasks import ReverseVariable, grid_batch, make_task
 from gradscope.train.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
 from gradscope.train.evaluate import predict
-from gradscope.workflows.stability import expand_checkpoints
+from gradscope.workflows.stability import config_attrs, expand_checkpoints
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,16 @@ class AccuracyRun:
     options: AccuracyOptions
     command: str = ""
     device: str = "cpu"
+    configs: tuple[dict[str, Any], ...] = ()  # each checkpoint's config attributes (config_attrs)
 
     def to_xarray(self) -> xr.Dataset:
         options = {"bins": bins_arg(self.options.bins), "grid": self.options.grid}
-        return accuracy_dataset(self.results, self.config, options, self.command, self.device)
+        ds = accuracy_dataset(self.results, self.config, options, self.command, self.device)
+        entries = json.loads(ds.attrs["checkpoints"])
+        for entry, cfg in zip(entries, self.configs):
+            entry.update(cfg)  # each checkpoint's own model, task and train configs (store/parts.py)
+        ds.attrs["checkpoints"] = json.dumps(entries)
+        return ds
 
 
 def run_accuracy(paths: list[Path], opts: AccuracyOptions,
@@ -91,7 +98,7 @@ def run_accuracy(paths: list[Path], opts: AccuracyOptions,
     device = resolve_device(opts.device)
     if on_start is not None:
         on_start(len(files))
-    config, results = None, []
+    config, results, configs = None, [], []
     for path in files:
         loaded = load_checkpoint(path)
         if config is not None:
@@ -99,8 +106,10 @@ def run_accuracy(paths: list[Path], opts: AccuracyOptions,
                   f"checkpoint: {path} was trained on a different task than {files[0]}; evaluate it separately")
         config = config or loaded.config
         results.append(evaluate_checkpoint(loaded, opts, device))
+        configs.append(config_attrs(loaded.config))
         del loaded
         if on_progress is not None:
             on_progress(1)
     assert config is not None  # expand_checkpoints never returns an empty list
-    return AccuracyRun(config, results, opts, command, device_label if device_label is not None else str(device))
+    return AccuracyRun(config, results, opts, command, device_label if device_label is not None else str(device),
+                       tuple(configs))

@@ -179,7 +179,7 @@ class StabilityRun:
         ds = stability_dataset(self.results, self.probes, options, self.config, self.command, self.device)
         entries = json.loads(ds.attrs["checkpoints"])
         for entry, cfg in zip(entries, self.configs):
-            entry["model_config"] = cfg["model_config"]
+            entry.update(cfg)  # each checkpoint's own model, task and train configs (store/parts.py)
         ds.attrs["checkpoints"] = json.dumps(entries)
         ds = ds.assign_coords(model=("checkpoint", np.asarray(self.models, dtype=object)))
         ds.attrs["nan_scores"] = json.dumps(self.nan_count)
