@@ -53,3 +53,13 @@ def config_parts(ds: xr.Dataset) -> list[xr.Dataset]:
                       "checkpoints": json.dumps([entries[i] for i in idx])}
         parts.append(part)
     return parts
+
+
+def record_checkpoint_configs(ds: xr.Dataset, configs: tuple[dict[str, Any], ...]) -> xr.Dataset:
+    """``ds`` with each checkpoint's own configs (``{model_config, task_config, train_config}``, in
+    checkpoint order) written into its ``checkpoints`` attribute, where :func:`config_parts` reads them."""
+    entries = json.loads(ds.attrs["checkpoints"])
+    for entry, cfg in zip(entries, configs):
+        entry.update(cfg)
+    ds.attrs["checkpoints"] = json.dumps(entries)
+    return ds

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -17,6 +16,7 @@ from gradscope.analysis.distance import sequence_dl_distances
 from gradscope.errors import check
 from gradscope.config import RunConfig
 from gradscope.store.accuracy import accuracy_dataset
+from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.records import AccuracyResult
 from gradscope.tasks import ReverseVariable, grid_batch, make_task
 from gradscope.train.checkpoint import Loaded, load_checkpoint
@@ -81,11 +81,7 @@ class AccuracyRun:
     def to_xarray(self) -> xr.Dataset:
         options = {"bins": bins_arg(self.options.bins), "grid": self.options.grid}
         ds = accuracy_dataset(self.results, self.config, options, self.command, self.device)
-        entries = json.loads(ds.attrs["checkpoints"])
-        for entry, cfg in zip(entries, self.configs):
-            entry.update(cfg)  # each checkpoint's own model, task and train configs (store/parts.py)
-        ds.attrs["checkpoints"] = json.dumps(entries)
-        return ds
+        return record_checkpoint_configs(ds, self.configs)
 
 
 def run_accuracy(paths: list[Path], opts: AccuracyOptions,

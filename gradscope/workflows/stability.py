@@ -22,6 +22,7 @@ from gradscope.analysis.stability import PAIRS, probe_stability
 from gradscope.config import ModelConfig, RunConfig, TaskConfig
 from gradscope.errors import check
 from gradscope.guard import as_int, check_bytes
+from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.records import CheckpointResult
 from gradscope.store.stability import probes_from_store, stability_dataset
 from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_groups, make_probes, read_counts_file,
@@ -177,10 +178,7 @@ class StabilityRun:
     def to_xarray(self) -> xr.Dataset:
         options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self.options).items()}
         ds = stability_dataset(self.results, self.probes, options, self.config, self.command, self.device)
-        entries = json.loads(ds.attrs["checkpoints"])
-        for entry, cfg in zip(entries, self.configs):
-            entry.update(cfg)  # each checkpoint's own model, task and train configs (store/parts.py)
-        ds.attrs["checkpoints"] = json.dumps(entries)
+        ds = record_checkpoint_configs(ds, self.configs)
         ds = ds.assign_coords(model=("checkpoint", np.asarray(self.models, dtype=object)))
         ds.attrs["nan_scores"] = json.dumps(self.nan_count)
         ds.attrs["nonfinite_jacobians"] = self.nonfinite_jacobians
