@@ -360,18 +360,27 @@ def baseline_accuracy(sources: dict[str, Path], tmp_path_factory: pytest.TempPat
     return found
 
 
+def staged(tmp_path: Path, name: str, content: Any) -> tuple[Path, Path, Any]:
+    """A fresh work folder holding one checkpoint file ``name`` (``content``: raw bytes, or an object
+    for torch.save): (folder, file, snapshot of the folder before any command runs)."""
+    work = tmp_path / "w"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    target = work / name
+    if isinstance(content, bytes):
+        target.write_bytes(content)
+    else:
+        torch.save(content, target)
+    return work, target, snapshot(work)
+
+
 def test_field_mutations_through_accuracy(sources: dict[str, Path], field_paths: Any, baseline_accuracy: dict,
                                           tmp_path: Path) -> None:
     @settings(max_examples=40, **FUZZ)
     @given(field_mutations(tuple(sources)))
     def run(case: tuple[str, tuple, str]) -> None:
         name, path, kind = case
-        work = tmp_path / "w"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        target = work / sources[name].name
-        torch.save(mutate(raw(sources[name]), path, kind), target)
-        before = snapshot(work)
+        work, target, before = staged(tmp_path, sources[name].name, mutate(raw(sources[name]), path, kind))
         outcome = invoke(["accuracy", target, "-o", work / "a.zarr", "-q", "--device", "cpu", "--bins", "1"])
         count("checkpoint-field-accuracy")
         assert_clean(outcome, f"{name} {path} {kind}")
@@ -398,12 +407,7 @@ def test_field_mutations_through_stability(sources: dict[str, Path], field_paths
     @given(field_mutations(("gru", "paper-s4d")))
     def run(case: tuple[str, tuple, str]) -> None:
         name, path, kind = case
-        work = tmp_path / "w"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        target = work / sources[name].name
-        torch.save(mutate(raw(sources[name]), path, kind), target)
-        before = snapshot(work)
+        work, target, before = staged(tmp_path, sources[name].name, mutate(raw(sources[name]), path, kind))
         outcome = invoke(["stability", target, "-o", work / "s.zarr", *STABILITY])
         count("checkpoint-field-stability")
         assert_clean(outcome, f"{name} {path} {kind}")
@@ -431,12 +435,8 @@ def test_byte_mutations_through_accuracy(sources: dict[str, Path], tmp_path: Pat
             rng = np.random.default_rng(seed)
             for i in rng.integers(0, len(data), n):
                 data[i] ^= int(rng.integers(1, 256))
-        work = tmp_path / "w"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        (work / sources[name].name).write_bytes(bytes(data))
-        before = snapshot(work)
-        outcome = invoke(["accuracy", work / sources[name].name, "-o", work / "a.zarr", "-q", "--device", "cpu", "--bins", "1"])
+        work, target, before = staged(tmp_path, sources[name].name, bytes(data))
+        outcome = invoke(["accuracy", target, "-o", work / "a.zarr", "-q", "--device", "cpu", "--bins", "1"])
         count("checkpoint-bytes")
         assert_clean(outcome, f"{name} {how} {at}")
         if outcome.rc != 0:

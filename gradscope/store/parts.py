@@ -15,12 +15,9 @@ from typing import Any
 
 import xarray as xr
 
+from gradscope.store.io import attr_json
+
 CONFIG_KEYS = ("model_config", "task_config", "train_config")
-
-
-def _store_config(ds: xr.Dataset, key: str) -> Any:
-    text = ds.attrs.get(key)
-    return json.loads(text) if isinstance(text, str) else text
 
 
 def config_parts(ds: xr.Dataset) -> list[xr.Dataset]:
@@ -33,13 +30,12 @@ def config_parts(ds: xr.Dataset) -> list[xr.Dataset]:
     configuration, or one written before gradscope recorded per-checkpoint configs, is one part:
     ``[ds]`` itself, unchanged.
     """
-    entries = ds.attrs.get("checkpoints")
-    if not isinstance(entries, str) or "checkpoint" not in ds.dims:
+    if "checkpoints" not in ds.attrs or "checkpoint" not in ds.dims:
         return [ds]
-    entries = json.loads(entries)
+    entries = attr_json(ds, "checkpoints")
     if len(entries) != ds.sizes["checkpoint"] or not any(k in e for e in entries for k in CONFIG_KEYS):
         return [ds]
-    store = {k: _store_config(ds, k) for k in CONFIG_KEYS}
+    store = {k: attr_json(ds, k) if k in ds.attrs else None for k in CONFIG_KEYS}
     configs = [{k: e.get(k, store[k]) for k in CONFIG_KEYS} for e in entries]
     groups: dict[str, list[int]] = {}
     for i, cfg in enumerate(configs):
@@ -58,7 +54,7 @@ def config_parts(ds: xr.Dataset) -> list[xr.Dataset]:
 def record_checkpoint_configs(ds: xr.Dataset, configs: tuple[dict[str, Any], ...]) -> xr.Dataset:
     """``ds`` with each checkpoint's own configs (``{model_config, task_config, train_config}``, in
     checkpoint order) written into its ``checkpoints`` attribute, where :func:`config_parts` reads them."""
-    entries = json.loads(ds.attrs["checkpoints"])
+    entries = attr_json(ds, "checkpoints")
     for entry, cfg in zip(entries, configs):
         entry.update(cfg)
     ds.attrs["checkpoints"] = json.dumps(entries)
