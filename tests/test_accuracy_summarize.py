@@ -81,6 +81,7 @@ def test_grid_is_indexed_right_end_to_end(runner: CliRunner, trained_runs: dict,
     acc = read_store(out)["grid_accuracy"].values[0]  # (tg, dg, position)
     expected = np.ones((2, 2, L))
     expected[1, 0, p0 - 1] = 0.0
+    # bit for bit: accuracies from integer hit counts (deterministic by construction)
     np.testing.assert_array_equal(acc, expected)
 
 
@@ -121,6 +122,7 @@ def test_three_seeds_to_a_ci_table(runner: CliRunner, seed_runs: dict, tmp_path:
     # the same command again gives the same numbers
     again = tmp_path / "again.zarr"
     assert _run(runner, "summarize", *stores, "-o", again, "--resamples", "2000").exit_code == 0
+    # bit for bit: the same process, code path and seeded bootstrap
     np.testing.assert_array_equal(read_store(again)["low"].values, ds["low"].values)
 
 

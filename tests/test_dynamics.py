@@ -87,6 +87,7 @@ def test_python_api_equals_cli(dynamics_store: Path, trained_runs: dict) -> None
     ds = gradscope.dynamics(trained_runs["gru"], sequences=2, grid_sequences=2, trajectories=3, steps=64, warmup=8,
                             top_sv=4, parts=("flow", "lyapunov"))
     cli = xr.open_zarr(dynamics_store, consolidated=False).load()
+    # bit for bit: the CLI runs in this process (CliRunner), on the same code path
     np.testing.assert_array_equal(ds["flow_fro"].values, cli["flow_fro"].values)
     np.testing.assert_array_equal(ds["lyapunov"].values, cli["lyapunov"].values)
     assert "tT_grid" not in ds and "gate_norm" not in ds

@@ -65,6 +65,7 @@ def test_linear_rnn_exponents_are_log_moduli_of_the_eigenvalues() -> None:
     assert res.exponents.shape == (2, 8) and res.exponents.dtype == F64
     assert (res.exponents - expected).abs().max() < 1e-4
     assert res.running.shape == (2, len(res.running_steps), 8) and int(res.running_steps[-1]) == 1900
+    # bit for bit: a copy of the same tensor
     assert torch.equal(res.running[:, -1], res.exponents)
     assert (res.running_steps.diff() == 10).all()
 
@@ -287,6 +288,7 @@ def test_step_spectra_against_autograd_step_jacobians() -> None:
             assert abs(spectra["radius"][b, t] - torch.linalg.eigvals(J).abs().max()) < 1e-10
             assert torch.allclose(spectra["singular_values"][b, t], torch.linalg.svdvals(J), atol=1e-10)
     top = step_spectra(model, toks, top_k=3)["singular_values"]
+    # bit for bit: the same process and code path; top_k only slices
     assert torch.equal(top, spectra["singular_values"][..., :3])
     with pytest.raises(GradscopeError, match="top_k"):
         step_spectra(model, toks, top_k=D + 1)

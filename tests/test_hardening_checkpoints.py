@@ -471,6 +471,7 @@ def _resume(src_run: Path, work: Path, spoil: Any, what: str, final: dict[str, t
     if outcome.rc == 0:
         weights = raw(work / "step-0000012.pt")["model"]
         if harmless:
+            # bit for bit: copies of saved weights
             assert all(torch.equal(weights[k], final[k]) for k in final), what
     else:
         assert_untouched(before, snapshot(work))

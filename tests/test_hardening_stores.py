@@ -216,6 +216,7 @@ def _same_values(got: Any, want: Any, every: bool = True) -> None:
             continue
         a, b = got[name].values, var.values
         if b.dtype.kind in "fc":
+            # bit for bit: a store read back (copies, no arithmetic)
             np.testing.assert_array_equal(a, b, err_msg=str(name))
         else:
             assert [str(x) for x in np.ravel(a)] == [str(x) for x in np.ravel(b)], name

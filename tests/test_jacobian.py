@@ -101,6 +101,7 @@ def test_last_position_is_the_readout_jacobian(core: str, layers: int) -> None:
             sel = torch.zeros(H, model.core.state_dim, dtype=torch.float64)
             top = (layers - 1) * model.core.layer_state
             sel[:, top:top + H] = torch.eye(H, dtype=torch.float64)
+            # bit for bit: a copy of the input's selection, exact 0/1 entries
             assert torch.equal(jac, sel.expand(B, -1, -1)), method
 
 
@@ -201,6 +202,7 @@ def test_shapes_output_and_state(core: str) -> None:
         fused = model.core(model.core_inputs(toks))  # nn.RNN/GRU/LSTM or FFT convolution: another path
     torch.testing.assert_close(res.output, fused[:, -1], rtol=0, atol=1e-10)
     _, ys, zs = scan(model, toks)
+    # bit for bit: the same process and code path (scan)
     assert torch.equal(res.state, zs[:, p - 1]) and torch.equal(res.output, ys[:, -1])
 
 

@@ -49,6 +49,7 @@ def _same(a, b) -> None:
     assert a.fields == b.fields and a.seed == b.seed
     assert a.metrics.keys() == b.metrics.keys() and a.units.keys() == b.units.keys()
     for key in a.metrics:
+        # bit for bit: the same checkpoints scored in this process on the same code path
         np.testing.assert_array_equal(a.metrics[key], b.metrics[key], err_msg=key)
     for key in a.units:
         np.testing.assert_array_equal(a.units[key], b.units[key], err_msg=key)
@@ -83,6 +84,7 @@ def test_report_labels_each_part_by_its_own_config(stores: dict[str, Path]) -> N
     for item, alone in zip(items, ("acc-vanilla", "acc-pe")):
         reference = read_store(stores[alone])
         assert item.ds.sizes["checkpoint"] == 1
+        # bit for bit: the same process and code path; the split only selects
         np.testing.assert_array_equal(item.ds["grid_bin_accuracy"].values, reference["grid_bin_accuracy"].values)
         assert [c["path"] for c in item.meta["checkpoints"]] == [str(VANILLA if alone == "acc-vanilla" else PE)]
 

@@ -110,6 +110,7 @@ def test_pe_kinds_and_combination() -> None:
     assert "time_encoder.embeddings" in dict(learnable.named_parameters())
     dummy = _model("gru", pe="dummy")
     d = dummy.core_inputs(tokens)
+    # bit for bit: the dummy PE is a copy of the embedding
     assert torch.equal(d[..., :6], d[..., 6:])
     vanilla = _model("gru")
     # a dummy model has the parameter count of a PE model with the same concat width

@@ -1,6 +1,10 @@
 """The refactor into one home per core (issue #14) changed no number: stability stores made now on
 the shipped samples equal those made by the code before it (HEAD 45c6994), saved in
-tests/data/stability-reference.npz by that code (3 triplets per condition, seed 5, 16 singular values)."""
+tests/data/stability-reference.npz by that code (3 triplets per condition, seed 5, 16 singular values).
+
+Float results cross BLAS/LAPACK kernels whose last bits differ between processors and thread counts,
+so they are compared with tolerances (tests/floats.py); integers (probe tokens, iterations, counts)
+are compared bit for bit, since they are deterministic by construction."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from floats import assert_close_normwise
 from gradscope.workflows.stability import StabilityOptions, run_stability
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +33,14 @@ def test_stability_store_numbers_are_unchanged(name: str) -> None:
         new = ds[key].values
         old = REFERENCE[f"{name}/{key}"]
         assert new.shape == old.shape, key
-        np.testing.assert_array_equal(new, old, err_msg=f"{name}: {key} changed")
+        if old.dtype.kind != "f":  # integers: deterministic by construction
+            np.testing.assert_array_equal(new, old, err_msg=f"{name}: {key} changed")
+        elif key == "subspace_sim":
+            # the top-half singular subspace of a Jacobian moves by eps·σ_1/(σ_k − σ_k+1): ill-conditioned
+            # where σ_k ≈ σ_k+1 (measured: 5e-3 between 1 and 2 threads on the LSTM sample)
+            np.testing.assert_allclose(new, old, rtol=0, atol=3e-2, equal_nan=True, err_msg=f"{name}: {key} changed")
+        else:
+            assert_close_normwise(new, old, err_msg=f"{name}: {key} changed")
     if name.startswith("s4d"):
         assert "wirtinger_imag" in keys
     assert sorted(ds.data_vars) == sorted(k for k in keys if k != "iteration")

@@ -261,6 +261,7 @@ def test_subspace_similarity_matches_scipy_principal_angles() -> None:
             ref = np.mean(np.cos(scipy.linalg.subspace_angles(ua, ub)) ** 2)
             assert got[i].item() == pytest.approx(ref, abs=1e-10)
     torch.testing.assert_close(subspace_similarity(ja, jb), subspace_similarity(ja, jb, k=3))  # default k
+    # bit for bit: k is clipped before any arithmetic (the same call)
     assert torch.equal(subspace_similarity(ja, jb, k=100), subspace_similarity(ja, jb, k=6))  # clipped
     with pytest.raises(GradscopeError, match="k"):
         subspace_similarity(ja, jb, k=0)

@@ -52,6 +52,7 @@ def test_resume_is_bit_identical(tmp_path: Path, core: str) -> None:
     assert load(tmp_path / "split").iteration == 12
     train(cfg, tmp_path / "split", resume=True)
     a, b = _params(tmp_path / "full"), _params(tmp_path / "split")
+    # bit for bit: the same machine, thread count and code path (training is deterministic by construction there)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     full = load(tmp_path / "full").raw["optimizer"]["state"]
     split = load(tmp_path / "split").raw["optimizer"]["state"]
@@ -105,6 +106,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
     killed, fresh = load(tmp_path / "killed"), load(tmp_path / "whole")
     assert killed.iteration == fresh.iteration == stop
     a, b = killed.model.state_dict(), fresh.model.state_dict()
+    # bit for bit: the same machine, thread count and code path
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     sa, sb = killed.raw["optimizer"]["state"], fresh.raw["optimizer"]["state"]
     assert all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
@@ -119,4 +121,5 @@ def test_training_computes_gradients_inside_a_callers_no_grad(tmp_path: Path) ->
     with torch.no_grad():
         train(cfg, tmp_path / "no-grad")
     a, b = _params(tmp_path / "plain"), _params(tmp_path / "no-grad")
+    # bit for bit: the same process and code path
     assert all(torch.equal(a[k], b[k]) for k in a)

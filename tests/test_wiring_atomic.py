@@ -116,6 +116,7 @@ def test_failed_checkpoint_write_keeps_the_earlier_checkpoint_and_leaves_no_part
     # the run goes on from the intact checkpoint and ends where an uninterrupted run ends
     train(cfg, run, resume=True)
     a, b = _params(run), _params(uninterrupted)
+    # bit for bit: the same machine, thread count and code path
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _log(run) == _log(uninterrupted)
     assert json.loads((run / "eval.json").read_text()) == json.loads((uninterrupted / "eval.json").read_text())
