@@ -28,11 +28,12 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
     table = Table(title="gradient dynamics per checkpoint (medians over probe sequences; SPEC §7)",
                   title_justify="left")
     for col in ("iteration", "|dy_T/dz_1| / |dy_T/dz_T|", "step radius (freq / rare)", "λ_1 [min, max]",
-                "Σλ", "largest gate term (freq / rare)"):
+                "Σλ", "−∞ · below res.", "largest gate term (freq / rare)"):
         table.add_column(col, justify="right")
     cls = ds["token_class"].values
     for c in range(ds.sizes["checkpoint"]):
-        row = [str(int(ds["iteration"][c]))]
+        it = int(ds["iteration"][c])
+        row = [str(it) if it >= 0 else "–"]  # an in-memory or factory model has no iteration
         if "flow_fro" in ds:
             f = ds["flow_fro"].values[c]
             row.append(f"{np.median(f[:, 0] / f[:, -1]):.2e}")
@@ -44,11 +45,9 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
         else:
             row.append("-")
         if "lyapunov" in ds:
-            top = ds["lyapunov"].values[c, :, 0]
-            row += [f"{top.mean():+.4f} [{top.min():+.4f}, {top.max():+.4f}]",
-                    f"{ds['lyapunov'].values[c].sum(-1).mean():+.3f}"]
+            row += lyapunov_cells(ds, c)
         else:
-            row += ["-", "-"]
+            row += ["-", "-", "-"]
         if "gate_norm" in ds:
             g = ds["gate_norm"].values[c]  # (n, T, G)
             gates = [str(x) for x in ds["gate"].values]
@@ -61,6 +60,28 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
             row.append("-")
         table.add_row(*row)
     return table
+
+
+def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
+    """λ_1 over trajectories, Σλ and the count of −∞ / below-resolution exponents of checkpoint c.
+    Only resolved exponents are averaged; Σλ is −inf when an exponent is, and an upper bound (≤) when
+    some are below resolution."""
+    import numpy as np
+
+    lam = ds["lyapunov"].values[c]  # (m, k)
+    low = ds["lyapunov_below_resolution"].values[c].astype(bool) if "lyapunov_below_resolution" in ds else \
+        np.zeros(lam.shape, dtype=bool)
+    top = lam[:, 0]
+    ok = np.isfinite(top) & ~low[:, 0]
+    first = f"{top[ok].mean():+.4f} [{top[ok].min():+.4f}, {top[ok].max():+.4f}]" if ok.any() else "−inf" \
+        if np.isneginf(top).all() else "below res."
+    total = lam.sum(-1)
+    if np.isneginf(total).any():
+        sums = "−inf" if np.isneginf(total).all() else f"−inf in {int(np.isneginf(total).sum())}/{len(total)}"
+    else:
+        sums = ("≤ " if low.any() else "") + f"{total.mean():+.3f}"
+    D = lam.shape[-1]
+    return [first, sums, f"{int(np.isneginf(lam).sum(-1).max())} · {int(low.sum(-1).max())} of {D}"]
 
 
 @user_errors
@@ -76,7 +97,13 @@ def dynamics_command(
     grid_sequences: Annotated[int, Opt(help="Sequences for the (t, T) grid.")] = 4,
     trajectories: Annotated[int, Opt(help="Lyapunov trajectories.")] = 8,
     steps: Annotated[int, Opt(help="Steps per Lyapunov trajectory (the task's episodes back to back).")] = 1000,
-    warmup: Annotated[int, Opt(help="Warm-up steps discarded from the Lyapunov estimate.")] = 100,
+    warmup: Annotated[Optional[int], Opt(help="Warm-up steps discarded from the Lyapunov estimate (default: a tenth of --steps, at most 100).", show_default=False)] = None,
+    exponents: Annotated[Optional[int], Opt(help="Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).", show_default=False)] = None,
+    qr_dtype: Annotated[str, Opt(help="dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).")] = "float64",
+    budget_seconds: Annotated[float, Opt(help="Time budget per part and checkpoint, estimated before any work at a laptop CPU's rate.")] = 600.0,
+    model_factory: Annotated[Optional[str], Opt("--model-factory", help="Your own model: FILE.py:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...). Runs your code (see the README's trust note).")] = None,
+    length: Annotated[Optional[int], Opt(help="With --model-factory: probe sequence length (default 32); tokens uniform over the embedding's vocabulary.", show_default=False)] = None,
+    token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line): steps are classed frequent/rare by them.")] = None,
     reorth: Annotated[int, Opt(help="Re-orthonormalise every k steps (product of k step Jacobians first).")] = 1,
     sv: Annotated[int, Opt(help="Top singular values kept per step Jacobian.")] = 8,
     seed: Annotated[int, Opt(help="Seed of the probes and trajectories.")] = 0,
@@ -86,22 +113,34 @@ def dynamics_command(
     """Gradient dynamics (SPEC §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra."""
     import warnings
 
+    from gradscope.errors import GradscopeError
     from gradscope.store.io import write_store
-    from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics
+    from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics, run_factory_dynamics
     from gradscope.workflows.stability import DivergedWarning
 
-    opts = DynamicsOptions(tuple(p.strip() for p in parts.split(",") if p.strip()), sequences, grid_sequences, sv,
-                           trajectories, steps, warmup, reorth, seed, device)
+    opts = DynamicsOptions(parts, sequences, grid_sequences, sv, trajectories, steps, warmup, reorth, seed, device,
+                           exponents, qr_dtype, budget_seconds)
+    if model_factory is None and (length is not None or token_counts is not None):
+        raise GradscopeError("--length/--token-counts: they describe probes for --model-factory models; "
+                             "a gradscope checkpoint draws its probes from its task")
     out_path = out if out is not None else default_out("dynamics", checkpoints[0] if checkpoints else Path("x"))
     check_out(out_path, overwrite)
     with make_progress(console) as progress, warnings.catch_warnings():
         warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
         bar = progress.add_task("checkpoints", total=None, visible=not quiet)
-        run = run_dynamics(checkpoints, opts, target_groups=tuple(target_freq or ()),
-                           disturbant_groups=tuple(disturbant or ()),
-                           on_start=lambda n: progress.update(bar, total=n),
-                           on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
+        if model_factory is not None:
+            if len(checkpoints) != 1:
+                raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
+            run = run_factory_dynamics(model_factory, checkpoints[0], opts, length=length if length is not None else 32,
+                                       counts_file=token_counts, command=command_line(ctx))
+        else:
+            run = run_dynamics(checkpoints, opts, target_groups=tuple(target_freq or ()),
+                               disturbant_groups=tuple(disturbant or ()),
+                               on_start=lambda n: progress.update(bar, total=n),
+                               on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
     ds = run.to_xarray()
+    if run.plan is not None and run.plan.note:
+        console.print(run.plan.note)
     console.print(dynamics_table(ds))
     write_store(ds, out_path, overwrite=overwrite)
     bad = {k: v for k, v in run.nonfinite.items() if v}

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from gradscope.analysis.jacobian import rows_vjp, state_readout
+from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum
 from gradscope.analysis.scores import finite_only
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import gate_terms, scan, step_jacobian
+from gradscope.models.core import diagonal_blocks, gate_terms, scan, step_jacobian
+from gradscope.models.structure import structure_of
 from gradscope.tasks.vocab import sample_tokens
 
 FLOW_METHODS = ("jacobian", "vjp")
@@ -75,11 +76,37 @@ def previous_states(core: nn.Module, x: Tensor) -> Tensor:
 # Gradient flow: g(k) = ‖∂y_T/∂z_k‖ from one reverse chain
 
 def _flow_method(core: nn.Module, method: str) -> str:
-    check(method == "auto" or method in FLOW_METHODS,
+    check(method == "auto" or method in FLOW_METHODS or (method == "structured" and diagonal_form(core) is not None),
           f"method: got {method!r}; valid values are auto, {', '.join(FLOW_METHODS)}")
     if method != "auto":
         return method
+    if diagonal_form(core) is not None:
+        return "structured"
     return "jacobian" if core.state_dim <= JACOBIAN_MAX_RATIO * core.out_dim else "vjp"
+
+
+def _spectral_norm(G: Tensor) -> Tensor:
+    """Largest singular value of each (B, H, D) matrix; for a wide G (D > 2H) from the H × H Gram
+    matrix G·Gᵀ (one 2·H²·D product in G's dtype instead of an SVD of the H × D matrix, several times
+    that; σ_max² is the Gram's norm, so it keeps the dtype's relative accuracy), its eigenvalues in
+    float64."""
+    if G.shape[-1] <= 2 * G.shape[-2]:
+        return finite_only(lambda g: torch.linalg.matrix_norm(g, ord=2), G)
+
+    gram = (G @ G.mT).double()  # non-finite G gives a non-finite Gram: checked there, H × H, not on G
+    return finite_only(lambda m: torch.linalg.eigvalsh(m)[..., -1].clamp_min(0).sqrt(), gram).to(G.dtype)
+
+
+def _diag_right(form: str, G: Tensor, d: Tensor) -> Tensor:
+    """G · J for a (block-)diagonal J given by its compact diagonal d: G (B, H, D) → (B, H, D)."""
+    B, H, D = G.shape
+    if form == "diagonal":
+        return G * d[:, None, :]
+    if form == "complex_diagonal":  # [g_re, g_im] · [[a, −b], [b, a]] = (g_re + i g_im) · conj(a + ib) per mode
+        g = torch.view_as_complex(G.reshape(B, H, D // 2, 2))
+        return torch.view_as_real(g * d.conj()[:, None, :].to(g.dtype)).reshape(B, H, D)
+    s = d.shape[-1]
+    return torch.einsum("bxhs,bhst->bxht", G.view(B, H, D // s, s), d).reshape(B, H, D)
 
 
 def gradient_flow(model: nn.Module, tokens: Tensor, T: int | None = None, *, method: str = "auto",
@@ -98,7 +125,8 @@ def gradient_flow(model: nn.Module, tokens: Tensor, T: int | None = None, *, met
     ``readout(x, z)``; without one it is NaN and the chain starts from ∂y_T/∂z_{T−1}.
 
     One reverse chain G_k = G_{k+1} · J_{k+1} from G_T = ∂y_T/∂z_T (H × D) passes every k.
-    method "jacobian": explicit step Jacobians, COST per step O(D²) to form J (analytic cores)
+    method "structured" (auto for a core whose J_t is one diagonal-type block, e.g. S4D): G · J from
+    J's compact diagonal, O(H·D) per step; "jacobian": explicit step Jacobians, COST per step O(D²) to form J (analytic cores)
     + 2·H·D² flops for the product; "vjp": ``torch.func.vjp`` of one ``core.step`` per step,
     vmapped over the H rows (never forms D × D; O(H·D) per step for S4D's diagonal transitions,
     ~3·H·D² for an RNN cell); "auto": "jacobian" for D <= JACOBIAN_MAX_RATIO · H (RNN stacks),
@@ -128,7 +156,7 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
 
     def record(k: int, G: Tensor) -> None:  # G = ∂y_T/∂z_k (B, H, D)
         fro[:, k - 1] = torch.linalg.matrix_norm(G)
-        spectral[:, k - 1] = finite_only(lambda g: torch.linalg.matrix_norm(g, ord=2), G)
+        spectral[:, k - 1] = _spectral_norm(G)
 
     z_T = core.step(x[:, T - 1], prev[:, T - 1])[1]
     try:
@@ -144,12 +172,58 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
     if first == T - 1:
         record(T - 1, G)
     for k in range(first - 1, 0, -1):  # G ← G · J_{k+1}: step k+1 reads x[:, k] at z_k = prev[:, k]
-        if method == "jacobian":
+        if method == "structured":  # (block-)diagonal J_{k+1}: O(H·D)
+            G = _diag_right(diagonal_form(core), G, diagonal_blocks(core, x[:, k], prev[:, k])[0])
+        elif method == "jacobian":
             G = torch.bmm(G, step_jacobian(core, x[:, k], prev[:, k]))
         else:
             G = rows_vjp(lambda z: core.step(x[:, k], z)[1], prev[:, k], G)
         record(k, G)
     return fro, spectral
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured step Jacobians (gradscope.models.structure): never D × D
+
+def diagonal_form(core: nn.Module) -> str | None:
+    """The form of J_t when it is one diagonal-type block (diagonal, complex_diagonal, block_diagonal),
+    else None (dense, or block-triangular with blocks below the diagonal)."""
+    structure = structure_of(core)
+    return structure.blocks[0].form if structure.is_diagonal else None
+
+
+def _magnitudes(core: nn.Module, x: Tensor, z: Tensor) -> Tensor:
+    """|eigenvalues| of J_t for a triangular structure whose blocks are diagonal forms (B, D): the
+    union of the blocks' (complex modes twice, as on the real view); per-head blocks by eigvals."""
+    out = []
+    for blk, d in zip(structure_of(core).blocks, diagonal_blocks(core, x, z)):
+        if blk.form == "complex_diagonal":
+            out.append(d.abs().repeat_interleave(2, dim=-1))
+        elif blk.form == "diagonal":
+            out.append(d.abs())
+        else:
+            out.append(finite_only(lambda j: torch.linalg.eigvals(j).abs(), d).reshape(d.shape[0], -1))
+    return torch.cat(out, dim=-1)
+
+
+def _diagonal_svdvals(form: str, d: Tensor) -> Tensor:
+    """Singular values (B, D) of a (block-)diagonal J_t from its compact diagonal, descending."""
+    if form == "complex_diagonal":
+        s = d.abs().repeat_interleave(2, dim=-1)  # a 2 × 2 rotation-scaling has both singular values |d|
+    elif form == "diagonal":
+        s = d.abs()
+    else:
+        s = finite_only(torch.linalg.svdvals, d).reshape(d.shape[0], -1)
+    return s.sort(dim=-1, descending=True).values
+
+
+def _diagonal_fro2(form: str, P: Tensor) -> Tensor:
+    """‖·‖_F² of (block-)diagonal matrices from their compact diagonals P (..., n) or (..., h, s, s)."""
+    if form == "complex_diagonal":
+        return 2 * P.abs().square().sum(-1)
+    if form == "diagonal":
+        return P.square().sum(-1)
+    return P.square().sum((-3, -2, -1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,6 +251,17 @@ def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tenso
         prev = previous_states(core, x)
         grid = x.new_full((B, T, T), math.nan)
         grid.diagonal(dim1=1, dim2=2).fill_(math.sqrt(D))
+        form = diagonal_form(core)
+        if form is not None:  # (block-)diagonal J_t: the running products stay (block-)diagonal, O(T²·D)
+            P = None  # compact products of every running start t = 1 … end−1: (B, end−1, …)
+            for end in range(2, T + 1):
+                d = diagonal_blocks(core, x[:, end - 1], prev[:, end - 1])[0]
+                if form == "block_diagonal":
+                    P = d[:, None] if P is None else torch.cat([d[:, None] @ P, d[:, None]], dim=1)
+                else:
+                    P = d[:, None] if P is None else torch.cat([d[:, None] * P, d[:, None]], dim=1)
+                grid[:, :end - 1, end - 1] = _diagonal_fro2(form, P).sqrt().to(grid.dtype)
+            return grid
         P = x.new_empty(B, max(T - 1, 1), D, D)  # slot t−1: P_{t→current end}
         spare = torch.empty_like(P)
         for end in range(2, T + 1):  # J_end maps z_{end−1} to z_end
@@ -212,114 +297,25 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
         prev = previous_states(core, x)
         radius = x.new_empty(B, T)
         singular = x.new_empty(B, T, k)
+        structure = structure_of(core)
+        form = diagonal_form(core)
         for t in range(T):
+            if form is not None:  # (block-)diagonal J_t: O(D) (per-head blocks: their own decompositions)
+                d = diagonal_blocks(core, x[:, t], prev[:, t])[0]
+                radius[:, t] = _magnitudes(core, x[:, t], prev[:, t]).amax(dim=-1)
+                singular[:, t] = _diagonal_svdvals(form, d)[:, :k]
+                continue
             J = step_jacobian(core, x[:, t], prev[:, t])
+            if not structure.is_dense:  # block-triangular: the eigenvalues are the blocks' (no D × D eig)
+                radius[:, t] = _magnitudes(core, x[:, t], prev[:, t]).amax(dim=-1)
+                singular[:, t] = finite_only(torch.linalg.svdvals, J)[:, :k]
+                continue
             radius[:, t] = finite_only(lambda j: torch.linalg.eigvals(j).abs().amax(dim=-1), J)
             singular[:, t] = finite_only(torch.linalg.svdvals, J)[:, :k]
     return {"radius": radius, "singular_values": singular}
 
 
-# ---------------------------------------------------------------------------------------------
-# Lyapunov spectrum (Benettin / QR)
-
-@dataclass(frozen=True)
-class LyapunovResult:
-    """All D Lyapunov exponents per trajectory, natural log per time step, float64 on the inputs' device.
-
-    exponents (B, D), sorted descending; running (B, C, D): the estimate after ``running_steps[c]``
-    counted steps (sorted descending at each checkpoint; ``running[:, -1] == exponents``);
-    running_steps (C,) int64; log_det_mean (B,): the mean of log|det J_t| over the counted steps
-    when asked for (``sum_check=True``), else None — Σ_i exponents[:, i] must equal it.
-    """
-
-    exponents: Tensor
-    running: Tensor
-    running_steps: Tensor
-    log_det_mean: Tensor | None
-    warmup: int
-    reorth: int
-
-
-def _blocks(T: int, warmup: int, reorth: int) -> list[int]:
-    """Step counts at which a QR happens: every ``reorth`` steps, one also at T_warm (so the counted
-    window starts exactly there), and at T."""
-    ends = list(range(reorth, warmup, reorth)) + ([warmup] if warmup else [])
-    return ends + list(range(warmup + reorth, T, reorth)) + [T]
-
-
-def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: int = 1, z0: Tensor | None = None,
-                      checkpoint_every: int = 10, sum_check: bool = False) -> LyapunovResult:
-    """All D Lyapunov exponents of the driven recurrence z_t = step(x_t, z_{t−1}) (SPEC §7).
-
-    core: any protocol core. inputs: the vectors it reads (B, T, in), e.g. ``model.core_inputs``
-    of task-distributed tokens (:func:`trajectory_tokens`); B trajectories, run batched.
-    Benettin/QR: Q_0 = I; for t = 1 … T: Q_t R_t = qr(J_t Q_{t−1}); λ_i = (1/(T − T_warm))
-    Σ_{t > T_warm} log|R_t[i, i]|, natural log per time step, sorted descending. The state starts
-    at zero (or ``z0`` (B, D)); the ``warmup`` steps are run (Q evolves) but not counted.
-    reorth: QR every ``reorth`` steps on the product of that many Jacobians (fewer QRs, the same
-    exponents in exact arithmetic: R of a product is the product of the Rs); a QR also falls on
-    step T_warm. Jacobians and QR run in the inputs' dtype, the log-sums in float64.
-    checkpoint_every: the running estimate is recorded every that many counted steps (rounded up
-    to a QR) and at the end. sum_check: also return the mean log|det J_t| (an extra LU per step).
-
-    COST per trajectory and step: forming J_t (O(D²) for analytic cores) and one D × D product
-    (2D³ flops); every ``reorth`` steps one Householder QR (LAPACK geqrf (4/3)D³ + forming Q with
-    orgqr (4/3)D³) — the bmm + QR of the roofline, plus forming J_t. Memory O(B·D²).
-    Q is formed explicitly: applying the stored reflectors to J_t instead (ormqr; Q never formed)
-    measured 25–33% faster on CPU at D = 128–256, but in float32 its D sequential rank-1 updates
-    tripled the error of the most negative exponents of a D = 256 LSTM (1e-2 against 4e-3 at
-    λ ≈ −10, against float64), where one GEMM with an orthonormal Q rounds once.
-    Accuracy: a block of k = ``reorth`` steps resolves exponent i only while (λ_1 − λ_i)·k stays
-    well below −log(eps) (36 in float64, 16 in float32): keep k = 1 for wide spectra (a trained
-    LSTM's c often contracts by e^−5 per step).
-    """
-    check(isinstance(inputs, Tensor) and inputs.dim() == 3 and inputs.is_floating_point(),
-          f"inputs: expected float input vectors (B, T, in); got "
-          f"{tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__}")
-    B, T, _ = inputs.shape
-    D = core.state_dim
-    check(isinstance(warmup, int) and 0 <= warmup < T,
-          f"warmup: got {warmup!r}; it must be an integer in [0, {T - 1}] (T = {T} steps)")
-    check(isinstance(reorth, int) and reorth >= 1, f"reorth: got {reorth!r}; it must be a positive integer")
-    check(isinstance(checkpoint_every, int) and checkpoint_every >= 1,
-          f"checkpoint_every: got {checkpoint_every!r}; it must be a positive integer")
-    check(z0 is None or (isinstance(z0, Tensor) and tuple(z0.shape) == (B, D)),
-          f"z0: expected a state (B, D) = ({B}, {D}); got {tuple(z0.shape) if isinstance(z0, Tensor) else z0!r}")
-    x = inputs
-    with torch.no_grad():
-        z = x.new_zeros(B, D) if z0 is None else z0.to(x)
-        M = x.new_empty(B, D, D)  # the product J_t ⋯ J_s Q_{s−1} of the current block
-        spare = torch.empty_like(M)
-        a, tau = x.new_empty(B, D, D), x.new_empty(B, D)  # the last QR, Householder form: R on/above a's diagonal
-        Q = torch.eye(D, dtype=x.dtype, device=x.device).expand(B, D, D).contiguous()  # Q_0 = I
-        logs = torch.zeros(B, D, dtype=torch.float64, device=x.device)
-        log_det = torch.zeros(B, dtype=torch.float64, device=x.device) if sum_check else None
-        running, running_steps, mark = [], [], checkpoint_every
-        start = 0
-        for end in _blocks(T, warmup, reorth):
-            for t in range(start, end):  # 0-based t: the step that reads x[:, t]
-                J = step_jacobian(core, x[:, t], z)  # (B, D, D)
-                if log_det is not None and t >= warmup:
-                    log_det += torch.linalg.slogdet(J).logabsdet.double()
-                z = core.step(x[:, t], z)[1]
-                torch.bmm(J, Q if t == start else M, out=spare)
-                M, spare = spare, M
-            torch.geqrf(M, out=(a, tau))
-            torch.linalg.householder_product(a, tau, out=Q)
-            if end > warmup:
-                logs += a.diagonal(dim1=1, dim2=2).abs().double().log()
-                counted = end - warmup
-                if counted >= mark or end == T:
-                    running.append(logs / counted)
-                    running_steps.append(counted)
-                    mark = (counted // checkpoint_every + 1) * checkpoint_every
-            start = end
-        running_t = torch.stack(running, dim=1).sort(dim=-1, descending=True).values  # (B, C, D)
-        steps = torch.tensor(running_steps, dtype=torch.int64)
-        mean_log_det = None if log_det is None else log_det / (T - warmup)
-    return LyapunovResult(exponents=running_t[:, -1].clone(), running=running_t, running_steps=steps,
-                          log_det_mean=mean_log_det, warmup=warmup, reorth=reorth)
-
+# Lyapunov spectra: gradscope.analysis.lyapunov (dense, partial and structured engines), re-exported here
 
 # ---------------------------------------------------------------------------------------------
 # Inputs for long trajectories
@@ -348,6 +344,12 @@ def gate_norms(core: nn.Module, x: Tensor) -> tuple[tuple[str, ...], Tensor]:
     z_prev = previous_states(core, x)
     names: tuple[str, ...] = ()
     rows = []
+    form = diagonal_form(core)
+    if form is not None and len(getattr(core, "gate_names", ())) == 1:  # one term, J_t itself: O(D)
+        for t in range(x.shape[1]):
+            d = diagonal_blocks(core, x[:, t], z_prev[:, t])[0]
+            rows.append(_diagonal_fro2(form, d).sqrt()[:, None].to(x.dtype))
+        return tuple(core.gate_names), torch.stack(rows, dim=1)
     for t in range(x.shape[1]):
         terms = gate_terms(core, x[:, t], z_prev[:, t])
         names = tuple(terms)

@@ -18,9 +18,13 @@ with them, whoever wrote it. A core may also provide, and gradscope's own cores 
 - ``analytic_unsupported()`` / ``analytic_jacobian(x, zs, p)``: a fast hand-derived engine;
 - ``step_jacobian(x, z)``: the step Jacobian J_t = ∂z_t/∂z_{t−1} (SPEC §7), and
   ``gate_terms(x, z)``: J_t split into one term per path through the cell (keys ``gate_names``);
-- ``recurrent_blocks()``: each gate's block of W_hh, a static reference for the step spectra.
+- ``recurrent_blocks()``: each gate's block of W_hh, a static reference for the step spectra;
+- ``jacobian_structure()`` / ``diagonal_blocks(x, z)``: J_t block lower-triangular with diagonal,
+  complex-diagonal, per-head or dense blocks (:mod:`gradscope.models.structure`), which the
+  dynamics engines exploit (exact O(D) Lyapunov spectra for diagonal blocks);
+- ``step_jvp(x, z, V)``: J_t · V (B, D, k) without forming J_t (the partial Lyapunov spectra).
 
-The module functions :func:`step_jacobian` and :func:`gate_terms` take any protocol core: a core
+The module functions :func:`step_jacobian`, :func:`gate_terms` and :func:`diagonal_blocks` take any protocol core: a core
 without the methods (a user's) gets the generic ``torch.func`` Jacobian.
 """
 
@@ -30,6 +34,8 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+
+from gradscope.models.structure import JacobianStructure, structure_of
 
 
 class Core(nn.Module):
@@ -77,6 +83,15 @@ class Core(nn.Module):
         cores without recurrent weight matrices."""
         return {}
 
+    def jacobian_structure(self) -> JacobianStructure | None:
+        """How J_t is built (:mod:`gradscope.models.structure`); None: one dense block."""
+        return None
+
+    def diagonal_blocks(self, x: torch.Tensor, z: torch.Tensor) -> list[torch.Tensor]:
+        """J_t's own block of each declared state block, compact (see :mod:`gradscope.models.structure`).
+        Generic: ``torch.func`` restricted to each block (its width in reverse passes)."""
+        return generic_diagonal_blocks(self, x, z)
+
     def init_state(self, batch: int, like: torch.Tensor) -> torch.Tensor:
         """The zero state (B, D), on ``like``'s device and dtype."""
         return like.new_zeros(batch, self.state_dim)
@@ -105,6 +120,40 @@ def generic_step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> 
         return core.step(xi[None], zi[None])[1][0]  # the step is written for a batch: give it one of 1
 
     return torch.func.vmap(torch.func.jacrev(new_state, argnums=1))(x, z)
+
+
+def generic_diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> list[torch.Tensor]:
+    """J_t's own block of each state block of ``core``'s declared structure, by ``vmap(jacrev)`` of the
+    step restricted to that block (n reverse passes for a block of width n), in compact form:
+    diagonal (B, n); complex_diagonal (B, n/2) complex, a + ib from the 2 × 2 block [[a, −b], [b, a]];
+    block_diagonal (B, n/size, size, size); dense (B, n, n)."""
+    out = []
+    for blk in structure_of(core).blocks:
+        def block_state(xi: torch.Tensor, zb: torch.Tensor, zi: torch.Tensor, lo: int = blk.start,
+                        hi: int = blk.stop) -> torch.Tensor:
+            full = torch.cat([zi[:lo], zb, zi[hi:]])
+            return core.step(xi[None], full[None])[1][0, lo:hi]
+
+        J = torch.func.vmap(torch.func.jacrev(block_state, argnums=1))(x, z[:, blk.start:blk.stop], z)  # (B, n, n)
+        B, n = J.shape[0], blk.width
+        if blk.form == "diagonal":
+            out.append(J.diagonal(dim1=1, dim2=2))
+        elif blk.form == "complex_diagonal":
+            pairs = J.view(B, n // 2, 2, n // 2, 2).diagonal(dim1=1, dim2=3)  # (B, 2, 2, n/2)
+            out.append(torch.complex(pairs[:, 0, 0], pairs[:, 1, 0]))
+        elif blk.form == "block_diagonal":
+            s = blk.size
+            out.append(J.view(B, n // s, s, n // s, s).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2))
+        else:
+            out.append(J)
+    return out
+
+
+def diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> list[torch.Tensor]:
+    """J_t's own block of each declared state block (compact; :func:`generic_diagonal_blocks`): the
+    core's own ``diagonal_blocks`` where it has one, else the generic ``torch.func`` form."""
+    method = getattr(core, "diagonal_blocks", None)
+    return method(x, z) if callable(method) else generic_diagonal_blocks(core, x, z)
 
 
 def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from gradscope.errors import check
 from gradscope.models.core import Core, scaled_rows
+from gradscope.models.structure import JacobianStructure, StateBlock
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,18 @@ class S4DCore(Core):
                 du = du_next
             u = block.readout(y)
         return J
+
+    def jacobian_structure(self) -> JacobianStructure:
+        """Each block's transition is complex diagonal (dA per mode, 2 × 2 rotation-scalings on the real
+        view); block l+1 reads block l's output at the same step: lower-triangular across blocks."""
+        P = self.block_state
+        return JacobianStructure(tuple(StateBlock(f"modes{b + 1}", b * P, (b + 1) * P, "complex_diagonal")
+                                       for b in range(len(self.ssm))))
+
+    def diagonal_blocks(self, x: Tensor, z: Tensor) -> list[Tensor]:
+        """dA of every block, (B, H·N/2) complex each (mode order h·N/2 + n, as on the real view); the
+        same for every input and state."""
+        return [block.kernel.discrete()[0].reshape(1, -1).expand(z.shape[0], -1) for block in self.ssm]
 
     def gate_terms(self, x: Tensor, z: Tensor) -> dict[str, Tensor]:
         """One term: ``transition`` owns all of J_t (the diagonal transitions and the cross-block reads)."""

@@ -22,7 +22,9 @@ class DynamicsResult:
     flow_fro / flow_spectral (n, T): ‖∂y_T/∂z_k‖ per probe sequence and step k = 1 … T;
     grid (g, T, T): ‖∂z_T/∂z_t‖_F for t ≤ T (NaN below the diagonal) on the first g sequences;
     radius (n, T): ρ(J_t); singular (n, T, k): top singular values of J_t;
-    lyapunov (m, D): exponents per trajectory (natural log per step, descending);
+    lyapunov (m, k): exponents per trajectory (natural log per step, descending; −inf exact; k = D
+    unless a partial spectrum was chosen); lyapunov_below_resolution (m, k) int: 1 where the value is
+    an upper bound below the QR's resolution;
     lyapunov_running (c, D): the estimate after ``lyapunov_steps`` steps (mean over trajectories);
     gates (n, T, G): ‖term‖_F of each gate term of J_t; blocks: static (spectral norm, radius)
     of each gate's block of W_hh.
@@ -57,6 +59,9 @@ def dynamics_dataset(results: list[DynamicsResult], *, tokens: np.ndarray, token
         data["step_sv"] = (("checkpoint", "sequence", "step", "sv"), stack("singular"))
     if "lyapunov" in first:
         data["lyapunov"] = (("checkpoint", "trajectory", "exponent"), stack("lyapunov"))
+        if "lyapunov_below_resolution" in first:  # 1: the value is an upper bound below the QR's resolution
+            data["lyapunov_below_resolution"] = (("checkpoint", "trajectory", "exponent"),
+                                                 stack("lyapunov_below_resolution"))
         data["lyapunov_running"] = (("checkpoint", "lyap_step", "exponent"), stack("lyapunov_running"))
     if "gates" in first:
         data["gate_norm"] = (("checkpoint", "sequence", "step", "gate"), stack("gates"))

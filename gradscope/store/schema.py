@@ -57,6 +57,7 @@ LAYOUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                  "step_radius": (("checkpoint", "sequence", "step"), FLOAT),
                  "step_sv": (("checkpoint", "sequence", "step", "sv"), FLOAT),
                  "lyapunov": (("checkpoint", "trajectory", "exponent"), FLOAT),
+                 "lyapunov_below_resolution": (("checkpoint", "trajectory", "exponent"), COUNT),
                  "lyapunov_running": (("checkpoint", "lyap_step", "exponent"), FLOAT),
                  "gate_norm": (("checkpoint", "sequence", "step", "gate"), FLOAT),
                  "block_norm": (("checkpoint", "block"), FLOAT), "block_radius": (("checkpoint", "block"), FLOAT),

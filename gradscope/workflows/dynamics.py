@@ -31,18 +31,26 @@ import xarray as xr
 from torch import nn
 
 from gradscope.analysis import dynamics as dyn
+from gradscope.analysis.lyapunov import lyapunov_flops
 from gradscope.config import RunConfig
-from gradscope.errors import check
+from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes, check_ids, check_tensor
+from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
-from gradscope.tasks.probes import Probes, frequency_groups, make_probes
+from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.train.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
+from gradscope.workflows.factory import build_model
 from gradscope.workflows.stability import (MAX_COUNT, STABILITY_TASKS, DivergedWarning, as_count, as_seed,
                                            conditions_for, config_attrs, expand_checkpoints)
 
 PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")
+QR_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+# The budget rule's nominal rate: what a laptop CPU core pair sustains on float64 BLAS-3 (this workplace's
+# 2-core CPU: ~70 GFLOP/s float32 matmul, about half in float64, less for QR and small products). A fixed
+# number, not a measurement, so the same command chooses the same number of exponents on every machine.
+NOMINAL_FLOPS = 2e10
 
 
 @dataclass(frozen=True)
@@ -56,14 +64,19 @@ class DynamicsOptions:
     top_sv: int = 8
     trajectories: int = 8
     steps: int = 1000
-    warmup: int = 100
+    warmup: int | None = None  # None: a tenth of the steps, at most 100
     reorth: int = 1
     seed: int = 0
     device: str = "auto"
+    exponents: int | None = None  # None: all D when they fit the time budget, else the top k that fit
+    qr_dtype: str = "float64"
+    budget_seconds: float = 600.0  # per part and checkpoint, at NOMINAL_FLOPS
 
     def __post_init__(self) -> None:
-        """Types and ranges; the memory the sizes imply is checked once the model is known
-        (:func:`dynamics_bytes`)."""
+        """Types and ranges; the memory and time the sizes imply are checked once the model is known
+        (:func:`dynamics_bytes`, :func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
+        if isinstance(self.parts, str):
+            object.__setattr__(self, "parts", tuple(p.strip() for p in self.parts.split(",") if p.strip()))
         check(isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts),
               f"parts: got {self.parts!r}; valid parts are {', '.join(PARTS)}")
         bad = [p for p in self.parts if p not in PARTS]
@@ -71,26 +84,120 @@ class DynamicsOptions:
         object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
         for name in ("sequences", "grid_sequences", "top_sv", "trajectories", "steps", "reorth"):
             object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
-        object.__setattr__(self, "warmup", as_count(self.warmup, "warmup", 0, self.steps - 1))
+        if self.warmup is None:
+            object.__setattr__(self, "warmup", min(100, self.steps // 10))
+        check(not isinstance(self.warmup, bool) and isinstance(self.warmup, int) and 0 <= self.warmup < self.steps,
+              f"warmup: got {self.warmup!r}; it must be an integer in [0, {self.steps - 1}] (below steps = {self.steps}; "
+              f"leave it out for a tenth of the steps, here {min(100, self.steps // 10)})")
+        if self.exponents is not None:
+            object.__setattr__(self, "exponents", as_count(self.exponents, "exponents", 1, MAX_COUNT))
+        check(self.qr_dtype in QR_DTYPES, f"qr_dtype: got {self.qr_dtype!r}; valid values are {', '.join(QR_DTYPES)}")
+        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
+              and 0 < self.budget_seconds < math.inf,
+              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
         object.__setattr__(self, "seed", as_seed(self.seed, "seed"))
         check(self.seed < 2**63 - 1, f"seed: got {self.seed}; it must be below {2**63 - 1} (trajectories use seed + 1)")
         check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
 
 
-def dynamics_bytes(opts: DynamicsOptions, n: int, T: int, D: int, H: int, width: int, checkpoints: int = 1) -> int:
+def dynamics_bytes(opts: DynamicsOptions, n: int, T: int, D: int, H: int, width: int, checkpoints: int = 1, *,
+                   structure: JacobianStructure | None = None, gates: int = 4, exponents: int | None = None) -> int:
     """Memory the requested parts need for ``n`` probe sequences of T steps of a core with state
-    width D, output width H and input width ``width`` (8 bytes a number, generously): the largest
-    working set of one part, plus every checkpoint's results (held until the store is written,
-    then copied once)."""
+    width D, output width H, input width ``width``, ``gates`` gate terms and Jacobian ``structure``
+    (8 bytes a number, generously): the largest working set of one part, plus every checkpoint's
+    results (held until the store is written, then copied once). A (block-)diagonal structure
+    never holds D × D; ``exponents`` k: the Lyapunov frame is D × k."""
     g, k, m, S = min(opts.grid_sequences, n), min(opts.top_sv, D), opts.trajectories, opts.steps
-    chunk, gates = min(n, 64), 4
-    work = {"flow": chunk * (T * (D + 2) + 3 * H * D), "grid": g * T * (T + 2 * D * D),
-            "spectra": n * (T * (1 + k) + 3 * D * D), "gates": n * (T * (gates + D) + 2 * gates * D * D),
-            "lyapunov": m * (S * (width + 2) + 5 * D * D + (S // 10 + 2) * D)}
+    e = D if exponents is None else exponents
+    chunk = min(n, 64)
+    diag = structure is not None and structure.is_diagonal
+    square = D if diag else D * D  # one step Jacobian's numbers
+    frame = D if structure is not None and not structure.is_dense else D * e
+    work = {"flow": chunk * (T * (D + 2) + 3 * H * D), "grid": g * T * (T + 2 * square),
+            "spectra": n * (T * (1 + k) + 3 * square), "gates": n * (T * (gates + D) + 2 * gates * square),
+            "lyapunov": m * (S * (width + 2) + 2 * square + 4 * frame + (S // 10 + 2) * e)}
     kept = {"flow": 2 * n * T, "grid": g * T * T, "spectra": n * T * (1 + k), "gates": n * T * gates,
-            "lyapunov": m * (S // 10 + 3) * D}
+            "lyapunov": m * (S // 10 + 4) * e}
     parts = [p for p in opts.parts if p in work]
     return 8 * (2 * n * T + max(work[p] for p in parts) + 2 * checkpoints * sum(kept[p] for p in parts))
+
+
+def part_flops(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structure: JacobianStructure,
+               gates: int) -> dict[str, float]:
+    """Floating-point operations of each asked part except lyapunov (:func:`lyapunov_flops`), per
+    checkpoint: dense J_t cost O(D²) to form, 30·D³ for an eigen- plus singular-value decomposition,
+    2·D³ for a product; (block-)diagonal structures O(D)."""
+    g = min(opts.grid_sequences, n)
+    if structure.is_diagonal:
+        return {"flow": n * T * 6.0 * H * D, "grid": g * T * T * 4.0 * D, "spectra": n * T * 8.0 * D,
+                "gates": n * T * 4.0 * D}
+    tri = not structure.is_dense  # eigenvalues from the blocks, singular values still dense
+    return {"flow": n * T * 2.0 * H * D * D, "grid": g * T * T / 2 * 2.0 * D ** 3,
+            "spectra": n * T * ((10.0 if tri else 30.0) * D ** 3), "gates": n * T * gates * 2.0 * D * D}
+
+
+@dataclass(frozen=True)
+class DynamicsPlan:
+    """What :func:`plan_dynamics` decided: the number of exponents and why."""
+
+    exponents: int  # k of the Lyapunov spectrum (D: all)
+    engine: str  # structured, dense or partial
+    note: str  # one line for the user: what was chosen and why
+
+
+def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structure: JacobianStructure, gates: int,
+                  steps: int | None = None, trajectories: int | None = None) -> DynamicsPlan:
+    """The budget rule, before anything is allocated: each asked part's estimated time (flops at
+    :data:`NOMINAL_FLOPS`) must fit ``opts.budget_seconds``. Lyapunov: a structured core gives all D
+    exponents; a dense one all D when they fit, else the top k that fit (or ``opts.exponents`` when
+    given, which must fit). What does not fit is a one-line error naming the option that makes it fit."""
+    S = opts.steps if steps is None else steps
+    m = opts.trajectories if trajectories is None else trajectories
+    budget = opts.budget_seconds * NOMINAL_FLOPS
+    flags = {"flow": "--sequences", "grid": "--grid-sequences", "spectra": "--sequences", "gates": "--sequences"}
+    for part, flops in part_flops(opts, n, T, D, H, structure, gates).items():
+        if part in opts.parts and flops > budget:
+            raise GradscopeError(f"parts: {part} would take ~{flops / NOMINAL_FLOPS:,.0f} s on a laptop CPU for D = {D} "
+                                 f"(budget {opts.budget_seconds:g} s); leave it out with --parts, use fewer "
+                                 f"{flags[part]}, or raise --budget-seconds")
+    if "lyapunov" not in opts.parts:
+        return DynamicsPlan(D, "none", "")
+    if not structure.is_dense:
+        k = D if opts.exponents is None else min(opts.exponents, D)
+        flops = lyapunov_flops(D, D, m, S, structure)
+        check(flops <= budget, f"lyapunov: ~{flops / NOMINAL_FLOPS:,.0f} s on a laptop CPU (budget "
+                               f"{opts.budget_seconds:g} s); use fewer --trajectories or --steps")
+        return DynamicsPlan(k, "structured", f"lyapunov: all {D} exponents exactly from the declared structure "
+                                             f"({structure.describe()})" if k == D else
+                            f"lyapunov: the top {k} of {D} exponents from the declared structure")
+
+    def cost(k: int) -> float:
+        return lyapunov_flops(D, k, m, S, apply="jacobian" if k == D else "jvp", step_flops=8.0 * D * max(D, H))
+
+    if opts.exponents is not None:
+        k = min(opts.exponents, D)
+        check(cost(k) <= budget, f"exponents: the top {k} of D = {D} would take ~{cost(k) / NOMINAL_FLOPS:,.0f} s on a "
+                                 f"laptop CPU (budget {opts.budget_seconds:g} s); ask for fewer --exponents, "
+                                 f"--trajectories or --steps")
+        return DynamicsPlan(k, "dense" if k == D else "partial",
+                            f"lyapunov: all {D} exponents" if k == D else f"lyapunov: the top {k} of {D} exponents")
+    if cost(D) <= budget:
+        return DynamicsPlan(D, "dense", f"lyapunov: all {D} exponents (dense Benettin/QR)")
+    low, high = 0, D  # the largest k whose cost fits
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if cost(mid) <= budget else (low, mid)
+    check(low >= 1, f"lyapunov: even the top exponent of D = {D} would take ~{cost(1) / NOMINAL_FLOPS:,.0f} s on a "
+                    f"laptop CPU (budget {opts.budget_seconds:g} s); use fewer --trajectories or --steps")
+    return DynamicsPlan(low, "partial", f"lyapunov: the top {low} of {D} exponents (all {D} would take "
+                                        f"~{cost(D) / NOMINAL_FLOPS:,.0f} s on a laptop CPU, over the "
+                                        f"{opts.budget_seconds:g} s budget; --exponents or --budget-seconds change it)")
+
+
+def plan_core(core: nn.Module, opts: DynamicsOptions, n: int, T: int) -> DynamicsPlan:
+    """:func:`plan_dynamics` for a protocol core."""
+    return plan_dynamics(opts, n, T, core.state_dim, core.out_dim, structure_of(core),
+                         len(getattr(core, "gate_names", ("step",))))
 
 
 def nonfinite_counts(parts: dict[str, np.ndarray]) -> dict[str, int]:
@@ -98,6 +205,9 @@ def nonfinite_counts(parts: dict[str, np.ndarray]) -> dict[str, int]:
     (t, T) grid's undefined t > T half and the flow's column T (it needs a readout) are skipped."""
     counts = {}
     for name, values in parts.items():
+        if name.startswith("lyapunov"):  # −inf is an exact exponent, not a sign of divergence
+            counts[name] = int(np.isnan(values).sum() + np.isposinf(values).sum())
+            continue
         if name == "grid":
             values = values[..., np.triu(np.ones(values.shape[-2:], dtype=bool))]
         elif name.startswith("flow_"):
@@ -120,6 +230,7 @@ class DynamicsRun:
     command: str = ""
     device: str = "cpu"
     nonfinite: dict[str, int] = field(default_factory=dict)  # part → NaN/Inf values (see nonfinite_counts)
+    plan: DynamicsPlan | None = None  # how many Lyapunov exponents, by which engine, and why
 
     def to_xarray(self) -> xr.Dataset:
         tokens = self.probes.tokens[:, 0].numpy()  # the base members
@@ -131,6 +242,8 @@ class DynamicsRun:
                               options=dataclasses.asdict(self.options), config=self.config,
                               command=self.command, device=self.device)
         ds.attrs["nonfinite_values"] = json.dumps(self.nonfinite)
+        if self.plan is not None:
+            ds.attrs["lyapunov_plan"] = json.dumps(dataclasses.asdict(self.plan))
         return ds
 
 
@@ -165,9 +278,11 @@ def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, s
 
 
 def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: torch.Tensor | None,
-                  opts: DynamicsOptions) -> tuple[dict[str, np.ndarray], dict[str, tuple[float, float]],
-                                                  tuple[str, ...], np.ndarray | None]:
-    """Every requested part for one model. probes_inputs: token ids (n, T); trajectories: inputs (m, S, in)."""
+                  opts: DynamicsOptions, exponents: int | None = None) -> tuple[dict[str, np.ndarray],
+                                                                              dict[str, tuple[float, float]],
+                                                                              tuple[str, ...], np.ndarray | None]:
+    """Every requested part for one model. probes_inputs: token ids (n, T); trajectories: inputs (m, S, in);
+    exponents: the top k Lyapunov exponents (None: all)."""
     parts: dict[str, np.ndarray] = {}
     cpu = lambda v: v.detach().to("cpu", torch.float64).numpy()  # noqa: E731
     core = model.core
@@ -181,15 +296,17 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
             grid = dyn.tT_grid(model, probes_inputs[:opts.grid_sequences])
             parts["grid"] = cpu(grid)
         if "spectra" in opts.parts:
-            spectra = dyn.step_spectra(model, probes_inputs)
+            spectra = dyn.step_spectra(model, probes_inputs, top_k=min(opts.top_sv, core.state_dim))
             parts["radius"] = cpu(spectra["radius"])
             parts["singular"] = cpu(spectra["singular_values"][..., :opts.top_sv])
         if "gates" in opts.parts:
             names, norms = dyn.gate_norms(core, model.core_inputs(probes_inputs))
             parts["gates"] = cpu(norms)
         if "lyapunov" in opts.parts and trajectories is not None:
-            res = dyn.lyapunov_spectrum(core, trajectories, warmup=opts.warmup, reorth=opts.reorth)
+            res = dyn.lyapunov_spectrum(core, trajectories, warmup=opts.warmup, reorth=opts.reorth,
+                                        exponents=exponents, qr_dtype=QR_DTYPES[opts.qr_dtype])
             parts["lyapunov"] = cpu(res.exponents)
+            parts["lyapunov_below_resolution"] = res.below_resolution.to("cpu", torch.int64).numpy()
             parts["lyapunov_running"] = cpu(res.running.mean(0))
             lyap_steps = np.asarray(res.running_steps)
     return parts, dyn.block_spectra(core), names, lyap_steps
@@ -212,8 +329,11 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
     conditions = conditions_for(task, target_groups, disturbant_groups)
     core, query = loaded.model.core, loaded.model.query_token
     width = loaded.model.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
-    check_bytes(dynamics_bytes(opts, len(conditions) * opts.sequences, 2 * task.length, core.state_dim, core.out_dim,
-                               width, len(files)), "sequences/grid_sequences/trajectories/steps")
+    n, T = len(conditions) * opts.sequences, 2 * task.length
+    plan = plan_core(core, opts, n, T)
+    check_bytes(dynamics_bytes(opts, n, T, core.state_dim, core.out_dim, width, len(files), structure=structure_of(core),
+                               gates=len(getattr(core, "gate_names", ("step",))), exponents=plan.exponents),
+                "sequences/grid_sequences/trajectories/steps/exponents")
     probes = make_probes(opts.sequences, task.length, 1, task.vocab_size, conditions, opts.seed)
     tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], query)], dim=1)
     classes = token_classes(tokens, task.vocab_size, query)
@@ -229,7 +349,7 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
         model = loaded.model.to(device)
         traj = task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1) \
             if "lyapunov" in opts.parts else None
-        parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts)
+        parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))
         for k, v in nonfinite_counts(parts).items():
@@ -237,7 +357,7 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
         loaded = model = traj = None  # only one checkpoint in memory at a time
         if on_progress is not None:
             on_progress(1)
-    out = DynamicsRun(config, probes, classes, results, names, lyap_steps, opts, command, str(device), nonfinite)
+    out = DynamicsRun(config, probes, classes, results, names, lyap_steps, opts, command, str(device), nonfinite, plan)
     warn_diverged(out)
     return out
 
@@ -265,8 +385,11 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
     lyap = opts if trajectory_tokens is None else dataclasses.replace(
         opts, trajectories=trajectory_tokens.shape[0], steps=trajectory_tokens.shape[1],
         warmup=min(opts.warmup, trajectory_tokens.shape[1] - 1))
-    check_bytes(dynamics_bytes(lyap, tokens.shape[0], tokens.shape[1], model.core.state_dim, model.core.out_dim, width),
-                "tokens/trajectories/steps")
+    core = model.core
+    plan = plan_core(core, lyap, tokens.shape[0], tokens.shape[1])
+    check_bytes(dynamics_bytes(lyap, tokens.shape[0], tokens.shape[1], core.state_dim, core.out_dim, width,
+                               structure=structure_of(core), gates=len(getattr(core, "gate_names", ("step",))),
+                               exponents=plan.exponents), "tokens/trajectories/steps/exponents")
     device = resolve_device(opts.device)
     model = model.to(device)
     if "lyapunov" in opts.parts and trajectory_tokens is None:
@@ -282,7 +405,7 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
         groups = frequency_groups(torch.as_tensor(counts))
         for name in ("frequent", "rare"):
             classes[np.isin(tokens.numpy(), groups[name].numpy())] = name
-    parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts)
+    parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, lyap, plan.exponents)
     probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), ("given",) * len(tokens), ("given",) * len(tokens))
     own = getattr(model, "config", None)
     config = {"model_config": dataclasses.asdict(own) if dataclasses.is_dataclass(own) else
@@ -290,9 +413,28 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
               "task_config": {}, "train_config": {}}
     result = DynamicsResult(Path("<in memory>"), -1, "", parts, blocks)
     out = DynamicsRun(config, probes, classes, [result], names, lyap_steps, opts, command, str(device),
-                      nonfinite_counts(parts))
+                      nonfinite_counts(parts), plan)
     warn_diverged(out)
     return out
+
+
+def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = DynamicsOptions(), *, length: int = 32,
+                         counts_file: Path | None = None, command: str = "") -> DynamicsRun:
+    """``gradscope dynamics --model-factory FILE.py:FUNC CKPT``: the model that ``FUNC(CKPT)`` builds, on
+    ``opts.sequences`` probe sequences of ``length`` tokens drawn uniformly (seed ``opts.seed``) from its
+    embedding's vocabulary; steps classed frequent/rare by ``counts_file`` when given."""
+    length = as_count(length, "length", 1, MAX_COUNT)
+    model = build_model(spec, Path(checkpoint))
+    vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
+    check(vocab is not None, f"model_factory: {spec} built a model without an nn.Embedding input; dynamics draws its "
+                             f"probe tokens from the embedding's vocabulary (use gradscope.dynamics(model, tokens=…) "
+                             f"in Python for float inputs)")
+    gen = torch.Generator().manual_seed(opts.seed)
+    tokens = torch.randint(0, int(vocab), (opts.sequences, length), generator=gen)
+    counts = read_counts_file(counts_file) if counts_file is not None else None
+    run = run_model_dynamics(model, tokens, opts, counts=counts, command=command)
+    result = dataclasses.replace(run.results[0], path=Path(checkpoint), run=Path(checkpoint).stem)
+    return dataclasses.replace(run, results=[result])
 
 
 def dynamics(source: Any, opts: DynamicsOptions | None = None, *, tokens: torch.Tensor | None = None,

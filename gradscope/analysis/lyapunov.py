@@ -1,0 +1,330 @@
+"""Lyapunov spectra of a driven recurrence z_t = step(x_t, z_{t−1}) (SPEC §7): dense, partial and
+structure-aware engines behind one function, :func:`lyapunov_spectrum`.
+
+- **dense / partial** (Benettin/QR): a D × k orthonormal frame Q (k = D: the full spectrum; k < D:
+  the top k exponents) advanced by M = J_t ⋯ J_s · Q and re-orthonormalised by a Householder QR,
+  λ_i = mean log|R_ii|. Full and partial runs are the same loop: in exact arithmetic the first k
+  columns of a Householder QR depend only on the first k columns of its input, so the k run equals
+  the top k of the full run column for column. J_t · Q is formed either from the explicit J_t (the
+  core's analytic ``step_jacobian``: O(D²) to form, 2D²k to apply) or without forming J_t, by k
+  forward-mode products (``torch.func.jvp``) through ``core.step``, or the core's own
+  ``step_jvp(x, z, V)`` (O(k · step)).
+- **structured**: for a core that declares its step Jacobian block lower-triangular with diagonal
+  blocks (``jacobian_structure()``, :mod:`gradscope.models.structure`), the spectrum is the union of
+  the blocks' spectra; a diagonal block's exponents are the time averages of log|diagonal entry|
+  (exact, O(D) per step), a dense or per-head block's come from Benettin/QR on that block alone.
+
+Precision. J_t may stay in the model's dtype; J_t · Q, the QR and the log-sums run in ``qr_dtype``
+(float64 by default; a float32 QR puts a GRU's tail off by ~0.1, measured in docs/dynamics.md).
+
+−∞ and "below resolution". An exponent whose R_ii is exactly zero at some counted QR (a column that
+the step maps to zero: an unread shift-register entry, a gate saturated at 0) is −inf, and so is Σλ.
+One whose |R_ii| falls to the QR's floor, ``10·D·eps·‖R‖_F`` (eps of ``qr_dtype``; Householder QR's
+backward error is O(D·eps·‖M‖_F), and ‖M‖_F = ‖R‖_F), at any counted QR is below what the QR can resolve: at that step its true value may be zero (then the
+exponent is −∞) and rounding put eps-sized numbers in its place (a nilpotent shift register of
+width 2 shows up as two exponents near log(eps)/2 = −18 in float64, the floor landing on each column
+every other step). Its measured mean is then only an upper bound: it is flagged in
+``below_resolution`` and never averaged as a measured value.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from gradscope.errors import check
+from gradscope.models.core import Core, diagonal_blocks, step_jacobian
+from gradscope.models.structure import JacobianStructure, structure_of
+
+ENGINES = ("auto", "dense", "structured")
+APPLY = ("auto", "jacobian", "jvp")
+
+
+@dataclass(frozen=True)
+class LyapunovResult:
+    """Lyapunov exponents per trajectory, natural log per time step, float64 on the inputs' device.
+
+    exponents (B, k), sorted descending (k = D unless fewer were asked for); −inf where exact,
+    an upper bound where ``below_resolution`` (B, k) is True (module docstring). running (B, C, k): the
+    estimate after ``running_steps[c]`` counted steps (sorted at each checkpoint; flags are judged
+    over the whole window only, so running estimates carry none). log_det_mean (B,): mean
+    log|det J_t| over the counted steps when asked for (``sum_check=True``), else None — with every
+    exponent (k = D) resolved, Σ_i exponents[:, i] equals it. engine: "dense", "partial" or
+    "structured"; structure: the declared structure in one line.
+    """
+
+    exponents: Tensor
+    running: Tensor
+    running_steps: Tensor
+    log_det_mean: Tensor | None
+    warmup: int
+    reorth: int
+    below_resolution: Tensor | None = None
+    engine: str = "dense"
+    structure: str = "dense"
+
+    @property
+    def resolved(self) -> Tensor:
+        """(B, k) bool: finite exponents measured above resolution (what averages may use)."""
+        flags = self.below_resolution if self.below_resolution is not None else torch.zeros_like(self.exponents, dtype=torch.bool)
+        return torch.isfinite(self.exponents) & ~flags
+
+    def sum(self) -> Tensor:
+        """Σλ per trajectory (B,): −inf when any exponent is −inf; with exponents below resolution the
+        sum is an upper bound (see ``below_resolution``)."""
+        return self.exponents.sum(-1)
+
+
+def _blocks(T: int, warmup: int, reorth: int) -> list[int]:
+    """Step counts at which a QR happens: every ``reorth`` steps, one also at T_warm (so the counted
+    window starts exactly there), and at T."""
+    ends = list(range(reorth, warmup, reorth)) + ([warmup] if warmup else [])
+    return ends + list(range(warmup + reorth, T, reorth)) + [T]
+
+
+def _analytic(core: nn.Module) -> bool:
+    """Whether the core forms J_t by its own (hand-derived) ``step_jacobian``."""
+    own = getattr(type(core), "step_jacobian", None)
+    return own is not None and own is not Core.step_jacobian
+
+
+def frame_method(core: nn.Module, k: int, apply: str = "auto") -> str:
+    """How J_t · Q (D × k) is formed: "jacobian" (explicit J_t, then a product) or "jvp" (k
+    forward-mode products through the step, J_t never formed). auto: "jacobian" for the full
+    spectrum, or for k > D/4 when the core has an analytic J_t; "jvp" otherwise."""
+    check(apply in APPLY, f"apply: got {apply!r}; valid values are {', '.join(APPLY)}")
+    if apply != "auto":
+        return apply
+    D = core.state_dim
+    return "jacobian" if k == D or (_analytic(core) and 4 * k > D) else "jvp"
+
+
+def _frame_applier(core: nn.Module, method: str, qr_dtype: torch.dtype):
+    """fn(x (B, in), z (B, D), Q (B, D, k)) → J_t Q (B, D, k) in ``qr_dtype``."""
+    if method == "jacobian":
+        return lambda x, z, Q: torch.bmm(step_jacobian(core, x, z).to(qr_dtype), Q)
+    own = getattr(core, "step_jvp", None)
+    if callable(own):
+        return lambda x, z, Q: own(x, z, Q).to(qr_dtype)
+    sample = next(iter(core.parameters()), None)
+    twin = core if sample is None or sample.dtype == qr_dtype else copy.deepcopy(core).to(qr_dtype)
+
+    def apply(x: Tensor, z: Tensor, Q: Tensor) -> Tensor:
+        xq, zq = x.to(qr_dtype), z.to(qr_dtype)
+
+        def one(v: Tensor) -> Tensor:  # one tangent column (B, D) → J v (B, D)
+            return torch.func.jvp(lambda s: twin.step(xq, s)[1], (zq,), (v,))[1]
+        return torch.func.vmap(one, in_dims=2, out_dims=2)(Q)
+    return apply
+
+
+class _Accumulator:
+    """log|R_ii| sums of one Benettin frame (B, k), with the below-resolution test and the running
+    estimate; one per frame (the dense frame, or each dense / per-head block of a structure)."""
+
+    def __init__(self, shape: tuple[int, ...], D: int, qr_dtype: torch.dtype, device: torch.device) -> None:
+        self.logs = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.small = torch.zeros(shape, dtype=torch.bool, device=device)  # hit the QR's floor at a counted step
+        self.tol = 10 * D * torch.finfo(qr_dtype).eps
+
+    def add(self, a: Tensor) -> None:
+        """One counted QR, from geqrf's output a (..., n, k): R is its upper triangle."""
+        r = a.diagonal(dim1=-2, dim2=-1).abs().double()  # (..., k)
+        scale = torch.linalg.matrix_norm(a[..., :r.shape[-1], :].triu()).double()[..., None]  # ‖R‖_F
+        self.logs += r.log()
+        self.small |= r <= self.tol * scale
+
+    def final(self, counted: int) -> tuple[Tensor, Tensor]:
+        """(exponents, below_resolution) before sorting: a flagged exponent's value is an upper bound."""
+        exps = self.logs / counted
+        return exps, self.small & torch.isfinite(exps)
+
+
+def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: int = 1, z0: Tensor | None = None,
+                      checkpoint_every: int = 10, sum_check: bool = False, exponents: int | None = None,
+                      qr_dtype: torch.dtype = torch.float64, engine: str = "auto", apply: str = "auto") -> LyapunovResult:
+    """Lyapunov exponents of the driven recurrence z_t = step(x_t, z_{t−1}) (SPEC §7).
+
+    core: any protocol core. inputs: the vectors it reads (B, T, in), e.g. ``model.core_inputs`` of
+    task-distributed tokens (:func:`gradscope.analysis.dynamics.trajectory_tokens`); B trajectories,
+    run batched. The state starts at zero (or ``z0`` (B, D)); the ``warmup`` steps are run (the
+    frame evolves) but not counted. exponents: the top k (default all D).
+    engine: "structured" for a core that declares a block-triangular Jacobian (module docstring),
+    "dense" (Benettin/QR on the full state), "auto" (structured when declared). apply: how J_t · Q
+    is formed on the dense engine (:func:`frame_method`).
+    reorth: QR every ``reorth`` steps on the product of that many Jacobians (the same exponents in
+    exact arithmetic: R of a product is the product of the Rs); a QR also falls on step T_warm.
+    A block of k = ``reorth`` steps resolves exponent i only while (λ_1 − λ_i)·k stays well below
+    −log(eps) (36 in float64, 16 in float32): keep k = 1 for wide spectra.
+    checkpoint_every: the running estimate every that many counted steps (rounded up to a QR) and at
+    the end. sum_check: also the mean log|det J_t| (float64 LU of each J_t, or of each block).
+
+    COST per trajectory and step: dense, full: forming J_t (O(D²) analytic) + J_t·Q (2D³) + QR
+    ((8/3)D³ with forming Q); dense, top k: k·step (jvp) or O(D²) + 2D²k, + QR 4Dk²; structured:
+    O(D) for diagonal blocks, the dense cost of each dense block on its own width. Memory O(B·D·k).
+    """
+    check(isinstance(inputs, Tensor) and inputs.dim() == 3 and inputs.is_floating_point(),
+          f"inputs: expected float input vectors (B, T, in); got "
+          f"{tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__}")
+    B, T, _ = inputs.shape
+    D = core.state_dim
+    check(isinstance(warmup, int) and 0 <= warmup < T,
+          f"warmup: got {warmup!r}; it must be an integer in [0, {T - 1}] (T = {T} steps)")
+    check(isinstance(reorth, int) and reorth >= 1, f"reorth: got {reorth!r}; it must be a positive integer")
+    check(isinstance(checkpoint_every, int) and checkpoint_every >= 1,
+          f"checkpoint_every: got {checkpoint_every!r}; it must be a positive integer")
+    check(z0 is None or (isinstance(z0, Tensor) and tuple(z0.shape) == (B, D)),
+          f"z0: expected a state (B, D) = ({B}, {D}); got {tuple(z0.shape) if isinstance(z0, Tensor) else z0!r}")
+    k = D if exponents is None else exponents
+    check(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= D,
+          f"exponents: got {exponents!r}; it must be an integer in [1, {D}] (the state width) or None for all")
+    check(qr_dtype in (torch.float32, torch.float64), f"qr_dtype: got {qr_dtype}; expected torch.float32 or torch.float64")
+    check(engine in ENGINES, f"engine: got {engine!r}; valid values are {', '.join(ENGINES)}")
+    structure = structure_of(core)
+    if engine == "auto":
+        engine = "dense" if structure.is_dense else "structured"
+    with torch.no_grad():
+        z = inputs.new_zeros(B, D) if z0 is None else z0.to(inputs)
+        if engine == "structured":
+            return _structured(core, inputs, z, structure, warmup, reorth, checkpoint_every, sum_check, k, qr_dtype)
+        return _dense(core, inputs, z, warmup, reorth, checkpoint_every, sum_check, k, qr_dtype,
+                      frame_method(core, k, apply), structure)
+
+
+def _dense(core: nn.Module, x: Tensor, z: Tensor, warmup: int, reorth: int, checkpoint_every: int, sum_check: bool,
+           k: int, qr_dtype: torch.dtype, method: str, structure: JacobianStructure) -> LyapunovResult:
+    B, T, _ = x.shape
+    D = core.state_dim
+    advance = _frame_applier(core, method, qr_dtype)
+    Q = torch.eye(D, k, dtype=qr_dtype, device=x.device).expand(B, D, k).contiguous()  # Q_0 = first k columns of I
+    M = Q
+    a, tau = torch.empty_like(Q), Q.new_empty(B, k)  # the last QR, Householder form: R on/above a's diagonal
+    acc = _Accumulator((B, k), D, qr_dtype, x.device)
+    log_det = torch.zeros(B, dtype=torch.float64, device=x.device) if sum_check else None
+    running, running_steps, mark, start = [], [], checkpoint_every, 0
+    for end in _blocks(T, warmup, reorth):
+        for t in range(start, end):  # 0-based t: the step that reads x[:, t]
+            if log_det is not None and t >= warmup:
+                log_det += torch.linalg.slogdet(step_jacobian(core, x[:, t], z).double()).logabsdet
+            M = advance(x[:, t], z, Q if t == start else M)
+            z = core.step(x[:, t], z)[1]
+        torch.geqrf(M, out=(a, tau))
+        Q = torch.linalg.householder_product(a, tau)
+        if end > warmup:
+            acc.add(a)
+            counted = end - warmup
+            if counted >= mark or end == T:
+                running.append(acc.logs / counted)
+                running_steps.append(counted)
+                mark = (counted // checkpoint_every + 1) * checkpoint_every
+        start = end
+    exps, flags = acc.final(T - warmup)
+    return _result(exps, flags, running, running_steps, log_det, T - warmup, warmup, reorth,
+                   "dense" if k == D else "partial", structure.describe())
+
+
+def _result(exps: Tensor, flags: Tensor, running: list[Tensor], running_steps: list[int], log_det: Tensor | None,
+            counted: int, warmup: int, reorth: int, engine: str, structure: str, k: int | None = None) -> LyapunovResult:
+    order = exps.sort(dim=-1, descending=True)
+    keep = slice(None) if k is None else slice(0, k)
+    running_t = torch.stack(running, dim=1).sort(dim=-1, descending=True).values[..., keep]  # (B, C, k)
+    return LyapunovResult(exponents=order.values[:, keep].contiguous(), running=running_t.contiguous(),
+                          running_steps=torch.tensor(running_steps, dtype=torch.int64),
+                          log_det_mean=None if log_det is None else log_det / counted, warmup=warmup, reorth=reorth,
+                          below_resolution=flags.gather(-1, order.indices)[:, keep].contiguous(), engine=engine,
+                          structure=structure)
+
+
+def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStructure, warmup: int, reorth: int,
+                checkpoint_every: int, sum_check: bool, k: int, qr_dtype: torch.dtype) -> LyapunovResult:
+    """The union of the diagonal blocks' spectra (module docstring): diagonal forms exactly, dense and
+    per-head blocks by Benettin/QR on their own width."""
+    B, T, _ = x.shape
+    dev = x.device
+    frames: list[Tensor | None] = []
+    accs: list[_Accumulator] = []
+    for blk in structure.blocks:
+        if blk.form == "dense":
+            n = blk.width
+            frames.append(torch.eye(n, dtype=qr_dtype, device=dev).expand(B, n, n).contiguous())
+            accs.append(_Accumulator((B, n), n, qr_dtype, dev))
+        elif blk.form == "block_diagonal":
+            h, s = blk.width // blk.size, blk.size
+            frames.append(torch.eye(s, dtype=qr_dtype, device=dev).expand(B, h, s, s).contiguous())
+            accs.append(_Accumulator((B, h, s), s, qr_dtype, dev))
+        else:
+            frames.append(None)  # exact: log|d| sums with no QR, hence no resolution limit
+            accs.append(_Accumulator((B, blk.width if blk.form == "diagonal" else blk.width // 2), 1, qr_dtype, dev))
+    products: list[Tensor | None] = list(frames)
+    log_det = torch.zeros(B, dtype=torch.float64, device=dev) if sum_check else None
+    running, running_steps, mark, start = [], [], checkpoint_every, 0
+
+    def flat(values: list[Tensor]) -> Tensor:  # per-block (B, …) → (B, D) in state order
+        return torch.cat([v.reshape(B, -1) for v in values], dim=-1)
+
+    def expanded(i: int, v: Tensor) -> Tensor:  # complex modes count twice on the real view
+        return v.repeat_interleave(2, dim=-1) if structure.blocks[i].form == "complex_diagonal" else v
+
+    for end in _blocks(T, warmup, reorth):
+        for t in range(start, end):
+            diag = diagonal_blocks(core, x[:, t], z)
+            counted_step = t >= warmup
+            for i, (blk, d) in enumerate(zip(structure.blocks, diag)):
+                if blk.form in ("diagonal", "complex_diagonal"):
+                    if counted_step:
+                        accs[i].logs += d.abs().double().log().expand(B, -1)
+                        if log_det is not None:
+                            log_det += (2.0 if blk.form == "complex_diagonal" else 1.0) * d.abs().double().log().expand(B, -1).sum(-1)
+                else:
+                    dq = d.to(qr_dtype)
+                    if log_det is not None and counted_step:
+                        log_det += torch.linalg.slogdet(dq.double()).logabsdet.reshape(B, -1).sum(-1)
+                    products[i] = dq @ (frames[i] if t == start else products[i])
+            z = core.step(x[:, t], z)[1]
+        for i, blk in enumerate(structure.blocks):
+            if frames[i] is None:
+                continue
+            a, tau = torch.geqrf(products[i])
+            frames[i] = torch.linalg.householder_product(a, tau)
+            if end > warmup:
+                accs[i].add(a)
+        if end > warmup:
+            counted = end - warmup
+            if counted >= mark or end == T:
+                running.append(flat([expanded(i, acc.logs) for i, acc in enumerate(accs)]) / counted)
+                running_steps.append(counted)
+                mark = (counted // checkpoint_every + 1) * checkpoint_every
+        start = end
+    finals = [acc.final(T - warmup) for acc in accs]
+    exps = flat([expanded(i, e) for i, (e, _) in enumerate(finals)])
+    flags = flat([expanded(i, f) for i, (_, f) in enumerate(finals)])
+    return _result(exps, flags, running, running_steps, log_det, T - warmup, warmup, reorth, "structured",
+                   structure.describe(), k=None if k == core.state_dim else k)
+
+
+def lyapunov_flops(D: int, k: int, B: int, T: int, structure: JacobianStructure | None = None, apply: str = "jacobian",
+                   step_flops: float | None = None) -> float:
+    """Floating-point operations of :func:`lyapunov_spectrum` (the budget rule of the dynamics
+    workflow): per trajectory and step, dense "jacobian": D² (form) + 2D²k + (8/3)·D·k² (QR);
+    "jvp": k · step_flops (default 8·D² for an RNN step) + (8/3)·D·k²; structured: 4·D for the
+    diagonal blocks + the dense cost of each dense or per-head block on its own width."""
+    if structure is not None and not structure.is_dense:
+        per = 0.0
+        for blk in structure.blocks:
+            n = blk.width
+            if blk.form == "dense":
+                per += n * n + 2 * n ** 3 + 8 / 3 * n ** 3
+            elif blk.form == "block_diagonal":
+                per += (n // blk.size) * (2 + 8 / 3) * blk.size ** 3
+            else:
+                per += 4 * n
+        return float(B) * T * per
+    step = 8.0 * D * D if step_flops is None else step_flops
+    apply_cost = D * D + 2.0 * D * D * k if apply == "jacobian" else k * step
+    return float(B) * T * (apply_cost + 8 / 3 * D * k * k)
+
+
+__all__ = ["APPLY", "ENGINES", "LyapunovResult", "frame_method", "lyapunov_flops", "lyapunov_spectrum"]

@@ -1,0 +1,113 @@
+"""How a core's step Jacobian J_t = ∂z_t/∂z_{t−1} is built: the structure a core may declare.
+
+The state z (D real numbers) is cut into consecutive *blocks* (a core's layers, say). J_t is block
+lower-triangular over them: block i's new state reads the old state of blocks j ≤ i only (a stack
+of layers, each reading the layer below at the same step). Each block's own diagonal block of J_t
+has a *form*:
+
+- ``dense``: a full n × n matrix (an RNN layer);
+- ``diagonal``: real diagonal, one entry per coordinate (minGRU, RG-LRU, a real diagonal SSM);
+- ``complex_diagonal``: complex diagonal on the real view: coordinates (2m, 2m+1) hold the real and
+  imaginary parts of mode m, and the block is a 2 × 2 rotation-scaling [[a, −b], [b, a]] per mode
+  (S4D, with dA = a + ib);
+- ``block_diagonal``: ``size`` × ``size`` blocks along the diagonal, one per head (mLSTM-style).
+
+A core says so with ``jacobian_structure()`` and gives the compact diagonal blocks with
+``diagonal_blocks(x, z)``: one tensor per block, (B, n) real for ``diagonal``, (B, n/2) complex for
+``complex_diagonal``, (B, n/size, size, size) for ``block_diagonal``, (B, n, n) for ``dense``. A core
+that declares nothing is one dense block, and the dense engines treat it as they always have.
+
+Why it matters. For a block-triangular cocycle, the subspace of states that are zero in blocks
+1 … i−1 is invariant, so (Oseledets) its Lyapunov spectrum is the union of the spectra of the
+diagonal-block cocycles, whatever the blocks below the diagonal are, provided log⁺‖J_t‖ and
+log⁺‖J_t^{−1}‖ restricted to each block are integrable along the driven trajectory (a standard
+result on cocycles with an invariant flag; e.g. L. Arnold, *Random Dynamical Systems*, §3.4). For
+diagonal forms, those spectra are the time averages of log|diagonal entries|: exact, O(D) per step.
+On a finite window the Benettin/QR estimate of the full matrix differs from the union by O(1/T)
+(the frame's transient), not by more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradscope.errors import check
+
+FORMS = ("dense", "diagonal", "complex_diagonal", "block_diagonal")
+
+
+@dataclass(frozen=True)
+class StateBlock:
+    """One block of the state: ``z[start:stop]`` and the form of J_t's own block on it."""
+
+    name: str
+    start: int
+    stop: int
+    form: str = "dense"
+    size: int = 1  # block_diagonal: the width of each head's block
+
+    def __post_init__(self) -> None:
+        check(self.form in FORMS, f"form: got {self.form!r}; valid forms are {', '.join(FORMS)}")
+        check(0 <= self.start < self.stop, f"block {self.name}: got [{self.start}, {self.stop}); need 0 <= start < stop")
+        n = self.stop - self.start
+        check(self.form != "complex_diagonal" or n % 2 == 0,
+              f"block {self.name}: a complex_diagonal block needs an even width (re/im pairs); got {n}")
+        check(self.form != "block_diagonal" or (self.size >= 1 and n % self.size == 0),
+              f"block {self.name}: block_diagonal size {self.size} does not divide its width {n}")
+
+    @property
+    def width(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class JacobianStructure:
+    """The blocks of the state in order; J_t is block lower-triangular over them."""
+
+    blocks: tuple[StateBlock, ...]
+
+    def __post_init__(self) -> None:
+        check(len(self.blocks) >= 1, "blocks: a structure needs at least one block")
+        for a, b in zip(self.blocks, self.blocks[1:]):
+            check(a.stop == b.start, f"blocks: {a.name} ends at {a.stop} but {b.name} starts at {b.start}; "
+                                     f"blocks must tile the state in order")
+        check(self.blocks[0].start == 0, f"blocks: the first block must start at 0; got {self.blocks[0].start}")
+
+    @property
+    def state_dim(self) -> int:
+        return self.blocks[-1].stop
+
+    @property
+    def is_dense(self) -> bool:
+        """One dense block: nothing to exploit."""
+        return len(self.blocks) == 1 and self.blocks[0].form == "dense"
+
+    @property
+    def is_diagonal(self) -> bool:
+        """J_t itself is (block-)diagonal: one block of a diagonal form, nothing below the diagonal."""
+        return len(self.blocks) == 1 and self.blocks[0].form != "dense"
+
+    def describe(self) -> str:
+        """One line, e.g. ``lower-triangular over 2 blocks: modes1 complex_diagonal, modes2 complex_diagonal``."""
+        parts = ", ".join(f"{b.name} {b.form}" + (f"({b.size})" if b.form == "block_diagonal" else "")
+                          for b in self.blocks)
+        return parts if len(self.blocks) == 1 else f"lower-triangular over {len(self.blocks)} blocks: {parts}"
+
+
+def dense_structure(state_dim: int) -> JacobianStructure:
+    """What a core that declares nothing has: one dense block."""
+    return JacobianStructure((StateBlock("z", 0, state_dim, "dense"),))
+
+
+def structure_of(core: object) -> JacobianStructure:
+    """The core's declared structure (checked against its state width), else one dense block."""
+    method = getattr(core, "jacobian_structure", None)
+    structure = method() if callable(method) else None
+    D = int(getattr(core, "state_dim"))
+    if structure is None:
+        return dense_structure(D)
+    check(isinstance(structure, JacobianStructure),
+          f"jacobian_structure: {type(core).__name__} returned {type(structure).__name__}; expected a JacobianStructure")
+    check(structure.state_dim == D, f"jacobian_structure: {type(core).__name__}'s blocks cover {structure.state_dim} "
+                                    f"state entries; its state_dim is {D}")
+    return structure
