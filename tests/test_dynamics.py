@@ -3,6 +3,7 @@ on the same checkpoint, the Python API, bad input, and the report figures in hea
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -150,3 +151,17 @@ def test_dynamics_of_a_wrapped_lstm_language_model() -> None:
     with torch.no_grad():
         ref = lyapunov_spectrum(model.core, model.core_inputs(traj), warmup=5).exponents
     np.testing.assert_allclose(ds["lyapunov"].values[0], ref.numpy(), rtol=1e-10)
+
+
+def test_short_runs_need_no_warmup_flag(trained_runs: dict, runner, tmp_path: Path) -> None:
+    """`--parts lyapunov --steps 50 --trajectories 1` once failed with "--warmup: got 100"; the warm-up
+    now follows --steps (a tenth, at most 100), and an explicit one too large says which value fits."""
+    ckpt = sorted(trained_runs["gru"].glob("step-*.pt"))[-1]
+    ok = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--trajectories", "1",
+                             "-o", str(tmp_path / "a.zarr"), "-q"])
+    assert ok.exit_code == 0, ok.stderr
+    ds = xr.open_zarr(tmp_path / "a.zarr", consolidated=False)
+    assert json.loads(ds.attrs["options"])["warmup"] == 5
+    bad = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--warmup", "60",
+                              "-o", str(tmp_path / "b.zarr")])
+    assert bad.exit_code == 2 and "below steps = 50" in bad.stderr and bad.stderr.count("\n") == 1

@@ -201,3 +201,24 @@ def test_factory_errors_are_one_line(lm_checkpoint: Path, runner, tmp_path: Path
     result = runner.invoke(app, ["stability", str(lm_checkpoint), "--model-factory", f"{FACTORY}:build",
                                  "-o", str(tmp_path / "y.zarr")])
     assert result.exit_code == 2 and "--probes" in result.stderr, result.stderr
+
+
+def test_cli_dynamics_with_a_model_factory(lm_checkpoint: Path, runner, tmp_path: Path) -> None:
+    """`gradscope dynamics --model-factory` (issue #23): the user's model analysed from the CLI, its
+    exponents those of the Python API on the same trajectories, and the table names no iteration −1."""
+    out = tmp_path / "d.zarr"
+    result = runner.invoke(app, ["dynamics", str(lm_checkpoint), "--model-factory", f"{FACTORY}:build", "--parts",
+                                 "flow,lyapunov", "--sequences", "3", "--length", "6", "--trajectories", "2",
+                                 "--steps", "60", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│") and "e-" in line]
+    assert rows and all(line.split("│")[1].strip() == "–" for line in rows), result.stdout  # no iteration −1
+    ds = xr.open_zarr(out, consolidated=False).load()
+    model = _factory_module().build(lm_checkpoint)
+    traj = torch.randint(0, K, (2, 60), generator=torch.Generator().manual_seed(1))  # seed + 1, as documented
+    ref = gradscope.dynamics(model, tokens=torch.randint(0, K, (3, 6), generator=torch.Generator().manual_seed(0)),
+                             trajectory_tokens=traj, parts="flow,lyapunov", steps=60, trajectories=2)
+    np.testing.assert_allclose(ds["lyapunov"].values, ref["lyapunov"].values, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(ds["flow_fro"].values, ref["flow_fro"].values, rtol=1e-6, atol=1e-9)
+    bad = runner.invoke(app, ["dynamics", str(lm_checkpoint), "--length", "6", "-o", str(tmp_path / "x.zarr")])
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "--model-factory" in bad.stderr

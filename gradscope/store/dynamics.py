@@ -187,9 +187,31 @@ def radius_samples(items: list[Any]) -> dict[str, dict[int, dict[str, np.ndarray
     return out
 
 
+def resolved_exponents(ds: xr.Dataset, c: int) -> np.ndarray:
+    """The exponents (m, k) of checkpoint c with −inf and below-resolution values (upper bounds) as NaN:
+    what means and intervals may average."""
+    lam = ds["lyapunov"].values[c].astype(float)
+    low = ds["lyapunov_below_resolution"].values[c].astype(bool) if "lyapunov_below_resolution" in ds else False
+    return np.where(np.isfinite(lam) & ~low, lam, np.nan)
+
+
+def _nan_t_interval(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`_t_interval` over axis 0 of values with NaN (unresolved) entries left out per column;
+    n: the fewest values any column had."""
+    counts = np.isfinite(values).sum(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns stay NaN
+        mean = np.nanmean(values, 0)
+        sd = np.nanstd(values, 0, ddof=1)
+    half = np.where(counts >= 2, stats.t.ppf(0.975, np.maximum(counts - 1, 1)) * sd / np.sqrt(np.maximum(counts, 1)),
+                    np.nan)
+    return mean, mean - half, mean + half, int(counts.min()) if counts.size else 0
+
+
 def lyapunov_spectra(items: list[Any]) -> list[tuple[str, int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]]:
-    """(label, iteration, (mean, low, high, n)) of the exponents over trajectories, per checkpoint."""
-    return [(item.label, int(item.ds["iteration"][c]), _t_interval(item.ds["lyapunov"].values[c]))
+    """(label, iteration, (mean, low, high, n)) of the exponents over trajectories, per checkpoint;
+    −inf and below-resolution exponents are counted out, never averaged in."""
+    return [(item.label, int(item.ds["iteration"][c]), _nan_t_interval(resolved_exponents(item.ds, c)))
             for item in items if "lyapunov" in item.ds for c in range(item.ds.sizes["checkpoint"])]
 
 
