@@ -47,6 +47,10 @@ every method (see FACTS). Also asserted: gradscope's window exponents equal its 
 estimate at that step.
 Threads: --threads (default 1: on this shared 2-core machine a second thread made small BLAS calls
 several times slower whenever another process was busy; see FACTS).
+Duration: the default run takes ~12–15 min on the 2-core machine (LSTM ~3/4 of it, mostly the
+published method's autograd path, 256 backward passes per step); a smoke run, ~10 s:
+  python bench/dynamics.py --hidden 32 --steps 60 --warmup 10 --window 20 --trajectories 4
+      --a-steps 5 --a-trajectories 1 --rounds 1   (one line)
 """
 
 from __future__ import annotations
@@ -314,7 +318,8 @@ def bench_core(core: str, args: argparse.Namespace, console: Console) -> dict:
     rows.append(("gradscope lyapunov_spectrum, full run", t_full, f"{T} steps × {B} traj. ×1", "—", "timed once"))
     rows.append(("roofline: bmm + linalg.qr alone", med["roof"] * T, on, "", "no Jacobians, no state"))
     return {"core": core.upper(), "D": D, "rows": rows, "gs": gs, "roof": med["roof"] * T, "bmm": med["bmm"],
-            "qr": med["qr"], "lam_max": float(res.exponents[:, 0].mean()), "lam_min": float(res.exponents[:, -1].mean())}
+            "qr": med["qr"], "lam_max": float(res.exponents[:, 0].mean()),
+            "lam_min": float(res.exponents[:, -1].mean())}
 
 
 def main() -> None:
@@ -354,15 +359,16 @@ def main() -> None:
     for res in results:
         D = res["D"]
         gflops = 2 * B * D ** 3 / res["bmm"] / 1e9
-        console.print(f"{res['core']}: roofline calls (medians) = bmm {B}×({D}×{D})·({D}×{D}) {1e3 * res['bmm']:.2f} ms "
-                      f"({gflops:.0f} GFLOP/s) + linalg.qr {B}×{D}×{D} {1e3 * res['qr']:.2f} ms; full run: mean "
+        console.print(f"{res['core']}: roofline calls (medians) = bmm {B}×({D}×{D})·({D}×{D}) "
+                      f"{1e3 * res['bmm']:.2f} ms ({gflops:.0f} GFLOP/s) + linalg.qr {B}×{D}×{D} "
+                      f"{1e3 * res['qr']:.2f} ms; full run: mean "
                       f"λ_max {res['lam_max']:+.4f}, λ_min {res['lam_min']:+.4f} (natural log per step)")
-    console.print("Rows other than the full run: timed on the stated subsets in interleaved rounds (median kept) and "
-                  f"scaled linearly to {T} steps × {B} trajectories (per step·trajectory for the loop, per step for the "
-                  "batched ones); '× gradscope's time' compares those interleaved numbers (the full run's with the "
-                  "interleaved gradscope number). Δλ: float64 reruns on the same inputs — batched methods on the timing "
-                  "window (warm-up as above), the loop on its own subset (warm-up 0). The published tool reports log₂: "
-                  "its numbers are these divided by ln 2.")
+    console.print("Rows other than the full run: timed on the stated subsets in interleaved rounds (median kept) "
+                  f"and scaled linearly to {T} steps × {B} trajectories (per step·trajectory for the loop, per step "
+                  "for the batched ones); '× gradscope's time' compares those interleaved numbers (the full run's "
+                  "with the interleaved gradscope number). Δλ: float64 reruns on the same inputs — batched methods "
+                  "on the timing window (warm-up as above), the loop on its own subset (warm-up 0). The published "
+                  "tool reports log₂: its numbers are these divided by ln 2.")
 
 
 if __name__ == "__main__":
