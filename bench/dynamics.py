@@ -28,8 +28,9 @@ descending, log-sums in float64.
       without a QR, orthonormalises once, then feeds the whole sequence again from its first input).
   vmap(jacrev) + QR: per step ``vmap(jacrev)`` of gradscope's functional ``core.step`` over the 32
       trajectories, ``torch.bmm``, batched ``torch.linalg.qr``.
-  gradscope: ``lyapunov_spectrum(core, x, warmup=100)`` (analytic step Jacobians, geqrf +
-      householder_product).
+  gradscope: ``lyapunov_spectrum(core, x, warmup=100, qr_dtype=float32)`` (analytic step Jacobians, geqrf +
+      householder_product), timed with a float32 QR like the baselines; its default since issue #23 is a
+      float64 J·Q, QR and log-sums ("gradscope, float64 QR (default)" row, timed once on the window).
   roofline: the calls this algorithm cannot avoid, alone: per step one float32 bmm
       (32 × D × D)·(D × D) and one batched ``torch.linalg.qr`` (32 × D × D), in a plain loop.
 Timing (float32) on a shared machine: the methods run in --rounds interleaved rounds — the batched ones
@@ -262,7 +263,8 @@ def methods(model: SeqModel) -> list[tuple[str, str, Callable[[SeqModel, Tensor,
         ("pub_jtq", f"{PUBLISHED}{how}, Jᵀ·Q", lambda m, x, w: published_method(m, x, w, transpose=True),
          "Jᵀ·Q as published: the transposed cocycle, a different spectrum on finite windows; Δλ expected"),
         ("vmap", VMAP, vmap_jacrev, ""),
-        ("gs", "gradscope lyapunov_spectrum", lambda m, x, w: lyapunov_spectrum(m.core, x, warmup=w).exponents, ""),
+        ("gs", "gradscope lyapunov_spectrum, float32 QR", lambda m, x, w: lyapunov_spectrum(
+            m.core, x, warmup=w, qr_dtype=x.dtype).exponents, "as the baselines: float32 J·Q and QR"),
     ]
 
 
@@ -294,9 +296,10 @@ def bench_core(core: str, args: argparse.Namespace, console: Console) -> dict:
             f"{k} {1e3 * (B if k == 'loop' else 1) * v[-1]:.1f}" for k, v in times.items() if k not in ("bmm", "qr")),
             style="dim")
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    t_full, res = timed(lambda: lyapunov_spectrum(model.core, x, warmup=W))
+    t_full, res = timed(lambda: lyapunov_spectrum(model.core, x, warmup=W, qr_dtype=torch.float32))
     console.print(f"  {core}: gradscope full run {t_full:.1f} s", style="dim")
-    res_w = lyapunov_spectrum(model.core, xw, warmup=W)
+    t_f64, _ = timed(lambda: lyapunov_spectrum(model.core, xw, warmup=W))  # the default: float64 J·Q and QR
+    res_w = lyapunov_spectrum(model.core, xw, warmup=W, qr_dtype=torch.float32)
     assert torch.equal(res.running[:, list(res.running_steps).index(win - W)], res_w.exponents)
 
     # accuracy: float64 model and inputs (exact casts), every method against gradscope on the same inputs
@@ -316,11 +319,32 @@ def bench_core(core: str, args: argparse.Namespace, console: Console) -> dict:
     on = f"{win} steps × {B} traj. ×{args.rounds}"
     rows += [(label, med[key] * T, on, "reference" if key == "gs" else f"{delta[key]:.1e}", note)
              for key, label, _, note in batched]
-    rows.append(("gradscope lyapunov_spectrum, full run", t_full, f"{T} steps × {B} traj. ×1", "—", "timed once"))
+    rows.append(("gradscope lyapunov_spectrum, float32 QR, full run", t_full, f"{T} steps × {B} traj. ×1", "—",
+                 "timed once"))
+    rows.append(("gradscope, float64 QR (default)", t_f64 / win * T, f"{win} steps × {B} traj. ×1", "—",
+                 "float64 J·Q, QR and log-sums: the accurate default"))
     rows.append(("roofline: bmm + linalg.qr alone", med["roof"] * T, on, "", "no Jacobians, no state"))
     return {"core": core.upper(), "D": D, "rows": rows, "gs": gs, "roof": med["roof"] * T, "bmm": med["bmm"],
             "qr": med["qr"], "lam_max": float(res.exponents[:, 0].mean()),
             "lam_min": float(res.exponents[:, -1].mean())}
+
+
+def structure_table(args: argparse.Namespace, console: Console) -> None:
+    """The structure-aware and partial rows (bench/structure_rows.py), one table."""
+    from structure_rows import structure_rows  # a sibling module of this script
+
+    rows, delta = structure_rows(args.dense_steps, args.lstm_steps)
+    table = Table(title="Structure-aware and partial Lyapunov spectra (issue #23): gradscope beside today's dense "
+                        "engine and the roofline at the same shapes, wall seconds")
+    for col in ("model", "what", "seconds", "× gradscope", "note"):
+        table.add_column(col, justify="right" if col in ("seconds", "× gradscope") else "left", overflow="fold")
+    for i, (model, what, t, note) in enumerate(rows):
+        base = next(r[2] for r in rows if r[0] == model)
+        table.add_row(model, what, f"{t:,.1f}", f"{t / base:,.1f}", note,
+                      end_section=i + 1 < len(rows) and rows[i + 1][0] != model)
+    console.print(table)
+    console.print(f"LSTM top 32 against the full run's top 32 on the same steps: max |Δλ| = {delta:.1e} "
+                  "(float64 QR and log-sums, float32 Jacobians)")
 
 
 def main() -> None:
@@ -335,6 +359,10 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=50, help="counted steps of the interleaved window")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cores", default="gru,lstm", help="comma-separated: gru, lstm, elman")
+    parser.add_argument("--suite", default="all", choices=("all", "baselines", "structure"),
+                        help="baselines: the table above; structure: the structure-aware / partial rows (issue #23)")
+    parser.add_argument("--dense-steps", type=int, default=2, help="steps of the dense engine timed per S4D row")
+    parser.add_argument("--lstm-steps", type=int, default=40, help="steps of the LSTM top-k vs full rows")
     args = parser.parse_args()
     assert args.warmup + args.window <= args.steps, "--warmup + --window must not exceed --steps"
     torch.set_num_threads(args.threads)
@@ -343,6 +371,10 @@ def main() -> None:
     console.print(f"{stamp} · {platform.processor() or platform.machine()} · {os.cpu_count()} CPUs · "
                   f"torch {torch.__version__} · {torch.get_num_threads()} thread(s) · load avg "
                   f"{os.getloadavg()[0]:.1f} at start")
+    if args.suite in ("all", "structure"):
+        structure_table(args, console)
+    if args.suite == "structure":
+        return
     results = [bench_core(core, args, console) for core in args.cores.split(",")]
     T, B = args.steps, args.trajectories
     table = Table(title=f"Lyapunov spectrum, all D exponents: T = {T} steps (warm-up {args.warmup}) × {B} "
