@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from gradscope.store.dynamics import FlowCurve
 
-from .style import NUM, finish, finite_or_none, group_color, rgba
+from .style import NUM, finish, finite_or_none, group_color, palette_for, rgba
 
 CLASS_COLORS = {"frequent": group_color("frequent"), "rare": group_color("rare"), "query": "#7f7f7f"}
 
@@ -87,16 +87,15 @@ def radius_figure(samples: dict[str, dict[int, dict[str, np.ndarray]]]) -> go.Fi
     return finish(fig, "Step-Jacobian spectral radius by the token read", 420, "token · checkpoint")
 
 
-def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tuple[str, int, np.ndarray, np.ndarray]]
-                    ) -> go.Figure:
+def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tuple[str, int, np.ndarray, np.ndarray]],
+                    palette: dict[str, str] | None = None) -> go.Figure:
     """Left: the Lyapunov spectrum λ_i (index i) with 95% t-intervals over trajectories, per
     configuration and checkpoint. Right: the running estimate of λ_1 and λ_D against steps."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Lyapunov spectrum (natural log per step)",
                                                         "convergence of λ_1 (solid) and λ_D (dotted)"],
                         horizontal_spacing=0.08)
     labels = list(dict.fromkeys(label for label, _, _ in spectra))
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
-    color = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+    color = palette_for(labels, palette)
     its = {label: sorted({it for l2, it, _ in spectra if l2 == label}) for label in labels}
     for label, it, (mean, low, high, n) in spectra:
         alpha = _opacity(its[label].index(it), len(its[label]))

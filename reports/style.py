@@ -15,10 +15,23 @@ FONT = dict(family="system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-s
 NUM = ":.6g"  # hover number format: six significant digits
 
 
-def colors(labels: Iterable[str]) -> dict[str, str]:
-    """A fixed colour per label, in first-seen order (vanilla labels sort first so they get blue)."""
-    ordered = sorted(dict.fromkeys(labels), key=lambda s: ("vanilla" not in s, s))
+def colors(labels: Iterable[str], first: Iterable[str] = ()) -> dict[str, str]:
+    """A fixed colour per label from one qualitative palette, in first-seen order; labels in ``first``
+    (the configurations of the central figure) take the first colours. Build it once per report and
+    pass it to every figure, so a configuration has one colour throughout."""
+    ordered = list(dict.fromkeys([*first, *labels]))
     return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(ordered)}
+
+
+def palette_for(labels: Iterable[str], palette: dict[str, str] | None) -> dict[str, str]:
+    """``palette`` (the report's) extended to any label it lacks; a fresh one when None."""
+    labels = list(dict.fromkeys(labels))
+    if palette is None:
+        return colors(labels)
+    extra = [label for label in labels if label not in palette]
+    used = set(palette.values())
+    spare = [c for c in PALETTE if c not in used] or list(PALETTE)
+    return {**palette, **{label: spare[i % len(spare)] for i, label in enumerate(extra)}}
 
 
 def group_color(group: str) -> str:
@@ -46,9 +59,116 @@ def error_arrays(mean: np.ndarray, low: np.ndarray, high: np.ndarray) -> dict[st
                 arrayminus=finite_or_none(mean - low), thickness=1.2, width=4)
 
 
-def finish(fig: go.Figure, title: str, height: int, legend_title: str = "") -> go.Figure:
-    """Common layout: white template, title, legend on the right, given height."""
-    fig.update_layout(template="plotly_white", title=dict(text=title, x=0.0, xanchor="left"), height=height,
-                      font=FONT, legend=dict(title=dict(text=legend_title), groupclick="toggleitem"),
-                      margin=dict(l=70, r=20, t=90, b=60), hoverlabel=dict(namelength=-1))
+# --- layout rules ----------------------------------------------------------------------------------
+# Figures have a fixed width, so that text can be fitted to it before the browser draws anything:
+# subplot and axis titles are wrapped (then cut, with the full text on hover) to their panel, the
+# figure title to the figure, the legend sits beside the panels, and the figure is tall enough that
+# the legend never scrolls over itself.
+
+WIDTH = 1100  # px: every figure (the page is 1200 px at most; static export uses the same)
+CHAR = 0.55  # average glyph width in em of the report font, ~10% above that measured in Chromium (DejaVu Sans)
+TITLE_SIZE = 16
+TOOLBAR = 260  # px at the top right kept clear of the title: plotly's mode bar
+LINE = 1.3  # line height in em
+
+
+def text_px(text: str, size: float = FONT["size"]) -> float:
+    """Estimated rendered width of one line of plain text (no tags)."""
+    return len(text) * CHAR * size
+
+
+def wrap(text: str, px: float, size: float = FONT["size"], lines: int = 2) -> str:
+    """``text`` broken at spaces into at most ``lines`` lines of at most ``px``; the last line is
+    cut with '…' if it is still too long. Existing '<br>' breaks are kept."""
+    limit = max(4, int(px / (CHAR * size)))
+    out: list[str] = []
+    for para in text.split("<br>"):
+        line = ""
+        for word in para.split(" "):
+            if line and len(line) + 1 + len(word) > limit:
+                out.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        out.append(line)
+    if len(out) > lines:
+        out = out[:lines - 1] + [" ".join(out[lines - 1:])]
+    return "<br>".join(o if len(o) <= limit else o[:limit - 1].rstrip() + "…" for o in out)
+
+
+def _legend_px(fig: go.Figure) -> tuple[float, float]:
+    """Estimated (width, height) of the legend beside the panels: entries, group titles, legend title."""
+    names = [str(t.name) for t in fig.data if t.showlegend is not False and t.name]
+    groups = {str(t.legendgrouptitle.text) for t in fig.data if t.showlegend is not False and t.legendgrouptitle
+              and t.legendgrouptitle.text}
+    title = fig.layout.legend.title.text or ""
+    if not names:
+        return 0.0, 0.0
+    width = max([text_px(n) + 45 for n in names] + [text_px(g) + 10 for g in groups] + [text_px(title) + 10])
+    height = 20 * (len(names) + len(groups) + bool(title)) + 14 * bool(groups) * len(groups) + 20
+    return width, height
+
+
+def _legend_entries(fig: go.Figure) -> int:
+    return sum(1 for t in fig.data if t.showlegend is not False and t.name)
+
+
+def _panels(fig: go.Figure, axis: str) -> dict[str, tuple[float, float]]:
+    """Domains of every x or y axis of the figure: {'x', 'x2', …: (start, end)} in paper units."""
+    out = {}
+    for name in fig.layout:
+        if name.startswith(f"{axis}axis"):
+            ax = fig.layout[name]
+            out[axis + name[5:]] = tuple(ax.domain) if ax.domain else (0.0, 1.0)
+    return out
+
+
+def finish(fig: go.Figure, title: str, height: int, legend_title: str = "", legend: str = "beside") -> go.Figure:
+    """Common layout and the layout rules: white template, fixed width, wrapped title (clear of the
+    plot's toolbar), legend beside or below the panels (never over them), subplot and axis titles
+    fitted to their panels. ``legend``: 'beside', 'below' (a grid of entries under the x-axis
+    titles) or 'none'."""
+    size = FONT["size"]
+    fig.update_layout(legend=dict(title=dict(text=legend_title), groupclick="toggleitem"))
+    legend_w, legend_h = _legend_px(fig) if legend != "none" else (0.0, 0.0)
+    margin_l, margin_r, margin_b = 80, (legend_w + 30 if legend_w and legend == "beside" else 30), 70
+    plot_w = WIDTH - margin_l - margin_r
+    legend_layout = dict(x=1.02, xanchor="left", y=1.0, yanchor="top", orientation="v")
+    if legend == "below" and legend_w:
+        entry = legend_w - 10
+        per_row = max(1, int((WIDTH - 40) // entry))
+        rows = -(-_legend_entries(fig) // per_row)
+        legend_layout = dict(orientation="h", x=0.0, xanchor="left", xref="container", y=0.0, yanchor="bottom",
+                             yref="container", entrywidth=entry, entrywidthmode="pixels", title_side="top")
+        margin_b += int(rows * 22 + 30)
+        legend_h = 0.0
+    title_text = wrap(title, WIDTH - TOOLBAR - 20, TITLE_SIZE, lines=3)
+    title_h = (title_text.count("<br>") + 1) * TITLE_SIZE * LINE
+    xdom, ydom = _panels(fig, "x"), _panels(fig, "y")
+    centres = {round((a + b) / 2, 6): b - a for a, b in xdom.values()}
+    sub_lines = 0
+    for ann in fig.layout.annotations or ():
+        if ann.xref == "paper" and ann.yref == "paper" and ann.yanchor == "bottom" and ann.text:
+            frac = centres.get(round(float(ann.x), 6), 1.0)
+            full = str(ann.text)
+            ann.text = wrap(full, frac * plot_w - 8, size)
+            if ann.text != full:
+                ann.hovertext = full
+            sub_lines = max(sub_lines, ann.text.count("<br>") + 1)
+    top = 10 + title_h + 12 + sub_lines * size * LINE + 8
+    height = int(max(height, top + legend_h + margin_b))
+    plot_h = height - top - margin_b
+    for name in list(fig.layout):
+        ax = fig.layout[name]
+        if name.startswith(("xaxis", "yaxis")) and ax.title and ax.title.text:
+            dom = (xdom if name[0] == "x" else ydom).get(name[0] + name[5:], (0.0, 1.0))
+            room = (dom[1] - dom[0]) * (plot_w if name[0] == "x" else plot_h) - 8
+            ax.title.text = wrap(str(ax.title.text), room, size)
+    fig.update_layout(template="plotly_white", font=FONT, width=WIDTH, height=height, autosize=False,
+                      title=dict(text=title_text, x=0.0, xanchor="left", xref="container", yref="container",
+                                 y=1 - (10 + title_h / 2) / height, yanchor="middle", pad=dict(l=10),
+                                 font=dict(size=TITLE_SIZE)),
+                      legend=legend_layout, showlegend=legend != "none",
+                      margin=dict(l=margin_l, r=margin_r, t=int(top), b=margin_b, autoexpand=True),
+                      hoverlabel=dict(namelength=-1))
     return fig
