@@ -59,7 +59,7 @@ def grid_figure(grids: list[tuple[str, int, np.ndarray]]) -> go.Figure:
         n = g.shape[0]
         fig.add_trace(go.Heatmap(z=[finite_or_none(row) for row in g], x=np.arange(1, n + 1), y=np.arange(1, n + 1),
                                  zmin=lo, zmax=hi, colorscale="Viridis", showscale=i == 0,
-                                 colorbar=dict(title="log10"), name=f"{label} · it {it}",
+                                 colorbar=dict(title=dict(text="log10", side="right")), name=f"{label} · it {it}",
                                  hovertemplate="t = %{y}, T = %{x}<br>log10 |dz_T/dz_t| = %{z:.3f}<extra></extra>"),
                       i // cols + 1, i % cols + 1)
     fig.update_xaxes(title_text="T (later step)")
@@ -118,6 +118,10 @@ def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tup
                           1, 2)
     fig.add_hline(y=0.0, line=dict(color="black", width=1, dash="dot"))
     fig.update_xaxes(title_text="exponent index i", col=1)
+    if convergence:  # a little room before the first step, so its tick label clears the y axis's
+        lo = min(float(np.min(steps)) for _, _, steps, _ in convergence)
+        hi = max(float(np.max(steps)) for _, _, steps, _ in convergence)
+        fig.update_xaxes(range=[lo - 0.05 * (hi - lo), hi + 0.02 * (hi - lo)], col=2)
     fig.update_xaxes(title_text="steps after warm-up", col=2)
     fig.update_yaxes(title_text="λ (per step)", col=1)
     return finish(fig, "Lyapunov spectra (Benettin/QR)", 460, "configuration · checkpoint")
