@@ -62,8 +62,11 @@ def grid_figure(grids: list[tuple[str, int, np.ndarray]]) -> go.Figure:
                                  colorbar=dict(title=dict(text="log10", side="right")), name=f"{label} · it {it}",
                                  hovertemplate="t = %{y}, T = %{x}<br>log10 |dz_T/dz_t| = %{z:.3f}<extra></extra>"),
                       i // cols + 1, i % cols + 1)
-    fig.update_xaxes(title_text="T (later step)")
-    fig.update_yaxes(title_text="t (earlier step)", autorange="reversed")
+    fig.update_yaxes(autorange="reversed")
+    for c in range(1, cols + 1):  # axis titles once per column and once per row, not on every panel
+        fig.update_xaxes(title_text="T (later step)", row=rows, col=c)
+    for r in range(1, rows + 1):
+        fig.update_yaxes(title_text="t (earlier step)", row=r, col=1)
     return finish(fig, "The (t, T) grid of ‖∂z_T/∂z_t‖_F", 360 * rows + 80)
 
 

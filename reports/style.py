@@ -123,12 +123,37 @@ def _panels(fig: go.Figure, axis: str) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _one_title_per_row_and_column(fig: go.Figure) -> None:
+    """Repeated axis titles go: a y title is kept only on the leftmost panel of its row, an x title
+    only on the bottom panel of its column (panels side by side or stacked share them)."""
+    for axis, other in (("y", "x"), ("x", "y")):
+        seen: dict[tuple, tuple[float, str]] = {}
+        for name in list(fig.layout):
+            if not name.startswith(f"{axis}axis"):
+                continue
+            ax = fig.layout[name]
+            if not (ax.title and ax.title.text):
+                continue
+            anchor = fig.layout[f"{other}axis{str(ax.anchor or other)[1:]}"] if ax.anchor != "free" else None
+            where = float(anchor.domain[0]) if anchor is not None and anchor.domain else 0.0
+            key = (tuple(ax.domain or (0.0, 1.0)), str(ax.title.text))
+            if key in seen:
+                first_where, first_name = seen[key]
+                drop = name if where >= first_where else first_name
+                fig.layout[drop].title.text = None
+                if drop == first_name:
+                    seen[key] = (where, name)
+            else:
+                seen[key] = (where, name)
+
+
 def finish(fig: go.Figure, title: str, height: int, legend_title: str = "", legend: str = "beside") -> go.Figure:
     """Common layout and the layout rules: white template, fixed width, wrapped title (clear of the
     plot's toolbar), legend beside or below the panels (never over them), subplot and axis titles
     fitted to their panels. ``legend``: 'beside', 'below' (a grid of entries under the x-axis
     titles) or 'none'."""
     size = FONT["size"]
+    _one_title_per_row_and_column(fig)
     fig.update_layout(legend=dict(title=dict(text=legend_title), groupclick="toggleitem"))
     legend_w, legend_h = _legend_px(fig) if legend != "none" else (0.0, 0.0)
     margin_l, margin_r, margin_b = 80, (legend_w + 30 if legend_w and legend == "beside" else 30), 70

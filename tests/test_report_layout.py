@@ -153,6 +153,21 @@ def test_layout_rules_fit_titles_to_their_panels() -> None:
     assert fig.layout.legend.x >= 1.0 and fig.layout.legend.xanchor == "left"
 
 
+def test_layout_rules_give_axis_titles_once_per_row_and_column() -> None:
+    from plotly.subplots import make_subplots
+    fig = make_subplots(rows=2, cols=3)
+    for r in (1, 2):
+        for c in (1, 2, 3):
+            fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], showlegend=False), r, c)
+    fig.update_xaxes(title_text="iteration")
+    fig.update_yaxes(title_text="score")
+    fig = finish(fig, "title", 500)
+    titled = {name: fig.layout[name].title.text for name in fig.layout if name[1:5] == "axis" and
+              fig.layout[name].title.text}
+    assert titled == {"yaxis": "score", "yaxis4": "score", "xaxis4": "iteration", "xaxis5": "iteration",
+                      "xaxis6": "iteration"}
+
+
 # --- no build-machine paths -------------------------------------------------------------------------
 
 ABSOLUTE = re.compile(r"(?<![\w.~-])(/(home|work|root|tmp|Users|mnt|opt|var|srv|data)\b|~/|[A-Z]:\\)")
