@@ -74,13 +74,13 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
         out.append(Section("distribution", "Stability distributions",
                            f"Per-triplet scores at the {where} of each store, same-target vs same-suffix pairs.",
                            distribution_figure(stability_samples(stability, opts.score, opts.iteration),
-                                               opts.score, where, palette)))
+                                               opts.score, where, palette, details)))
         spectra = mean_spectra(stability, opts.iteration)
         if spectra:
             out.append(Section("spectra", "Singular-value spectra",
                                "Top singular values of each Jacobian (variable singular_values), averaged per "
                                "condition over triplets, members and seeds.",
-                               spectra_figure(spectra, where, palette)))
+                               spectra_figure(spectra, where, palette, details)))
     out.extend(dynamics_sections(_of(items, "dynamics"), palette))
     if (fig := training_figure(runs, palette)) is not None:
         out.append(Section("training", "Training curves", f"From metrics.jsonl of {len(runs)} run(s).", fig))

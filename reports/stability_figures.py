@@ -77,7 +77,8 @@ def stability_figure(points: list[StabilityPoint], score: str = "default", confi
 
 
 def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], score: str = "default",
-                        where: str = "last checkpoint", palette: dict[str, str] | None = None) -> go.Figure:
+                        where: str = "last checkpoint", palette: dict[str, str] | None = None,
+                        details: dict[str, str] | None = None) -> go.Figure:
     """Box plots of per-triplet scores per condition (x), one box per configuration (colour:
     vanilla vs PE), one column per pair (same-target, same-suffix)."""
     labels = list(samples)
@@ -99,7 +100,8 @@ def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], s
                 x=xs, y=finite_or_none(ys), name=label, legendgroup=label, showlegend=c == 1,
                 marker=dict(color=palette[label], size=3), boxpoints="all", jitter=0.4, pointpos=0, boxmean=True,
                 # box hover lists the exact quartiles/mean; each point's hover its value and n
-                text=[f"{label}, {pair}: n = {n} triplets" for n in ns], hoverinfo="x+y+text"), 1, c)
+                text=[f"{(details or {}).get(label, label)}, {pair}: n = {n} triplets" for n in ns],
+                hoverinfo="x+y+text"), 1, c)
         fig.update_xaxes(title_text="condition (target / disturbant group)", row=1, col=c)
     fig.update_yaxes(title_text=f"{score} score per triplet", row=1, col=1)
     fig.update_layout(boxmode="group")
@@ -108,7 +110,7 @@ def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], s
 
 
 def spectra_figure(spectra: dict[str, dict[str, tuple[np.ndarray, int]]], where: str = "last checkpoint",
-                   palette: dict[str, str] | None = None) -> go.Figure:
+                   palette: dict[str, str] | None = None, details: dict[str, str] | None = None) -> go.Figure:
     """Mean singular values σ_k of the Jacobians ∂h_2L/∂z_p vs k, log y: one panel per condition,
     one line per configuration (colour: vanilla vs PE)."""
     labels = list(spectra)
@@ -127,7 +129,8 @@ def spectra_figure(spectra: dict[str, dict[str, tuple[np.ndarray, int]]], where:
             fig.add_trace(go.Scatter(
                 x=list(range(1, sv.size + 1)), y=finite_or_none(sv), mode="lines+markers", name=label,
                 legendgroup=label, showlegend=i == 0, line=dict(color=palette[label]), marker=dict(size=4),
-                hovertemplate=(f"{label}<br>{condition_text(cond)}<br>σ_%{{x}} mean %{{y{NUM}}}<br>"
+                hovertemplate=(f"{(details or {}).get(label, label)}<br>{condition_text(cond)}<br>σ_%{{x}} mean "
+                               f"%{{y{NUM}}}<br>"
                                f"n = {n} Jacobians<extra></extra>")), r + 1, c + 1)
         fig.update_yaxes(type="log", exponentformat="power", dtick=1, row=r + 1, col=c + 1,  # no 2, 5 labels
                          title_text="mean singular value σ_k" if c == 0 else None)

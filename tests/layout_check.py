@@ -49,7 +49,8 @@ SCRIPT = """
       for (let i = 0; i < items.length; i++) for (let j = i + 1; j < items.length; j++) {
         const a = items[i], b = items[j];
         const w = Math.min(a.r, b.r) - Math.max(a.l, b.l), h = Math.min(a.b, b.b) - Math.max(a.t, b.t);
-        if (w > SLACK && h > SLACK) problems.push('overlap: ' + JSON.stringify(a.text) + ' / ' + JSON.stringify(b.text));
+        if (w > SLACK && h > SLACK)
+          problems.push('overlap: ' + JSON.stringify(a.text) + ' / ' + JSON.stringify(b.text));
       }
       out[div.id] = {texts: items.length, width: edge.width, problems: problems};
     });
