@@ -102,7 +102,8 @@ def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], s
                 # box hover lists the exact quartiles/mean; each point's hover its value and n
                 text=[f"{(details or {}).get(label, label)}, {pair}: n = {n} triplets" for n in ns],
                 hoverinfo="x+y+text"), 1, c)
-        fig.update_xaxes(title_text="condition (target / disturbant group)", row=1, col=c)
+        fig.update_xaxes(title_text="condition (target / disturbant group)", row=1, col=c, tickmode="array",
+                         tickvals=conditions, ticktext=[cond.replace("/", " /<br>") for cond in conditions])
     fig.update_yaxes(title_text=f"{score} score per triplet", row=1, col=1)
     fig.update_layout(boxmode="group")
     return finish(fig, f"Stability per triplet at the {where} ({score} score; seeds pooled; box: quartiles, "

@@ -105,7 +105,7 @@ def _legend_px(fig: go.Figure) -> tuple[float, float]:
     if not names:
         return 0.0, 0.0
     width = max([text_px(n) + 45 for n in names] + [text_px(g) + 10 for g in groups] + [text_px(title) + 10])
-    height = 20 * (len(names) + len(groups) + bool(title)) + 14 * bool(groups) * len(groups) + 20
+    height = 27 * (len(names) + len(groups) + bool(title)) + 14 * len(groups) + 20  # bar entries are ~26 px
     return width, height
 
 

@@ -3,8 +3,8 @@
 A script added to a copy of the page waits until every plot is drawn, then, per figure, takes the
 bounding box (``getBoundingClientRect``) of every visible, non-empty SVG ``text`` element, and
 records into a ``<pre id="layout-check">`` element (read back from ``--dump-dom``) every pair whose
-boxes overlap and every box that crosses the figure's edge. ``test_report.py`` and
-``test_report_layout.py`` use it; it fails the test when Chromium is missing.
+boxes overlap, every box that crosses the figure's edge, and a legend that scrolls (hides entries).
+``test_report_layout.py`` uses it, with ``test_report._chromium``: no Chromium fails the test.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ SCRIPT = """
         if (w > SLACK && h > SLACK)
           problems.push('overlap: ' + JSON.stringify(a.text) + ' / ' + JSON.stringify(b.text));
       }
+      div.querySelectorAll('.legend .scrollbar').forEach(function (bar) {
+        const r = bar.getBoundingClientRect();
+        if (r.height > 0 && r.width > 0) problems.push('the legend scrolls: some entries are hidden');
+      });
       out[div.id] = {texts: items.length, width: edge.width, problems: problems};
     });
     const pre = document.createElement('pre');

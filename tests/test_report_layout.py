@@ -58,14 +58,16 @@ def readme_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def every_figure_report(trained_runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A report with the figures the README's lacks: Figures 2 and 3 from a summary, the dynamics view."""
+    """A report with what the README's lacks: Figures 2 and 3 from a summary, the dynamics view, and
+    stability in all four conditions (eight panels)."""
     d = tmp_path_factory.mktemp("every")
+    _run("stability", str(trained_runs["gru"]), "--triplets", "4", "--resamples", "200", "-q", "-o", str(d / "st.zarr"))
     for run in ("gru", "lstm"):
         _run("accuracy", str(trained_runs[run]), "-q", "-o", str(d / f"acc-{run}.zarr"))
     _run("summarize", str(d / "acc-gru.zarr"), str(d / "acc-lstm.zarr"), "--resamples", "200", "-o", str(d / "s.zarr"))
     _run("dynamics", str(trained_runs["gru"]), "-o", str(d / "dyn.zarr"), *DYNAMICS)
     _run("report", str(trained_runs["gru"]), str(trained_runs["lstm"]), str(d / "s.zarr"), str(d / "dyn.zarr"),
-         "-o", str(d / "report.html"))
+         str(d / "st.zarr"), "--resamples", "500", "-o", str(d / "report.html"))
     return d / "report.html"
 
 
@@ -98,7 +100,8 @@ def test_readme_report_text_never_overlaps(readme_report: Path, tmp_path: Path) 
 
 def test_every_figure_kind_text_never_overlaps(every_figure_report: Path, tmp_path: Path) -> None:
     _assert_readable(every_figure_report, tmp_path,
-                     {"vocab-0", "grid-0", "flow", "tT-grid", "radius", "lyapunov", "gates", "training"})
+                     {"vocab-0", "grid-0", "stability", "distribution", "spectra", "flow", "tT-grid", "radius",
+                      "lyapunov", "gates", "training"})
 
 
 def test_accuracy_grid_text_never_overlaps(trained_runs: dict, tmp_path: Path) -> None:
