@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from gradscope.store.inputs import StabilityPoint
 
-from .style import NUM, finish, finite_or_none, palette_for, rgba
+from .style import NUM, WIDTH, finish, finite_or_none, palette_for, rgba, text_px
 
 PAIR_SHORT = {"same-target": "same-target pairs", "same-suffix": "same-suffix pairs"}
 PAIR_TEXT = {"same-target": "same-target pairs (shared prefix and target)",
@@ -87,6 +87,8 @@ def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], s
     palette = palette_for(labels, palette)
     fig = make_subplots(rows=1, cols=len(pairs), shared_yaxes=True, horizontal_spacing=0.06,
                         subplot_titles=[PAIR_TEXT.get(p, p) for p in pairs])
+    per_category = (WIDTH - 400) / max(1, len(pairs)) / max(1, len(conditions))  # px, beside a legend
+    narrow = max(map(text_px, conditions), default=0) > 0.8 * per_category  # then break labels at '/'
     for c, pair in enumerate(pairs, start=1):
         for label in labels:
             xs, ys, ns = [], [], []
@@ -103,7 +105,8 @@ def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], s
                 text=[f"{(details or {}).get(label, label)}, {pair}: n = {n} triplets" for n in ns],
                 hoverinfo="x+y+text"), 1, c)
         fig.update_xaxes(title_text="condition (target / disturbant group)", row=1, col=c, tickmode="array",
-                         tickvals=conditions, ticktext=[cond.replace("/", " /<br>") for cond in conditions])
+                         tickvals=conditions, ticktext=[cond.replace("/", " /<br>") if narrow else cond
+                                                        for cond in conditions])
     fig.update_yaxes(title_text=f"{score} score per triplet", row=1, col=1)
     fig.update_layout(boxmode="group")
     return finish(fig, f"Stability per triplet at the {where} ({score} score; seeds pooled; box: quartiles, "
