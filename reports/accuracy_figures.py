@@ -83,6 +83,7 @@ def vocab_figure(ds: xr.Dataset, metric: str = "token_accuracy") -> go.Figure | 
                         subplot_titles=[core_label(c) for c in cores] if cores != [""] else None)
     row = ds.sel(metric=metric)
     sizes = sorted({int(v) for v in ds["vocab_size"].values})
+    shown: set[str] = set()  # a legend entry at a line's first panel (a PE line may miss the first core)
     for c, core in enumerate(cores, start=1):
         for name, groups in lines.items():
             groups = [g for g in groups if not core or str(ds["core"].values[g]) == core]
@@ -92,11 +93,12 @@ def vocab_figure(ds: xr.Dataset, metric: str = "token_accuracy") -> go.Figure | 
             mean, low, high = (row[v].values[groups] for v in ("mean", "low", "high"))
             fig.add_trace(go.Scatter(
                 x=[int(ds["vocab_size"].values[g]) for g in groups], y=finite_or_none(mean), mode="lines+markers",
-                name=name, legendgroup=name, showlegend=c == 1, line=dict(color=palette[name]),
+                name=name, legendgroup=name, showlegend=name not in shown, line=dict(color=palette[name]),
                 error_y=error_arrays(mean, low, high),
                 customdata=[[low[i], high[i], int(row["n"].values[g]), _seeds(ds, g), _nan_text(ds, g, metric)]
                             for i, g in enumerate(groups)],
                 hovertemplate=_hover(metric.replace("_", " "), ds, "K = %{x}")), 1, c)
+            shown.add(name)
         fig.update_xaxes(type="log", tickvals=sizes, title_text="vocabulary size K (tokens, log scale)", row=1, col=c)
     fig.update_yaxes(title_text=f"{metric.replace('_', ' ')} (fraction of scored tokens)", row=1, col=1)
     return finish(fig, f"Held-out {metric.replace('_', ' ')} vs vocabulary size, vanilla vs positional encoding "

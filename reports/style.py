@@ -62,8 +62,8 @@ def error_arrays(mean: np.ndarray, low: np.ndarray, high: np.ndarray) -> dict[st
 # --- layout rules ----------------------------------------------------------------------------------
 # Figures have a fixed width, so that text can be fitted to it before the browser draws anything:
 # subplot and axis titles are wrapped (then cut, with the full text on hover) to their panel, the
-# figure title to the figure, the legend sits beside the panels, and the figure is tall enough that
-# the legend never scrolls over itself.
+# figure title to the figure, the legend sits beside or below the panels, and the figure is tall
+# enough that the legend never scrolls.
 
 WIDTH = 1100  # px: every figure (the page is 1200 px at most; static export uses the same)
 CHAR = 0.55  # average glyph width in em of the report font, ~10% above that measured in Chromium (DejaVu Sans)
@@ -96,11 +96,18 @@ def wrap(text: str, px: float, size: float = FONT["size"], lines: int = 2) -> st
     return "<br>".join(o if len(o) <= limit else o[:limit - 1].rstrip() + "…" for o in out)
 
 
+NO_LEGEND = ("heatmap",)  # trace types plotly leaves out of the legend unless told otherwise
+
+
+def _in_legend(trace: Any) -> bool:
+    shown = trace.showlegend if trace.showlegend is not None else trace.type not in NO_LEGEND
+    return bool(shown and trace.name)
+
+
 def _legend_px(fig: go.Figure) -> tuple[float, float]:
     """Estimated (width, height) of the legend beside the panels: entries, group titles, legend title."""
-    names = [str(t.name) for t in fig.data if t.showlegend is not False and t.name]
-    groups = {str(t.legendgrouptitle.text) for t in fig.data if t.showlegend is not False and t.legendgrouptitle
-              and t.legendgrouptitle.text}
+    names = [str(t.name) for t in fig.data if _in_legend(t)]
+    groups = {str(t.legendgrouptitle.text) for t in fig.data if _in_legend(t) and t.legendgrouptitle.text}
     title = fig.layout.legend.title.text or ""
     if not names:
         return 0.0, 0.0
@@ -110,7 +117,7 @@ def _legend_px(fig: go.Figure) -> tuple[float, float]:
 
 
 def _legend_entries(fig: go.Figure) -> int:
-    return sum(1 for t in fig.data if t.showlegend is not False and t.name)
+    return sum(map(_in_legend, fig.data))
 
 
 def _panels(fig: go.Figure, axis: str) -> dict[str, tuple[float, float]]:
@@ -147,6 +154,31 @@ def _one_title_per_row_and_column(fig: go.Figure) -> None:
                 seen[key] = (where, name)
 
 
+def _fit_subplot_titles(fig: go.Figure, plot_w: float) -> int:
+    """Wrap each subplot title to its panel's width (the full text on hover when cut); returns the
+    most lines a title takes."""
+    centres = {round((a + b) / 2, 6): b - a for a, b in _panels(fig, "x").values()}
+    lines = 0
+    for ann in fig.layout.annotations or ():
+        if ann.xref == "paper" and ann.yref == "paper" and ann.yanchor == "bottom" and ann.text:
+            full = str(ann.text)
+            ann.text = wrap(full, centres.get(round(float(ann.x), 6), 1.0) * plot_w - 8)
+            if ann.text != full:
+                ann.hovertext = full
+            lines = max(lines, ann.text.count("<br>") + 1)
+    return lines
+
+
+def _fit_axis_titles(fig: go.Figure, plot_w: float, plot_h: float) -> None:
+    """Wrap each axis title to its panel's width (x) or height (y)."""
+    domains = {"x": _panels(fig, "x"), "y": _panels(fig, "y")}
+    for name in list(fig.layout):
+        ax = fig.layout[name]
+        if name.startswith(("xaxis", "yaxis")) and ax.title and ax.title.text:
+            a, b = domains[name[0]].get(name[0] + name[5:], (0.0, 1.0))
+            ax.title.text = wrap(str(ax.title.text), (b - a) * (plot_w if name[0] == "x" else plot_h) - 8)
+
+
 def finish(fig: go.Figure, title: str, height: int, legend_title: str = "", legend: str = "beside") -> go.Figure:
     """Common layout and the layout rules: white template, fixed width, wrapped title (clear of the
     plot's toolbar), legend beside or below the panels (never over them), subplot and axis titles
@@ -169,26 +201,10 @@ def finish(fig: go.Figure, title: str, height: int, legend_title: str = "", lege
         legend_h = 0.0
     title_text = wrap(title, WIDTH - TOOLBAR - 20, TITLE_SIZE, lines=3)
     title_h = (title_text.count("<br>") + 1) * TITLE_SIZE * LINE
-    xdom, ydom = _panels(fig, "x"), _panels(fig, "y")
-    centres = {round((a + b) / 2, 6): b - a for a, b in xdom.values()}
-    sub_lines = 0
-    for ann in fig.layout.annotations or ():
-        if ann.xref == "paper" and ann.yref == "paper" and ann.yanchor == "bottom" and ann.text:
-            frac = centres.get(round(float(ann.x), 6), 1.0)
-            full = str(ann.text)
-            ann.text = wrap(full, frac * plot_w - 8, size)
-            if ann.text != full:
-                ann.hovertext = full
-            sub_lines = max(sub_lines, ann.text.count("<br>") + 1)
+    sub_lines = _fit_subplot_titles(fig, plot_w)
     top = 10 + title_h + 12 + sub_lines * size * LINE + 8
     height = int(max(height, top + legend_h + margin_b))
-    plot_h = height - top - margin_b
-    for name in list(fig.layout):
-        ax = fig.layout[name]
-        if name.startswith(("xaxis", "yaxis")) and ax.title and ax.title.text:
-            dom = (xdom if name[0] == "x" else ydom).get(name[0] + name[5:], (0.0, 1.0))
-            room = (dom[1] - dom[0]) * (plot_w if name[0] == "x" else plot_h) - 8
-            ax.title.text = wrap(str(ax.title.text), room, size)
+    _fit_axis_titles(fig, plot_w, height - top - margin_b)
     fig.update_layout(template="plotly_white", font=FONT, width=WIDTH, height=height, autosize=False,
                       title=dict(text=title_text, x=0.0, xanchor="left", xref="container", yref="container",
                                  y=1 - (10 + title_h / 2) / height, yanchor="middle", pad=dict(l=10),
