@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from gradscope.store.inputs import core_label, Input, at_iteration, field_name, model_label, pe_label
 
-from .style import NUM, colors, error_arrays, finish, finite_or_none
+from .style import NUM, colors, error_arrays, finish, finite_or_none, palette_for
 
 GRID_METRIC = re.compile(r"^grid/([^/]+)/([^/]+)/bin(\d+)$")
 GROUP_ORDER = ("frequent", "rare", "all")
@@ -83,6 +83,7 @@ def vocab_figure(ds: xr.Dataset, metric: str = "token_accuracy") -> go.Figure | 
                         subplot_titles=[core_label(c) for c in cores] if cores != [""] else None)
     row = ds.sel(metric=metric)
     sizes = sorted({int(v) for v in ds["vocab_size"].values})
+    shown: set[str] = set()  # a legend entry at a line's first panel (a PE line may miss the first core)
     for c, core in enumerate(cores, start=1):
         for name, groups in lines.items():
             groups = [g for g in groups if not core or str(ds["core"].values[g]) == core]
@@ -92,11 +93,12 @@ def vocab_figure(ds: xr.Dataset, metric: str = "token_accuracy") -> go.Figure | 
             mean, low, high = (row[v].values[groups] for v in ("mean", "low", "high"))
             fig.add_trace(go.Scatter(
                 x=[int(ds["vocab_size"].values[g]) for g in groups], y=finite_or_none(mean), mode="lines+markers",
-                name=name, legendgroup=name, showlegend=c == 1, line=dict(color=palette[name]),
+                name=name, legendgroup=name, showlegend=name not in shown, line=dict(color=palette[name]),
                 error_y=error_arrays(mean, low, high),
                 customdata=[[low[i], high[i], int(row["n"].values[g]), _seeds(ds, g), _nan_text(ds, g, metric)]
                             for i, g in enumerate(groups)],
                 hovertemplate=_hover(metric.replace("_", " "), ds, "K = %{x}")), 1, c)
+            shown.add(name)
         fig.update_xaxes(type="log", tickvals=sizes, title_text="vocabulary size K (tokens, log scale)", row=1, col=c)
     fig.update_yaxes(title_text=f"{metric.replace('_', ' ')} (fraction of scored tokens)", row=1, col=1)
     return finish(fig, f"Held-out {metric.replace('_', ' ')} vs vocabulary size, vanilla vs positional encoding "
@@ -176,12 +178,13 @@ def grid_figure_summary(ds: xr.Dataset) -> go.Figure | None:
                                f"{conf:.0%} bootstrap CI)", _hover("accuracy", ds, "bin %{x}"), None)
 
 
-def grid_figure_accuracy(stores: list[Input], iteration: int | None = None) -> go.Figure | None:
+def grid_figure_accuracy(stores: list[Input], iteration: int | None = None,
+                         palette: dict[str, str] | None = None) -> go.Figure | None:
     """Figure 3 from accuracy stores (no CIs): grid_bin_accuracy at one checkpoint, one line per store."""
     stores = [s for s in stores if "grid_bin_accuracy" in s.ds]
     if not stores:
         return None
-    palette = colors(s.label for s in stores)
+    palette = palette_for((s.label for s in stores), palette)
     lines, ticks = [], {}
     for s in stores:
         ds = s.ds
@@ -204,34 +207,47 @@ def grid_figure_accuracy(stores: list[Input], iteration: int | None = None) -> g
                         hover, ticks or None)
 
 
-def training_figure(runs: list[Input]) -> go.Figure | None:
-    """Training loss and accuracy vs iteration from metrics.jsonl, one line per run; the held-out
-    uniform token accuracy from eval.json as a star at the final iteration."""
+LOG_SPAN = 3.0  # training lengths differing by more than this factor get a log iteration axis
+
+
+def training_figure(runs: list[Input], palette: dict[str, str] | None = None,
+                    log_x: bool | None = None) -> go.Figure | None:
+    """Training loss (top) and accuracy (bottom) vs iteration from metrics.jsonl, in full-width
+    panels, one line per run; the held-out uniform token accuracy from eval.json as a star at the
+    final iteration. ``log_x``: a log iteration axis (None: when the runs' lengths differ by more
+    than ``LOG_SPAN``×, so short runs are not squeezed into the start of a long axis)."""
     runs = [r for r in runs if r.metrics]
     if not runs:
         return None
-    palette = colors(r.label for r in runs)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
+    palette = palette_for((r.label for r in runs), palette)
+    ends = [max(m["iteration"] for m in r.metrics) for r in runs]
+    if log_x is None:
+        log_x = max(ends) > LOG_SPAN * max(1, min(ends))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
                         subplot_titles=["training loss (cross-entropy)", "training accuracy"])
     for run in runs:
         name = f"{run.label}, seed {run.seed}" if run.seed is not None else run.label
+        full = f"{run.detail or run.label}, seed {run.seed}" if run.seed is not None else (run.detail or run.label)
         window = f"mean of {run.train.get('log_every', '?')} iterations × {run.train.get('batch_size', '?')} sequences"
         x = [m["iteration"] for m in run.metrics]
-        for c, key, unit in ((1, "loss", "nats/token"), (2, "accuracy", "fraction")):
+        for r, key, unit in ((1, "loss", "nats/token"), (2, "accuracy", "fraction")):
             fig.add_trace(go.Scatter(
                 x=x, y=finite_or_none(m.get(key, np.nan) for m in run.metrics), mode="lines", name=name,
-                legendgroup=name, showlegend=c == 1, line=dict(color=palette[run.label]),
-                hovertemplate=(f"{name}<br>{run.path.name}<br>iteration %{{x}}<br>{key} %{{y{NUM}}} {unit}<br>"
-                               f"n = {window}<extra></extra>")), 1, c)
+                legendgroup=name, showlegend=r == 1, line=dict(color=palette[run.label], width=1.5),
+                hovertemplate=(f"{full}<br>{run.path.name}<br>iteration %{{x}}<br>{key} %{{y{NUM}}} {unit}<br>"
+                               f"n = {window}<extra></extra>")), r, 1)
         held = (run.evaluation or {}).get("uniform")
         if held:
             fig.add_trace(go.Scatter(
                 x=[run.evaluation["iteration"]], y=[held["token_accuracy"]], mode="markers", name=f"{name} held-out",
                 legendgroup=name, showlegend=False, marker=dict(symbol="star", size=12, color=palette[run.label]),
-                hovertemplate=(f"{name}<br>held-out uniform token accuracy %{{y{NUM}}}<br>n = {held['n']} "
-                               f"sequences<extra></extra>")), 1, 2)
-    fig.update_xaxes(title_text="training iteration")
-    fig.update_yaxes(title_text="cross-entropy loss (nats per scored token)", row=1, col=1)
-    fig.update_yaxes(title_text="accuracy (fraction of scored tokens)", row=1, col=2)
-    return finish(fig, "Training curves (metrics.jsonl; ★ = held-out uniform token accuracy, eval.json)", 440,
-                  "run")
+                hovertemplate=(f"{full}<br>held-out uniform token accuracy %{{y{NUM}}}<br>n = {held['n']} "
+                               f"sequences<extra></extra>")), 2, 1)
+    if log_x:  # a little room left of the first point, so its tick label clears the y axis's
+        first = min(min(m["iteration"] for m in r.metrics) for r in runs)
+        fig.update_xaxes(type="log", dtick=1, range=[np.log10(max(1, first)) - 0.15, np.log10(max(ends)) + 0.05])
+    fig.update_xaxes(title_text="training iteration" + " (log scale)" * log_x, row=2, col=1)
+    fig.update_yaxes(title_text="loss (nats per token)", row=1, col=1)
+    fig.update_yaxes(title_text="accuracy (fraction)", row=2, col=1)
+    return finish(fig, "Training curves (metrics.jsonl; ★ = held-out uniform token accuracy, eval.json)", 640, "run",
+                  legend="below")

@@ -15,7 +15,8 @@ from gradscope.store.inputs import Input, mean_spectra, stability_curves, stabil
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
 from .dynamics_figures import flow_figure, gate_figure, grid_figure, lyapunov_figure, radius_figure
-from .html import Section, provenance_html, render_page
+from .html import Section, provenance_html, public_command, public_path, render_page
+from .style import colors
 from .stability_figures import distribution_figure, spectra_figure, stability_figure
 
 STATIC_FORMATS = ("png", "svg")
@@ -43,22 +44,24 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
     stability, accuracy = _of(items, "stability"), _of(items, "accuracy")
     summaries, runs = _of(items, "summary"), _of(items, "run")
     where = f"iteration {opts.iteration}" if opts.iteration is not None else "last checkpoint"
+    palette = report_palette(items)
+    details = {i.label: i.detail or i.label for i in items if i.kind != "summary"}
     out: list[Section] = []
     for i, s in enumerate(summaries):
         suffix = f" ({s.path.name})" if len(summaries) > 1 else ""
         fig = vocab_figure(s.ds)
         if fig is not None:
             out.append(Section(f"vocab-{i}", f"Accuracy vs vocabulary size{suffix}",
-                               f"From the summary store <code>{html.escape(str(s.path))}</code> (metric "
+                               f"From the summary store <code>{html.escape(public_path(s.path))}</code> (metric "
                                f"token_accuracy, grouped by core, PE and K). Error bars: the store's CI over trials.",
                                fig))
     grids = [(i, s, grid_figure_summary(s.ds)) for i, s in enumerate(summaries)]
     grids = [(i, s, f) for i, s, f in grids if f is not None]
     for i, s, fig in grids:
         out.append(Section(f"grid-{i}", f"Frequency grid{f' ({s.path.name})' if len(grids) > 1 else ''}",
-                           f"From the summary store <code>{html.escape(str(s.path))}</code> (metrics "
+                           f"From the summary store <code>{html.escape(public_path(s.path))}</code> (metrics "
                            f"grid/&lt;target&gt;/&lt;disturbant&gt;/bin&lt;k&gt;). Error bars: the store's CI.", fig))
-    if not grids and (fig := grid_figure_accuracy(accuracy, opts.iteration)) is not None:
+    if not grids and (fig := grid_figure_accuracy(accuracy, opts.iteration, palette)) is not None:
         out.append(Section("grid", "Frequency grid", f"From accuracy stores (grid_bin_accuracy at the {where}); a "
                                                      "single store has no CI — summarize several seeds for one.", fig))
     if stability:
@@ -67,18 +70,19 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
                            f"From {len(stability)} stability store(s). Per checkpoint and condition: mean score and "
                            f"95% percentile-bootstrap CI ({opts.resamples} resamples, seed {opts.seed}) over the "
                            f"triplets; stores of one configuration (seeds) are pooled.",
-                           stability_figure(points, opts.score)))
+                           stability_figure(points, opts.score, palette=palette, details=details)))
         out.append(Section("distribution", "Stability distributions",
                            f"Per-triplet scores at the {where} of each store, same-target vs same-suffix pairs.",
                            distribution_figure(stability_samples(stability, opts.score, opts.iteration),
-                                               opts.score, where)))
+                                               opts.score, where, palette, details)))
         spectra = mean_spectra(stability, opts.iteration)
         if spectra:
             out.append(Section("spectra", "Singular-value spectra",
                                "Top singular values of each Jacobian (variable singular_values), averaged per "
-                               "condition over triplets, members and seeds.", spectra_figure(spectra, where)))
-    out.extend(dynamics_sections(_of(items, "dynamics")))
-    if (fig := training_figure(runs)) is not None:
+                               "condition over triplets, members and seeds.",
+                               spectra_figure(spectra, where, palette, details)))
+    out.extend(dynamics_sections(_of(items, "dynamics"), palette))
+    if (fig := training_figure(runs, palette)) is not None:
         out.append(Section("training", "Training curves", f"From metrics.jsonl of {len(runs)} run(s).", fig))
     out.append(Section("provenance", "Provenance", "Every input with its configuration, checkpoint hashes, "
                                                    "versions and the command that made it.", None,
@@ -86,7 +90,14 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
     return out
 
 
-def dynamics_sections(stores: list[Input]) -> list[Section]:
+def report_palette(items: list[Input]) -> dict[str, str]:
+    """One colour per configuration for the whole report; those of the stability stores (Figure 5)
+    take the first colours of the palette."""
+    labels = [i.label for i in items if i.kind != "summary"]
+    return colors(labels, first=[i.label for i in items if i.kind == "stability"])
+
+
+def dynamics_sections(stores: list[Input], palette: dict[str, str] | None = None) -> list[Section]:
     """The dynamics view (SPEC §7) of every dynamics store, each figure over its checkpoints."""
     if not stores:
         return []
@@ -105,11 +116,15 @@ def dynamics_sections(stores: list[Input]) -> list[Section]:
     if spectra := lyapunov_spectra(stores):
         out.append(Section("lyapunov", "Lyapunov spectra", f"{src}: all D exponents (Benettin/QR, natural log per "
                            "step) with 95% t-intervals over trajectories, and the running estimate.",
-                           lyapunov_figure(spectra, lyapunov_convergence(stores))))
+                           lyapunov_figure(spectra, lyapunov_convergence(stores), palette)))
     if gates := gate_means(stores):
         out.append(Section("gates", "Gate terms", f"{src}: mean ‖term‖_F of each path through the cell (the terms "
                            "sum to J_t), after frequent, rare and query tokens.", gate_figure(gates)))
     return out
+
+
+def _seeds_text(seeds: set[int]) -> str:
+    return f"; seed{'s' * (len(seeds) > 1)} {', '.join(map(str, sorted(seeds)))}" if seeds else ""
 
 
 def header_html(items: list[Input], command: str = "") -> str:
@@ -122,8 +137,10 @@ def header_html(items: list[Input], command: str = "") -> str:
         entry["kinds"].add(item.kind)
         if item.seed is not None:
             entry["seeds"].add(item.seed)
-    lis = "".join(f"<li>{html.escape(label)} — {', '.join(sorted(e['kinds']))}"
-                  f"{'; seeds ' + ', '.join(map(str, sorted(e['seeds']))) if e['seeds'] else ''}</li>"
+    full = {i.label: i.detail for i in items if i.kind != "summary" and i.detail and i.detail != i.label}
+    titles = {label: f' title="{html.escape(text)}"' for label, text in full.items()}
+    lis = "".join(f"<li{titles.get(label, '')}>{html.escape(label)} — {', '.join(sorted(e['kinds']))}"
+                  f"{_seeds_text(e['seeds'])}</li>"
                   for label, e in configs.items())
     summaries = [i for i in items if i.kind == "summary"]
     lis += "".join(f"<li>summary <code>{html.escape(s.path.name)}</code>: groups "
@@ -135,7 +152,7 @@ def header_html(items: list[Input], command: str = "") -> str:
     task_text = f" on {html.escape('; '.join(tasks))}" if tasks else ""
     return (f"<p>Compared{task_text}, from {counts}:</p><ul>{lis}</ul>"
             f'<p class="meta">“vanilla” = no positional encoding; “PE (kind)” = with one. Made by gradscope '
-            f"{__version__}{f' with <code>{html.escape(command)}</code>' if command else ''}.</p>")
+            f"{__version__}{f' with <code>{html.escape(public_command(command))}</code>' if command else ''}.</p>")
 
 
 def render_report(items: list[Input], opts: ReportOptions) -> tuple[str, list[Section]]:

@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from gradscope.store.dynamics import FlowCurve
 
-from .style import NUM, finish, finite_or_none, group_color, rgba
+from .style import NUM, finish, finite_or_none, group_color, palette_for, rgba
 
 CLASS_COLORS = {"frequent": group_color("frequent"), "rare": group_color("rare"), "query": "#7f7f7f"}
 
@@ -59,11 +59,14 @@ def grid_figure(grids: list[tuple[str, int, np.ndarray]]) -> go.Figure:
         n = g.shape[0]
         fig.add_trace(go.Heatmap(z=[finite_or_none(row) for row in g], x=np.arange(1, n + 1), y=np.arange(1, n + 1),
                                  zmin=lo, zmax=hi, colorscale="Viridis", showscale=i == 0,
-                                 colorbar=dict(title="log10"), name=f"{label} · it {it}",
+                                 colorbar=dict(title=dict(text="log10", side="right")), name=f"{label} · it {it}",
                                  hovertemplate="t = %{y}, T = %{x}<br>log10 |dz_T/dz_t| = %{z:.3f}<extra></extra>"),
                       i // cols + 1, i % cols + 1)
-    fig.update_xaxes(title_text="T (later step)")
-    fig.update_yaxes(title_text="t (earlier step)", autorange="reversed")
+    fig.update_yaxes(autorange="reversed")
+    for c in range(1, cols + 1):  # axis titles once per column and once per row, not on every panel
+        fig.update_xaxes(title_text="T (later step)", row=rows, col=c)
+    for r in range(1, rows + 1):
+        fig.update_yaxes(title_text="t (earlier step)", row=r, col=1)
     return finish(fig, "The (t, T) grid of ‖∂z_T/∂z_t‖_F", 360 * rows + 80)
 
 
@@ -87,16 +90,15 @@ def radius_figure(samples: dict[str, dict[int, dict[str, np.ndarray]]]) -> go.Fi
     return finish(fig, "Step-Jacobian spectral radius by the token read", 420, "token · checkpoint")
 
 
-def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tuple[str, int, np.ndarray, np.ndarray]]
-                    ) -> go.Figure:
+def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tuple[str, int, np.ndarray, np.ndarray]],
+                    palette: dict[str, str] | None = None) -> go.Figure:
     """Left: the Lyapunov spectrum λ_i (index i) with 95% t-intervals over trajectories, per
     configuration and checkpoint. Right: the running estimate of λ_1 and λ_D against steps."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Lyapunov spectrum (natural log per step)",
                                                         "convergence of λ_1 (solid) and λ_D (dotted)"],
                         horizontal_spacing=0.08)
     labels = list(dict.fromkeys(label for label, _, _ in spectra))
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
-    color = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+    color = palette_for(labels, palette)
     its = {label: sorted({it for l2, it, _ in spectra if l2 == label}) for label in labels}
     for label, it, (mean, low, high, n) in spectra:
         alpha = _opacity(its[label].index(it), len(its[label]))
@@ -119,6 +121,10 @@ def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tup
                           1, 2)
     fig.add_hline(y=0.0, line=dict(color="black", width=1, dash="dot"))
     fig.update_xaxes(title_text="exponent index i", col=1)
+    if convergence:  # a little room before the first step, so its tick label clears the y axis's
+        lo = min(float(np.min(steps)) for _, _, steps, _ in convergence)
+        hi = max(float(np.max(steps)) for _, _, steps, _ in convergence)
+        fig.update_xaxes(range=[lo - 0.05 * (hi - lo), hi + 0.02 * (hi - lo)], col=2)
     fig.update_xaxes(title_text="steps after warm-up", col=2)
     fig.update_yaxes(title_text="λ (per step)", col=1)
     return finish(fig, "Lyapunov spectra (Benettin/QR)", 460, "configuration · checkpoint")

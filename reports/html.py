@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 import plotly.graph_objects as go
 
@@ -22,6 +25,7 @@ h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom:
 .caption { color: #444; max-width: 70em; } .meta { color: #666; font-size: 0.9em; }
 nav ol { columns: 2; } table { border-collapse: collapse; font-size: 0.85em; }
 td, th { border: 1px solid #ddd; padding: 0.3em 0.5em; vertical-align: top; text-align: left; }
+td code { overflow-wrap: anywhere; } table { width: 100%; } td details summary { color: #555; cursor: pointer; }
 th { background: #f4f4f4; } code, pre { font-size: 0.9em; } pre { white-space: pre-wrap; }
 details { margin: 0.3em 0; }
 """
@@ -63,6 +67,32 @@ def render_page(title: str, header: str, sections: list[Section], footer: str = 
             f'<footer class="meta">{footer}</footer></body></html>\n')
 
 
+def public_path(path: str | Path, cwd: Path | None = None) -> str:
+    """A path as the report shows it: relative to the working directory when inside it, as given
+    when relative, else by its last two parts ('…/runs/gru-none-s1'), so a report never shows
+    the home or work directory of the machine that made it."""
+    text = str(path)
+    if not os.path.isabs(os.path.expanduser(text)):
+        return text
+    cwd = Path(cwd or Path.cwd()).absolute()
+    full = Path(os.path.abspath(os.path.expanduser(text)))
+    if full == cwd or cwd in full.parents:
+        return os.path.relpath(full, cwd)
+    return "…/" + "/".join(full.parts[-2:]) if len(full.parts) > 2 else full.name
+
+
+def public_command(command: str, cwd: Path | None = None) -> str:
+    """A recorded command with every absolute path argument shown by :func:`public_path`."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    if not any(os.path.isabs(os.path.expanduser(w)) or w.startswith("~") for w in words):
+        return command
+    shown = (public_path(w, cwd) if not w.startswith("-") else w for w in words)
+    return " ".join(w if w and not any(c in w for c in " '\"$;&|<>") else shlex.quote(w) for w in shown)
+
+
 def _short(text: str, n: int = 12) -> str:
     return f'<code title="{html.escape(text)}">{html.escape(text[:n])}</code>' if text else ""
 
@@ -76,13 +106,19 @@ def _task_text(task: dict) -> str:
 
 
 def _checkpoints(item: Input) -> str:
-    rows = []
-    for c in item.meta.get("checkpoints", []):
-        it = c.get("iteration")
-        rows.append(f"{'' if it is None else it}: {_short(c.get('sha256', '')) or html.escape(c.get('path', ''))}")
-    if len(rows) > 6:
-        rows = rows[:2] + [f"… {len(rows) - 4} more …"] + rows[-2:]
-    return "<br>".join(rows)
+    """'4: 15000–60000', the last one's hash, and the per-checkpoint list (iteration, file, sha256)
+    in a collapsible block."""
+    found = item.meta.get("checkpoints", [])
+    if not found:
+        return ""
+    its = [c.get("iteration") for c in found if c.get("iteration") is not None]
+    span = f"{min(its)}–{max(its)}" if len(its) > 1 else (str(its[0]) if its else "?")
+    last = found[-1].get("sha256", "")
+    rows = "".join(f"<li>{'' if c.get('iteration') is None else c.get('iteration')}: "
+                   f"{html.escape(Path(str(c.get('path', ''))).name)} {_short(c.get('sha256', ''))}</li>"
+                   for c in found)
+    return (f"{len(found)} at {span}" + (f"; last {_short(last)}" if last else "")
+            + f"<details><summary>each checkpoint</summary><ul>{rows}</ul></details>")
 
 
 def _summary_text(item: Input) -> str:
@@ -95,23 +131,31 @@ def _summary_text(item: Input) -> str:
 
 
 def provenance_html(items: list[Input]) -> str:
-    """A table with one row per input (configuration, task, seed, checkpoint hashes, versions, command)
-    and the full configurations as JSON in collapsible blocks."""
+    """A table with one row per input (path, configuration: short and full label, task, seed,
+    checkpoints with hashes, versions, command), paths relative to the working directory (never
+    the machine's home or work directory), and the full configurations as JSON in collapsible
+    blocks."""
     head = ("<tr><th>input</th><th>kind</th><th>configuration</th><th>task</th><th>seed</th>"
             "<th>checkpoints (iteration: sha256)</th><th>versions</th><th>created</th><th>command</th></tr>")
     rows, details = [], []
     for item in items:
         m = item.meta
-        label = html.escape(item.label) if item.kind != "summary" else _summary_text(item)
+        path = html.escape(public_path(item.path)).replace("/", "/<wbr>")  # paths break at their slashes
+        if item.kind == "summary":
+            label = _summary_text(item)
+        else:
+            label = f"<b>{html.escape(item.label)}</b>"
+            if item.detail and item.detail != item.label:
+                label += f'<br><span class="meta">{html.escape(item.detail)}</span>'
         versions = " ".join(f"{k} {html.escape(str(m[v]))}" for k, v in (("gradscope", "gradscope_version"),
                                                                            ("torch", "torch_version")) if m.get(v))
         seed = "" if item.seed is None else str(item.seed)
-        rows.append(f"<tr><td><code>{html.escape(str(item.path))}</code></td><td>{item.kind}</td><td>{label}</td>"
+        rows.append(f"<tr><td><code>{path}</code></td><td>{item.kind}</td><td>{label}</td>"
                     f"<td>{html.escape(_task_text(item.task))}</td><td>{seed}</td><td>{_checkpoints(item)}</td>"
                     f"<td>{versions}</td><td>{html.escape(str(m.get('created', '')))}</td>"
-                    f"<td><code>{html.escape(str(m.get('command', '')))}</code></td></tr>")
+                    f"<td><code>{html.escape(public_command(str(m.get('command', ''))))}</code></td></tr>")
         if item.model or item.task or item.train:
             config = json.dumps({"model": item.model, "task": item.task, "train": item.train}, indent=1)
-            details.append(f"<details><summary>{html.escape(str(item.path))}: configuration</summary>"
+            details.append(f"<details><summary>{html.escape(public_path(item.path))}: configuration</summary>"
                            f"<pre>{html.escape(config)}</pre></details>")
     return f"<table>{head}{''.join(rows)}</table>{''.join(details)}"

@@ -20,8 +20,8 @@ from gradscope.reports import ReportOptions, build_sections, render_page
 from gradscope.reports.accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
 from gradscope.reports.stability_figures import condition_text, distribution_figure, spectra_figure, stability_figure
 from gradscope.store import provenance, read_store, write_store
-from gradscope.store.inputs import (load_inputs, mean_spectra, model_label, pe_label, stability_curves,
-                                    stability_samples)
+from gradscope.store.inputs import (config_labels, load_inputs, mean_spectra, model_label, pe_label,
+                                    stability_curves, stability_samples)
 
 
 @pytest.fixture(scope="module")
@@ -284,22 +284,23 @@ def test_stability_bands_are_bootstrap_cis_over_pooled_seeds(report_inputs: dict
         assert (p.interval.mean, p.interval.low, p.interval.high, p.interval.n) == \
             pytest.approx((pooled.mean(), ref.low, ref.high, pooled.size))
         assert p.stores == 2
-    for t in fig.data:  # the band edges and the line are the intervals, in iteration order
-        if t.name.endswith((" upper", " lower")):
-            continue
-        mine = [p for p in points if condition_text(p.condition) == t.name and p.pair in t.hovertemplate
-                and int(t.xaxis[1:] or 1) % 2 == (1 if p.pair == "same-target" else 0)]
-        mine.sort(key=lambda p: p.iteration)
-        cond = mine[0].condition
+    pairs = list(dict.fromkeys(p.pair for p in points))
+    conds = list(dict.fromkeys(p.condition for p in points))
+    lines = [t for t in fig.data if not t.name.endswith((" upper", " lower"))]
+    for t in lines:  # the band edges and the line are the intervals, in iteration order
+        k = int(t.xaxis[1:] or 1) - 1  # panel (condition row, pair column)
+        cond, pair = conds[k // len(pairs)], pairs[k % len(pairs)]
+        mine = sorted((p for p in points if (p.condition, p.pair, p.label) == (cond, pair, t.name)),
+                      key=lambda p: p.iteration)
+        assert mine and pair in t.hovertemplate and condition_text(cond) in t.hovertemplate
         assert list(t.y) == pytest.approx([p.interval.mean for p in mine])
         assert [c[2] for c in t.customdata] == [p.interval.n for p in mine]
-        uppers = [u for u in fig.data if u.name == f"{cond} upper" and u.xaxis == t.xaxis]
-        lowers = [u for u in fig.data if u.name == f"{cond} lower" and u.xaxis == t.xaxis]
+        uppers = [u for u in fig.data if u.name == f"{t.name} upper" and u.xaxis == t.xaxis]
+        lowers = [u for u in fig.data if u.name == f"{t.name} lower" and u.xaxis == t.xaxis]
         assert list(uppers[0].y) == pytest.approx([p.interval.high for p in mine])
         assert list(lowers[0].y) == pytest.approx([p.interval.low for p in mine])
-    lines = [t for t in fig.data if not t.name.endswith((" upper", " lower"))]
-    assert len(lines) == 2 * len(conditions) and sum(bool(t.showlegend) for t in lines) == len(conditions)
-    assert {t.legendgrouptitle.text for t in lines} == {"GRU vanilla"}
+    assert len(lines) == 2 * len(conditions) and sum(bool(t.showlegend) for t in lines) == 1
+    assert {t.name for t in lines} == {"GRU vanilla"}
 
 
 def test_distributions_and_spectra_are_the_store_numbers(report_inputs: dict) -> None:
@@ -342,8 +343,36 @@ def test_labels_say_vanilla_or_pe_and_what_differs(trained_runs: dict) -> None:
     assert model_label({"core": "s4d", "pe": "sinusoidal"}) == "S4D PE (sinusoidal)"
     items = load_inputs([trained_runs["gru"], trained_runs["gru-uniform"], trained_runs["lstm"]])
     labels = [i.label for i in items]
-    assert labels[2] == "LSTM PE (sinusoidal)"
-    assert labels[0].startswith("GRU vanilla [") and "distribution=dual" in labels[0] and labels[0] != labels[1]
+    assert labels == ["GRU vanilla · 30 it, dual", "GRU vanilla · 10 it, uniform", "LSTM PE (sinusoidal)"]
+    assert items[0].detail.startswith("GRU vanilla [iterations=30, distribution=dual, ")  # every differing field
+
+
+def _config(core: str = "gru", pe: str = "none", K: int = 64, L: int = 16, iterations: int = 6000,
+            every: int = 1500, max_len: int = 32, lr: float = 3e-3) -> tuple[dict, dict, dict]:
+    return ({"core": core, "pe": pe, "max_len": max_len, "hidden_size": 128},
+            {"name": "reverse", "vocab_size": K, "length": L, "distribution": "dual"},
+            {"iterations": iterations, "checkpoint_every": every, "lr": lr, "seed": 1, "threads": 1})
+
+
+def test_short_labels_name_what_differs_and_leave_bookkeeping_out() -> None:
+    """The shipped 6k and 60k GRUs differ in iterations, checkpoint_every and max_len: the short label
+    names the iterations only, the full one all three; LSTM, alone, is core and PE."""
+    configs = [_config(), _config(pe="sinusoidal"), _config(iterations=60000, every=5000, max_len=128),
+               _config(pe="sinusoidal", iterations=60000, every=5000, max_len=128), _config("lstm")]
+    got = config_labels(configs)
+    assert [short for short, _ in got] == ["GRU vanilla · 6k it", "GRU PE (sinusoidal) · 6k it",
+                                          "GRU vanilla · 60k it", "GRU PE (sinusoidal) · 60k it", "LSTM vanilla"]
+    assert got[2][1] == "GRU vanilla [iterations=60000, checkpoint_every=5000, max_len=128]"
+    assert all(len(short) <= 30 for short, _ in got)
+    # a K × L grid needs both fields; lr changing with iterations adds one field, never more than two
+    grid = config_labels([_config(K=k, L=n) for k in (32, 64) for n in (8, 16)])
+    assert [short for short, _ in grid] == ["GRU vanilla · K=32, L=8", "GRU vanilla · K=32, L=16",
+                                            "GRU vanilla · K=64, L=8", "GRU vanilla · K=64, L=16"]
+    three = config_labels([_config(K=32, iterations=1000, lr=1e-3), _config(K=64, iterations=2000, lr=2e-3)])
+    assert [short for short, _ in three] == ["GRU vanilla · 1k it, K=32", "GRU vanilla · 2k it, K=64"]
+    # configurations told apart only by bookkeeping still get distinct labels
+    books = config_labels([_config(every=100), _config(every=200)])
+    assert books[0][0] != books[1][0] and "checkpoint_every=100" in books[0][0]
 
 
 def test_only_figures_with_data_are_shown(trained_runs: dict, report_inputs: dict) -> None:

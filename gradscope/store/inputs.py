@@ -68,7 +68,8 @@ class Input:
     metrics: list[dict[str, float]] = field(default_factory=list)
     evaluation: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # versions, command, created, checkpoints
-    label: str = ""  # the configuration's label (set by label_inputs)
+    label: str = ""  # the configuration's short label (set by label_inputs)
+    detail: str = ""  # the configuration's full label: every field that differs from the other inputs
 
     @property
     def seed(self) -> int | None:
@@ -233,23 +234,72 @@ def _config_key(item: Input) -> str:
     return json.dumps([item.model, item.task, train], sort_keys=True)
 
 
+# Fields that make a different configuration but not one a reader compares: never in a short label.
+BOOKKEEPING = ("checkpoint_every", "log_every", "heldout_size", "grid_per_cell", "hold_min", "hold_max", "max_len")
+# Fields a short label names first, in this order; any other differing field comes after them.
+LABEL_ORDER = ("iterations", "vocab_size", "length", "distribution", "rarity", "hidden_size", "embed_size",
+               "num_layers", "lr", "batch_size", "pe_combine", "state_size")
+MAX_LABEL_FIELDS = 2  # differing fields named in a short label (more only when needed to tell labels apart)
+
+
+def _value_text(name: str, value: Any) -> str:
+    """One differing field as a short label writes it: '60k it', 'K=64', 'dual'."""
+    if name == "iterations" and isinstance(value, int):
+        return f"{value // 1000}k it" if value >= 1000 and value % 1000 == 0 else f"{value} it"
+    if name == "distribution":
+        return str(value)
+    return f"{field_name(name)}={value}"
+
+
+def _flat(model: dict[str, Any], task: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
+    return {**{f"model.{k}": v for k, v in model.items()}, **{f"task.{k}": v for k, v in task.items()},
+            **{f"train.{k}": v for k, v in train.items() if k not in NOT_CONFIG}}
+
+
+def _rank(key: str) -> tuple[int, int, str]:
+    name = key.split(".", 1)[1]
+    if name in BOOKKEEPING:
+        return (2, BOOKKEEPING.index(name), key)
+    return (0, LABEL_ORDER.index(name), key) if name in LABEL_ORDER else (1, 0, key)
+
+
+def config_labels(configs: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]
+                  ) -> list[tuple[str, str]]:
+    """(short label, full label) for each (model, task, train) configuration, the one label function
+    of reports.
+
+    Short: core and PE ('GRU vanilla', 'LSTM PE (sinusoidal)'), then — among configurations that share
+    core and PE — the one or two fields that differ, most telling first and bookkeeping
+    (``BOOKKEEPING``) only when nothing else tells them apart: 'GRU vanilla · 60k it'. Full: core and
+    PE with every differing field, for hover text and the provenance table.
+    """
+    bases = [model_label(model) for model, _, _ in configs]
+    flats = [_flat(*c) for c in configs]
+    out: list[tuple[str, str]] = [("", "")] * len(configs)
+    for base in dict.fromkeys(bases):
+        idx = [n for n, b in enumerate(bases) if b == base]
+        keys = {json.dumps(flats[n], sort_keys=True) for n in idx}
+        differ = sorted({k for n in idx for k in flats[n]
+                         if len({json.dumps(flats[m].get(k)) for m in idx}) > 1}, key=_rank)
+        telling = sum(_rank(k)[0] < 2 for k in differ)
+        for take in range(min(MAX_LABEL_FIELDS, telling), len(differ) + 1):
+            shorts = {n: ", ".join(_value_text(k.split(".", 1)[1], flats[n].get(k)) for k in differ[:take])
+                      for n in idx}
+            if len(set(shorts.values())) == len(keys):
+                break
+        for n in idx:
+            full = ", ".join(f"{field_name(k.split('.', 1)[1])}={flats[n].get(k)}" for k in differ)
+            out[n] = (f"{base} · {shorts[n]}" if differ else base, f"{base} [{full}]" if differ else base)
+    return out
+
+
 def label_inputs(items: list[Input]) -> None:
-    """Set each input's label: core and PE; where configurations share that, the fields that differ."""
+    """Set each input's ``label`` (short) and ``detail`` (full) from :func:`config_labels`."""
     keyed = [i for i in items if i.kind != "summary"]
     configs = {_config_key(i): i for i in keyed}
-    by_base: dict[str, list[Input]] = {}
-    for item in configs.values():
-        by_base.setdefault(model_label(item.model), []).append(item)
-    names: dict[str, str] = {}
-    for base, members in by_base.items():
-        flat = [{**{f"model.{k}": v for k, v in m.model.items()}, **{f"task.{k}": v for k, v in m.task.items()},
-                 **{f"train.{k}": v for k, v in m.train.items() if k not in NOT_CONFIG}} for m in members]
-        differ = sorted({k for f in flat for k in f if len({json.dumps(g.get(k)) for g in flat}) > 1})
-        for m, f in zip(members, flat):
-            extra = ", ".join(f"{field_name(k.split('.', 1)[1])}={f.get(k)}" for k in differ)
-            names[_config_key(m)] = f"{base} [{extra}]" if extra else base
+    names = dict(zip(configs, config_labels([(i.model, i.task, i.train) for i in configs.values()])))
     for item in keyed:
-        item.label = names[_config_key(item)]
+        item.label, item.detail = names[_config_key(item)]
 
 
 def configurations(items: list[Input]) -> dict[str, list[Input]]:

@@ -35,7 +35,7 @@ from gradscope.train.evaluate import evaluate_heldout
 from gradscope.train.io import atomic_save, atomic_write_text
 from gradscope.train.lock import run_lock
 from gradscope.train.rundir import (CONFIG_FILE, EVAL_FILE, METRICS_FILE, RUN_FORMAT, check_resume_state,
-                                    read_evaluation, read_log, read_run_config)
+                                    read_evaluation, read_log, read_run_config, relative_command)
 from gradscope.train.schedule import lr_at
 from gradscope.train.validate import check_fits, check_training_memory
 from gradscope.version import __version__
@@ -197,7 +197,8 @@ def _started_state(cfg: RunConfig, run_dir: Path, device: torch.device, command:
         raise GradscopeError(f"run directory: cannot create {run_dir} ({exc.strerror})") from None
     atomic_write_text(run_dir / CONFIG_FILE, json.dumps(
         {"format": RUN_FORMAT, "format_version": FORMAT_VERSION, "gradscope_version": __version__,
-         "command": command, "config": cfg.to_dict()}, indent=2) + "\n", what="run directory")
+         "command": relative_command(command, run_dir), "config": cfg.to_dict()}, indent=2) + "\n",
+        what="run directory")
     return state
 
 

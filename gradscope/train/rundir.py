@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,35 @@ CONFIG_FILE, METRICS_FILE, EVAL_FILE = "config.json", "metrics.jsonl", "eval.jso
 RUN_FORMAT = "gradscope-run"
 METRIC_KEYS = ("loss", "accuracy")  # what a checkpoint keeps of the last log line
 REQUIRED_SETTINGS = ("params", "lr", "betas", "eps", "weight_decay")  # Adam reads these without a default
+
+
+def relative_command(command: str, run_dir: Path, cwd: Path | None = None) -> str:
+    """``command`` as recorded in a run: every argument that names a path (absolute, or relative to
+    ``cwd``, the working directory) inside ``run_dir`` is written relative to it ('.' for the run
+    directory itself), and any other absolute path by its name alone, so a run never records the
+    home or work directory of the machine that trained it."""
+    if not command:
+        return command
+    cwd = Path(cwd or Path.cwd()).absolute()
+    root = Path(os.path.abspath(cwd / run_dir))
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: not a command line we made; keep it word by word
+        words = command.split()
+    out: list[str] = []
+    for word in words:
+        named = out[-1:] in (["-o"], ["--out"], ["--resume"])  # options whose value is the run directory
+        if word.startswith("-") or not word or "/" not in word and not named and not (cwd / word).exists():
+            out.append(word)
+            continue
+        path = Path(os.path.abspath(cwd / os.path.expanduser(word)))
+        if path == root or root in path.parents:
+            out.append(os.path.relpath(path, root))
+        elif os.path.isabs(os.path.expanduser(word)):
+            out.append(path.name)
+        else:
+            out.append(word)
+    return shlex.join(out)
 
 
 def read_text(path: Path, what: str) -> str:
