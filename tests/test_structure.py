@@ -278,3 +278,17 @@ def test_the_docs_example_core_declares_its_structure() -> None:
     torch.testing.assert_close(generic_diagonal_blocks(core, x[:, 0], torch.zeros(2, 6, dtype=F64))[0],
                                core.diagonal_blocks(x[:, 0], torch.zeros(2, 6, dtype=F64))[0])
     torch.testing.assert_close(lyapunov_spectrum(core, x, warmup=5, engine="dense").exponents, res.exponents)
+
+
+def test_a_saturated_forget_gate_gives_minus_infinity_said_and_flagged() -> None:
+    """A forget gate saturated to exactly 0 in float32 makes J_t singular: mean log|det J_t| is −inf
+    (exact, not an accumulation failure), and the c exponents are flagged below resolution instead of
+    being reported as the −37 that rounding leaves in a dense QR."""
+    model = rnn("lstm", 8, scale=1.0, dtype=torch.float32)
+    with torch.no_grad():
+        model.core.rnn.bias_ih_l0[8:16] = -200.0  # sigmoid(−200) = 0 exactly in float32
+    x = model.core_inputs(torch.randint(0, 16, (2, 100), generator=_gen(15))).detach()
+    res = lyapunov_spectrum(model.core, x, warmup=10, sum_check=True)
+    assert torch.isneginf(res.log_det_mean).all()
+    assert (res.below_resolution[:, -8:] | torch.isneginf(res.exponents[:, -8:])).all()
+    assert res.resolved[:, :8].all()

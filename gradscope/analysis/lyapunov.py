@@ -51,8 +51,10 @@ class LyapunovResult:
     an upper bound where ``below_resolution`` (B, k) is True (module docstring). running (B, C, k): the
     estimate after ``running_steps[c]`` counted steps (sorted at each checkpoint; flags are judged
     over the whole window only, so running estimates carry none). log_det_mean (B,): mean
-    log|det J_t| over the counted steps when asked for (``sum_check=True``), else None — with every
-    exponent (k = D) resolved, Σ_i exponents[:, i] equals it. engine: "dense", "partial" or
+    log|det J_t| over the counted steps when asked for (``sum_check=True``; a float64 LU of each J_t),
+    else None — with every exponent (k = D) resolved, Σ_i exponents[:, i] equals it. It is −inf exactly
+    when some J_t is singular in the model's dtype (a gate saturated to 0, an unread state entry):
+    then the matching exponents are −inf or flagged below resolution. engine: "dense", "partial" or
     "structured"; structure: the declared structure in one line.
     """
 
