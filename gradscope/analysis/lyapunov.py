@@ -6,9 +6,9 @@ structure-aware engines behind one function, :func:`lyapunov_spectrum`.
   λ_i = mean log|R_ii|. Full and partial runs are the same loop: in exact arithmetic the first k
   columns of a Householder QR depend only on the first k columns of its input, so the k run equals
   the top k of the full run column for column. J_t · Q is formed either from the explicit J_t (the
-  core's analytic ``step_jacobian``: O(D²) to form, 2D²k to apply) or without forming J_t, by k
-  forward-mode products (``torch.func.jvp``) through ``core.step``, or the core's own
-  ``step_jvp(x, z, V)`` (O(k · step)).
+  core's analytic ``step_jacobian``: O(D²) to form, 2D²k to apply) or, for a core without one,
+  without forming J_t: k forward-mode products (``torch.func.jvp``) through ``core.step``, or the
+  core's own ``step_jvp(x, z, V)`` (O(k · step)).
 - **structured**: for a core that declares its step Jacobian block lower-triangular with diagonal
   blocks (``jacobian_structure()``, :mod:`gradscope.models.structure`), the spectrum is the union of
   the blocks' spectra; a diagonal block's exponents are the time averages of log|diagonal entry|
@@ -94,14 +94,16 @@ def _analytic(core: nn.Module) -> bool:
 
 
 def frame_method(core: nn.Module, k: int, apply: str = "auto") -> str:
-    """How J_t · Q (D × k) is formed: "jacobian" (explicit J_t, then a product) or "jvp" (k
-    forward-mode products through the step, J_t never formed). auto: "jacobian" for the full
-    spectrum, or for k > D/4 when the core has an analytic J_t; "jvp" otherwise."""
+    """How J_t · Q (D × k) is formed: "jacobian" (explicit J_t, then a product in the QR's dtype) or
+    "jvp" (k forward-mode products through the step in the QR's dtype, J_t never formed). auto:
+    "jacobian" for the full spectrum and for any core with an analytic (hand-derived) J_t — forming
+    it costs O(D²), far below the O(D³) the full spectrum pays, and the k run then uses the very
+    Jacobians of the full run, so its exponents are the full run's top k; "jvp" for a core without
+    one (its generic J_t would cost D reverse passes)."""
     check(apply in APPLY, f"apply: got {apply!r}; valid values are {', '.join(APPLY)}")
     if apply != "auto":
         return apply
-    D = core.state_dim
-    return "jacobian" if k == D or (_analytic(core) and 4 * k > D) else "jvp"
+    return "jacobian" if k == core.state_dim or _analytic(core) else "jvp"
 
 
 def _frame_applier(core: nn.Module, method: str, qr_dtype: torch.dtype):
