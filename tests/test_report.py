@@ -48,13 +48,13 @@ def _chromium() -> str:
     pytest.fail("Chromium is not installed: the report must be checked in a real browser (apt-get install chromium)")
 
 
-def _browser(tmp_path: Path) -> list[str]:
+def _browser(tmp_path: Path, width: int = 1200) -> list[str]:
     """Headless Chromium with no network at all: a dead proxy and no name resolution."""
     return [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             f"--user-data-dir={tmp_path / 'profile'}", "--proxy-server=127.0.0.1:9",
             "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0",
-            "--virtual-time-budget=15000", "--window-size=1200,3000"]
+            "--virtual-time-budget=15000", f"--window-size={width},3000"]
 
 
 def _render(page: Path, tmp_path: Path) -> tuple[dict[str, tuple[int, int]], list[str]]:

@@ -21,7 +21,7 @@ from gradscope.store.inputs import load_inputs
 from gradscope.train.rundir import relative_command
 
 from layout_check import measure, problems
-from test_report import _chromium
+from test_report import _browser as _report_browser
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
 README_STORES = {"gru-vanilla.zarr": "gru60k-none-s1", "gru-pe.zarr": "gru60k-sinusoidal-s1"}
@@ -31,11 +31,7 @@ DYNAMICS = ["--sequences", "2", "--grid-sequences", "2", "--trajectories", "3", 
 
 def _browser(tmp_path: Path) -> list[str]:
     """Headless Chromium, no network, 1400 px wide (the width of the issue's screenshot)."""
-    return [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}", "--proxy-server=127.0.0.1:9",
-            "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0",
-            "--virtual-time-budget=15000", "--window-size=1400,3000"]
+    return _report_browser(tmp_path, width=1400)
 
 
 def _run(*args: str) -> None:

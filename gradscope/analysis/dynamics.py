@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.analysis.jacobian import rows_vjp, state_readout
-from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum
+from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum  # noqa: F401 - re-exported
 from gradscope.analysis.scores import finite_only
 from gradscope.errors import GradscopeError, check
 from gradscope.models.core import diagonal_blocks, gate_terms, scan, step_jacobian
