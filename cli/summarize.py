@@ -51,8 +51,9 @@ def summary_table(entries: list[SummaryEntry], confidence: float, method: str, u
     for e in entries:
         iv = e.interval
         note = f"  ({iv.note.split(':')[0]})" if iv.note and "degenerate" in iv.note else ""
+        ci = f"[{_num(iv.low)}, {_num(iv.high)}]" if iv.n >= 2 else f"(no CI from {iv.n} value{'s' * (iv.n != 1)})"
         table.add_row(escape(e.label) if e.label != last else "", escape(e.metric),
-                      escape(f"{_num(iv.mean)} [{_num(iv.low)}, {_num(iv.high)}]{note}"), n_text(e, kind, unit),
+                      escape(f"{_num(iv.mean)} {ci}{note}"), n_text(e, kind, unit),
                       " ".join(f"{s}:{_num(v)}" for s, v in zip(e.seeds, e.values)))
         last = e.label
     return table

@@ -230,11 +230,17 @@ def _exists(path: Path, what: str) -> GradscopeError:
 
 def publish(tmp: Path, path: Path, *, overwrite: bool, what: str = "out") -> None:
     """Rename the finished temporary ``tmp`` to ``path``. With ``overwrite`` an existing file is
-    replaced atomically (an existing directory is moved aside first and removed after); without
+    replaced atomically (an existing directory is moved aside first and removed after; a symbolic
+    link is replaced itself, never what it points to); without
     it, an existing ``path`` is never replaced, even one that appeared a moment ago."""
     tmp, path = Path(tmp), Path(path)
     if overwrite:
-        if path.is_dir() and not path.is_symlink():
+        if path.is_symlink():  # replace the link itself, atomically; what it points to is left untouched
+            old = temp_path(path)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            old.unlink()
+        elif path.is_dir():
             old = temp_path(path)
             os.replace(path, old)
             os.replace(tmp, path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,16 @@ def test_summarize_errors(runner: CliRunner, seed_runs: dict, tmp_path: Path) ->
     assert bad.exit_code == 2 and "--by: got 'colour'" in bad.stderr
     for result in (mixed, empty, hollow, dup, bad):
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_a_one_trial_group_says_it_has_no_ci() -> None:
+    """One trial has no interval: the table says so instead of printing "[nan, nan]" (issue #24)."""
+    from rich.console import Console
+    from gradscope.analysis.bootstrap import Interval
+    from gradscope.cli.summarize import summary_table
+    from gradscope.store.records import SummaryEntry
+    entry = SummaryEntry(("gru",), "GRU vanilla", "token_accuracy", Interval(0.75, math.nan, math.nan, 1, 0), (1,), (0.75,))
+    console = Console(width=200, record=True)
+    console.print(summary_table([entry], 0.95, "percentile", "trial"))
+    text = console.export_text()
+    assert "0.75" in text and "no CI from 1 value" in text and "nan" not in text.lower()

@@ -342,3 +342,19 @@ def test_mutated_sweep_manifests(made: dict[str, Path], data: st.DataObject) -> 
             for summary in Path(tmp).glob("s*.zarr"):
                 for source in json.loads(read_store(summary).attrs["sources"]):
                     assert Path(source).resolve().is_relative_to(sweep.resolve()), source
+
+
+def test_overwrite_replaces_a_symlink_to_a_directory_not_its_target(tmp_path: Path) -> None:
+    """`-o LINK --overwrite` where LINK points to a directory once ended in a NotADirectoryError
+    traceback from the publish step (issue #24): the link is replaced, its target is left as it was."""
+    import xarray as xr
+    from gradscope.store.io import write_store
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("user data")
+    link = tmp_path / "out.zarr"
+    link.symlink_to(target, target_is_directory=True)
+    ds = xr.Dataset({"x": ("i", np.arange(3.0))}, attrs={"kind": "test"})
+    write_store(ds, link, overwrite=True)
+    assert not link.is_symlink() and link.is_dir() and (link / "zarr.json").is_file()
+    assert (target / "keep.txt").read_text() == "user data" and sorted(p.name for p in target.iterdir()) == ["keep.txt"]
