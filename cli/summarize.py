@@ -51,7 +51,7 @@ def summary_table(entries: list[SummaryEntry], confidence: float, method: str, u
     for e in entries:
         iv = e.interval
         note = f"  ({iv.note.split(':')[0]})" if iv.note and "degenerate" in iv.note else ""
-        ci = f"[{_num(iv.low)}, {_num(iv.high)}]" if iv.n >= 2 else f"(no CI from {iv.n} value{'s' * (iv.n != 1)})"
+        ci = f"[{_num(iv.low)}, {_num(iv.high)}]" if iv.n >= 2 else "[no CI]"  # one value has no interval (n says 1)
         table.add_row(escape(e.label) if e.label != last else "", escape(e.metric),
                       escape(f"{_num(iv.mean)} {ci}{note}"), n_text(e, kind, unit),
                       " ".join(f"{s}:{_num(v)}" for s, v in zip(e.seeds, e.values)))

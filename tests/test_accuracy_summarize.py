@@ -184,4 +184,4 @@ def test_a_one_trial_group_says_it_has_no_ci() -> None:
     console = Console(width=200, record=True)
     console.print(summary_table([entry], 0.95, "percentile", "trial"))
     text = console.export_text()
-    assert "0.75" in text and "no CI from 1 value" in text and "nan" not in text.lower()
+    assert "0.75" in text and "[no CI]" in text and "nan" not in text.lower()
