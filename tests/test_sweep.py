@@ -312,7 +312,8 @@ def test_a_killed_worker_loses_only_work_since_the_last_checkpoint(shared_cluste
     """SIGKILL the worker process training one point (its nanny starts a new one); dask reruns the
     task on the idle third worker, which resumes from the last checkpoint. Runs last in this module."""
     from distributed import Client
-    spec = grid(tmp_path, iterations=600, every=50, seeds="[1]")
+    iterations = 1500  # long enough (a few seconds) that the poll below sees both points mid-training
+    spec = grid(tmp_path, iterations=iterations, every=50, seeds="[1]")
     out = tmp_path / "out"
     args = ["--out", str(out), "--scheduler", shared_cluster["address"]]
     sweeping = subprocess.Popen([*CLI, "sweep", str(spec), *args, "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -340,5 +341,5 @@ def test_a_killed_worker_loses_only_work_since_the_last_checkpoint(shared_cluste
     assert points[victim.name]["steps"]["train"] == "resumed", stdout + json.dumps(points)
     assert points[survivor.name]["steps"]["train"] == "trained", stdout + json.dumps(points)
     for run in (victim, survivor):  # one log line per logged iteration: the redone work replaced, not appended
-        iterations = [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-        assert iterations == list(range(10, 601, 10))
+        logged = [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert logged == list(range(10, iterations + 1, 10))
