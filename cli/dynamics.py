@@ -68,13 +68,14 @@ def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
     some are below resolution."""
     import numpy as np
 
+    from gradscope.store.dynamics import resolved_exponents
+
     lam = ds["lyapunov"].values[c]  # (m, k)
-    low = ds["lyapunov_below_resolution"].values[c].astype(bool) if "lyapunov_below_resolution" in ds else \
-        np.zeros(lam.shape, dtype=bool)
-    top = lam[:, 0]
-    ok = np.isfinite(top) & ~low[:, 0]
-    first = f"{top[ok].mean():+.4f} [{top[ok].min():+.4f}, {top[ok].max():+.4f}]" if ok.any() else "−inf" \
-        if np.isneginf(top).all() else "below res."
+    resolved = resolved_exponents(ds, c)  # NaN where −inf or below resolution
+    low = np.isfinite(lam) & np.isnan(resolved)  # the flagged upper bounds
+    top = resolved[:, 0][np.isfinite(resolved[:, 0])]
+    first = f"{top.mean():+.4f} [{top.min():+.4f}, {top.max():+.4f}]" if top.size else "−inf" \
+        if np.isneginf(lam[:, 0]).all() else "below res."
     total = lam.sum(-1)
     if np.isneginf(total).any():
         sums = "−inf" if np.isneginf(total).all() else f"−inf in {int(np.isneginf(total).sum())}/{len(total)}"

@@ -30,7 +30,7 @@ from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum  # noq
 from gradscope.analysis.scores import finite_only
 from gradscope.errors import GradscopeError, check
 from gradscope.models.core import diagonal_blocks, gate_terms, scan, step_jacobian
-from gradscope.models.structure import structure_of
+from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.tasks.vocab import sample_tokens
 
 FLOW_METHODS = ("jacobian", "vjp")
@@ -171,9 +171,10 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
         first = T
     if first == T - 1:
         record(T - 1, G)
+    form = diagonal_form(core)
     for k in range(first - 1, 0, -1):  # G ← G · J_{k+1}: step k+1 reads x[:, k] at z_k = prev[:, k]
         if method == "structured":  # (block-)diagonal J_{k+1}: O(H·D)
-            G = _diag_right(diagonal_form(core), G, diagonal_blocks(core, x[:, k], prev[:, k])[0])
+            G = _diag_right(form, G, diagonal_blocks(core, x[:, k], prev[:, k])[0])
         elif method == "jacobian":
             G = torch.bmm(G, step_jacobian(core, x[:, k], prev[:, k]))
         else:
@@ -192,11 +193,11 @@ def diagonal_form(core: nn.Module) -> str | None:
     return structure.blocks[0].form if structure.is_diagonal else None
 
 
-def _magnitudes(core: nn.Module, x: Tensor, z: Tensor) -> Tensor:
-    """|eigenvalues| of J_t for a triangular structure whose blocks are diagonal forms (B, D): the
-    union of the blocks' (complex modes twice, as on the real view); per-head blocks by eigvals."""
+def _magnitudes(structure: JacobianStructure, blocks: list[Tensor]) -> Tensor:
+    """|eigenvalues| (B, D) of a block-triangular J_t from its compact diagonal ``blocks``: the union of
+    the blocks' (complex modes twice, as on the real view; per-head and dense blocks by eigvals)."""
     out = []
-    for blk, d in zip(structure_of(core).blocks, diagonal_blocks(core, x, z)):
+    for blk, d in zip(structure.blocks, blocks):
         if blk.form == "complex_diagonal":
             out.append(d.abs().repeat_interleave(2, dim=-1))
         elif blk.form == "diagonal":
@@ -301,13 +302,13 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
         form = diagonal_form(core)
         for t in range(T):
             if form is not None:  # (block-)diagonal J_t: O(D) (per-head blocks: their own decompositions)
-                d = diagonal_blocks(core, x[:, t], prev[:, t])[0]
-                radius[:, t] = _magnitudes(core, x[:, t], prev[:, t]).amax(dim=-1)
-                singular[:, t] = _diagonal_svdvals(form, d)[:, :k]
+                blocks = diagonal_blocks(core, x[:, t], prev[:, t])
+                radius[:, t] = _magnitudes(structure, blocks).amax(dim=-1)
+                singular[:, t] = _diagonal_svdvals(form, blocks[0])[:, :k]
                 continue
             J = step_jacobian(core, x[:, t], prev[:, t])
             if not structure.is_dense:  # block-triangular: the eigenvalues are the blocks' (no D × D eig)
-                radius[:, t] = _magnitudes(core, x[:, t], prev[:, t]).amax(dim=-1)
+                radius[:, t] = _magnitudes(structure, diagonal_blocks(core, x[:, t], prev[:, t])).amax(dim=-1)
                 singular[:, t] = finite_only(torch.linalg.svdvals, J)[:, :k]
                 continue
             radius[:, t] = finite_only(lambda j: torch.linalg.eigvals(j).abs().amax(dim=-1), J)

@@ -279,9 +279,10 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             for i, (blk, d) in enumerate(zip(structure.blocks, diag)):
                 if blk.form in ("diagonal", "complex_diagonal"):
                     if counted_step:
-                        accs[i].logs += d.abs().double().log().expand(B, -1)
-                        if log_det is not None:
-                            log_det += (2.0 if blk.form == "complex_diagonal" else 1.0) * d.abs().double().log().expand(B, -1).sum(-1)
+                        logs = d.abs().double().log().expand(B, -1)
+                        accs[i].logs += logs
+                        if log_det is not None:  # a complex mode counts twice on the real view
+                            log_det += (2.0 if blk.form == "complex_diagonal" else 1.0) * logs.sum(-1)
                 else:
                     dq = d.to(qr_dtype)
                     if log_det is not None and counted_step:
