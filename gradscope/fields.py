@@ -27,3 +27,12 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
         raise GradscopeError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
     clean = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
     return cls(**clean)
+
+
+def option(default: Any, help: str, *, short: str | None = None, alias: str | None = None,
+           low: float | None = None, high: float | None = None) -> Any:
+    """A config field that is also a user-facing setting: ``gradscope train --<name>``, a sweep axis,
+    a summary field (``--by <alias>``) and a report label (``<short>=value``). ``low``/``high``: the
+    range the CLI's help states (the config's own checks enforce it)."""
+    return dataclasses.field(default=default, metadata={"help": help, "short": short, "alias": alias,
+                                                        "range": (low, high)})

@@ -8,6 +8,7 @@ from typing import Any
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.models import core_class
+from gradscope.models.registry import CORES, core_options
 from gradscope.tasks import make_task
 
 PRESETS: dict[str, RunConfig] = {
@@ -52,19 +53,27 @@ def _paper(core: str, vocab: int) -> RunConfig:
     )
 
 
-# scale → core → base configuration (vanilla; `gradscope reproduce` adds the PE variant).
-SCALES: dict[str, dict[str, RunConfig]] = {
-    "tiny": {"gru": _study("gru", 64), "lstm": _study("lstm", 64), "s4d": _study("s4d", 64)},
-    # dual-frequency vocabularies of the paper's Figure 3: GRU K=64, LSTM K=1024, S4D K=2048
-    "paper": {"gru": _paper("gru", 64), "lstm": _paper("lstm", 1024), "s4d": _paper("s4d", 2048)},
-}
+SCALES = ("tiny", "paper")
+# The dual-frequency vocabularies of the paper's Figure 3 (GRU K=64, LSTM K=1024, S4D K=2048); a
+# core the paper did not study gets K = 64.
+PAPER_VOCAB = {"gru": 64, "lstm": 1024, "s4d": 2048}
 
 
-# option name (as in `gradscope train --<name>` and a sweep spec) → (config section, field)
+def scale_configs(scale: str) -> dict[str, RunConfig]:
+    """core → base configuration of the study at ``scale`` (vanilla; `gradscope reproduce` adds the
+    PE variant), for every registered core."""
+    check(scale in SCALES, f"scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
+    if scale == "tiny":
+        return {core: _study(core, 64) for core in CORES}
+    return {core: _paper(core, PAPER_VOCAB.get(core, 64)) for core in CORES}
+
+
+# option name (as in `gradscope train --<name>` and a sweep spec) → (config section, field); the
+# cores' own options (:func:`option_fields`) come from the registry.
 FIELDS: dict[str, tuple[str, str]] = {
     "model": ("model", "core"), "pe": ("model", "pe"), "pe_combine": ("model", "pe_combine"),
     "layers": ("model", "num_layers"), "embed": ("model", "embed_size"), "hidden": ("model", "hidden_size"),
-    "state_size": ("core", "state_size"), "max_len": ("model", "max_len"),
+    "max_len": ("model", "max_len"),
     "task": ("task", "name"), "vocab": ("task", "vocab_size"), "length": ("task", "length"),
     "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
     "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
@@ -74,6 +83,15 @@ FIELDS: dict[str, tuple[str, str]] = {
     "checkpoint_every": ("train", "checkpoint_every"), "log_every": ("train", "log_every"),
     "seed": ("train", "seed"), "device": ("train", "device"), "threads": ("train", "threads"),
 }
+
+
+def option_fields() -> dict[str, tuple[str, str]]:
+    """:data:`FIELDS` and every registered core's own options (section "core")."""
+    own = {name: ("core", name) for name in core_options()}
+    clash = sorted(set(own) & set(FIELDS))
+    if clash:
+        raise GradscopeError(f"core options {', '.join(clash)} clash with shared settings of the same name")
+    return {**FIELDS, **own}
 
 
 def _checked(name: str, value: Any, default: Any) -> Any:
@@ -90,8 +108,8 @@ def _checked(name: str, value: Any, default: Any) -> Any:
 
 
 def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
-    """Preset values, overridden by every option given (names as in :data:`FIELDS`, plus beta1 and
-    beta2); the model's vocabulary and PE length are sized to the task."""
+    """Preset values, overridden by every option given (names as in :func:`option_fields`, plus beta1
+    and beta2); the model's vocabulary and PE length are sized to the task."""
     if preset not in PRESETS:
         raise GradscopeError(f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
     base = PRESETS[preset]
@@ -99,9 +117,10 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
     core = options.get("model") or base.model.core
     check(isinstance(core, str), f"model: got {str(core)[:40]!r}; expected the name of a core")
     own = core_class(core).Config() if core != base.model.core else base.model.core_config
+    fields = option_fields()
     for name, value in options.items():
-        if value is not None and name in FIELDS:
-            section, field = FIELDS[name]
+        if value is not None and name in fields:
+            section, field = fields[name]
             if section == "core":  # a setting of the chosen core's own config
                 check(hasattr(own, field), f"{name}: the {core!r} core has no {field} setting")
                 default = getattr(own, field)

@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from gradscope.models import core_class
 
 torch.set_num_threads(1)  # the suite shares 2 cores with whatever else runs; 1 thread is faster here
 
@@ -36,7 +37,7 @@ def small_run(core: str = "gru", pe: str = "none", iterations: int = 20, **task:
                              "distribution": "dual", "grid_per_cell": 2, **task})
     return RunConfig(
         model=ModelConfig(core=core, vocab_size=task_cfg.vocab_size, embed_size=8, hidden_size=16, pe=pe,
-                          max_len=16, core_config={"state_size": 4} if core == "s4d" else None),
+                          max_len=16, core_config=dict(core_class(core).tiny_config)),
         task=task_cfg,
         train=TrainConfig(iterations=iterations, batch_size=16, lr=1e-2, warmup=3, checkpoint_every=5,
                           log_every=5, seed=7),

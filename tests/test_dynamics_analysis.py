@@ -9,6 +9,8 @@ import functools
 import math
 
 import pytest
+
+from cores import tiny_model
 import torch
 from torch import Tensor, nn
 
@@ -16,7 +18,6 @@ import gradscope
 from gradscope.analysis.dynamics import (gradient_flow, lyapunov_spectrum, step_spectra, tT_grid,
                                          trajectory_tokens)
 from gradscope.analysis.jacobian import state_jacobian
-from gradscope.config import ModelConfig
 from gradscope.errors import GradscopeError
 from gradscope.models import S4DCore
 from gradscope.models.seq import SeqModel
@@ -145,15 +146,8 @@ def test_sum_of_exponents_is_the_mean_log_determinant(kind: type[nn.RNNBase]) ->
 
 
 def gru(seed: int = 0, layers: int = 1, scale: float = 3.0, core: str = "gru") -> SeqModel:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(core=core, vocab_size=6, embed_size=4, hidden_size=5, num_layers=layers, pe="none", max_len=16,
-                      core_config={"state_size": 6, "dt_min": 0.05, "dt_max": 0.5} if core == "s4d" else None)
-    model = SeqModel(cfg).double()
-    if core != "s4d":
-        with torch.no_grad():
-            for layer in range(layers):
-                model.core.layer_weights(layer)[1].mul_(scale)
-    return model
+    """A float64 tiny model of ``core`` (tests/cores.py), recurrent weights scaled by ``scale``."""
+    return tiny_model(core, 6, 4, 5, layers, seed=seed, gain=scale)
 
 
 @pytest.mark.parametrize("warmup,reorth", [(20, 5), (13, 7), (0, 4)])

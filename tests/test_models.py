@@ -7,16 +7,15 @@ import math
 import pytest
 import torch
 
-from gradscope.config import ModelConfig
 from gradscope.models import SeqModel
 from gradscope.models.s4d import S4DCore
+
+from cores import tiny_config
 
 
 def _model(core: str, pe: str = "none", layers: int = 1, combine: str = "concat", seed: int = 0) -> SeqModel:
     torch.manual_seed(seed)
-    return SeqModel(ModelConfig(core=core, vocab_size=9, embed_size=6, hidden_size=10, num_layers=layers, pe=pe,
-                                pe_combine=combine, max_len=40,
-                                core_config={"state_size": 8} if core == "s4d" else None))
+    return SeqModel(tiny_config(core, 9, 6, 10, layers, pe, max_len=40, combine=combine))
 
 
 @pytest.mark.parametrize("core", ["elman", "gru", "lstm"])

@@ -15,12 +15,13 @@ from torch import Tensor, nn
 from gradscope.analysis.jacobian import state_jacobian
 from gradscope.config import ModelConfig, RunConfig
 from gradscope.models import CORES, Core, SeqModel
+from gradscope.fields import option
 from gradscope.store.inputs import model_label
 
 
 @dataclass(frozen=True)
 class LinearConfig:
-    scale: float = 0.9
+    scale: float = option(0.9, "Spectral radius of W at initialisation.", short="ρ", alias="radius", low=0.0)
 
 
 class LinearCore(Core):
@@ -74,7 +75,7 @@ def test_a_new_core_is_one_registry_line(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_unknown_core_and_foreign_settings_are_refused() -> None:
     from gradscope.errors import GradscopeError
-    with pytest.raises(GradscopeError, match="core: got 'linear'; valid values are elman, gru, lstm, s4d"):
+    with pytest.raises(GradscopeError, match=f"core: got 'linear'; valid values are {', '.join(CORES)}$"):
         ModelConfig(core="linear")
     with pytest.raises(GradscopeError, match="unknown field"):
         ModelConfig(core="gru", core_config={"state_size": 8})
@@ -93,3 +94,43 @@ def test_format_1_and_format_2_model_configs_compare_equal_in_labels() -> None:
     assert "state_size" not in model_fields(legacy)
     s4d = {**legacy, "core": "s4d", "state_size": 16}
     assert model_fields(s4d)["state_size"] == 16 == ModelConfig.from_dict(s4d).core_config.state_size
+
+
+def test_a_registered_core_runs_through_every_command(monkeypatch: pytest.MonkeyPatch, runner, tmp_path) -> None:
+    """The same one line, and nothing else: `gradscope train` offers its option (--scale, from its
+    config's metadata), and stability, dynamics, summarize (grouped by its option's alias) and
+    report all run on it, with its label and its option's short name."""
+    import json
+
+    from gradscope.cli.app import app
+
+    monkeypatch.setitem(CORES, "linear", LinearCore)  # the one registry line
+    assert "--scale" in runner.invoke(app, ["train", "--help"]).stdout
+    small = ["--model", "linear", "--vocab", "6", "--length", "4", "--embed", "4", "--hidden", "6", "--iterations", "20",
+             "--checkpoint-every", "10", "--heldout", "32", "--grid-per-cell", "2", "--batch-size", "8", "-q"]
+    runs = {}
+    for scale in ("0.5", "0.95"):
+        runs[scale] = tmp_path / f"run-{scale}"
+        done = runner.invoke(app, ["train", *small, "--scale", scale, "-o", str(runs[scale])])
+        assert done.exit_code == 0, done.stderr
+        assert json.loads((runs[scale] / "config.json").read_text())["config"]["model"]["core_config"] == {"scale": float(scale)}
+    bad = runner.invoke(app, ["train", *small, "--scale", "x", "-o", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--scale" in bad.stderr and "Traceback" not in bad.stderr
+    stores = []
+    for scale, run in runs.items():
+        st = tmp_path / f"st-{scale}.zarr"
+        done = runner.invoke(app, ["stability", str(run), "-o", str(st), "-q", "--triplets", "4", "--resamples", "100"])
+        assert done.exit_code == 0, done.stderr
+        stores.append(st)
+    dyn = tmp_path / "dyn.zarr"
+    done = runner.invoke(app, ["dynamics", str(runs["0.5"]), "-o", str(dyn), "--sequences", "2", "--grid-sequences",
+                               "2", "--trajectories", "2", "--steps", "30", "--warmup", "5", "--sv", "3", "-q"])
+    assert done.exit_code == 0, done.stderr
+    summary = runner.invoke(app, ["summarize", *map(str, stores), "--by", "model,radius", "--resamples", "100"])
+    assert summary.exit_code == 0, summary.stderr
+    assert "0.5" in summary.stdout and "0.95" in summary.stdout
+    html = tmp_path / "r.html"
+    done = runner.invoke(app, ["report", *map(str, stores), str(dyn), "-o", str(html)])
+    assert done.exit_code == 0, done.stderr
+    text = html.read_text()
+    assert "Linear RNN vanilla" in text and "ρ=0.5" in text

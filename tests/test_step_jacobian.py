@@ -10,6 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.models import CORES
+
+from cores import tiny_core
 from gradscope.models.core import Core, gate_terms, generic_step_jacobian, step_jacobian
 from gradscope.models.rnn import RNNCore
 
@@ -18,16 +20,8 @@ TOL = 1e-12
 
 
 def _core(name: str, layers: int, seed: int = 0) -> Core:
-    """A float64 core with Jacobians far from tiny: W_hh scaled by 3; S4D with large steps dt."""
-    torch.manual_seed(seed)
-    if name == "s4d":
-        core = CORES[name](IN, 3, layers, 4, 0.1, 1.0).double()
-    else:
-        core = CORES[name](IN, H, layers).double()
-        with torch.no_grad():
-            for layer in range(layers):
-                getattr(core.rnn, f"weight_hh_l{layer}").mul_(3.0)
-    return core
+    """A float64 core with Jacobians far from tiny (tests/cores.py: W_hh scaled by 3; S4D's large dt)."""
+    return tiny_core(name, IN, H, layers, seed=seed)
 
 
 def _point(core: Core, seed: int = 1) -> tuple[Tensor, Tensor]:

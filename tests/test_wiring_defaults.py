@@ -17,7 +17,7 @@ from conftest import small_run
 from gradscope.analysis import bootstrap
 from gradscope.cli.app import app
 from gradscope.config import TaskConfig, TrainConfig
-from gradscope.presets import PRESETS, SCALES, build_config
+from gradscope.presets import PRESETS, build_config, scale_configs
 from gradscope.train import train
 from gradscope.workflows import stability as stability_workflow
 from gradscope.workflows import summarize as summarize_workflow
@@ -37,7 +37,7 @@ def _cli_default(command: str, name: str) -> object:
 
 def test_spec_defaults() -> None:
     task, opt = TaskConfig(), TrainConfig()
-    paper = [PRESETS["paper"], *SCALES["paper"].values()]
+    paper = [PRESETS["paper"], *scale_configs("paper").values()]
 
     # SPEC §3, vocabulary: "each position is Rare with probability rarity (reference code default 1/8)"
     assert task.rarity == 0.125

@@ -15,7 +15,7 @@ from .reproduce import reproduce_command
 from .stability import stability_command
 from .summarize import summarize_command
 from .sweep import sweep_command
-from .train import train_command
+from .train import TrainCommand, train_command
 
 
 
@@ -53,14 +53,15 @@ class OneLineGroup(typer.core.TyperGroup):
 app = typer.Typer(
     cls=OneLineGroup,
     name="gradscope",
-    help="Analysis and diagnostics for trained sequence-model checkpoints (GRU, LSTM, Elman RNN, S4D): "
-         "train on synthetic tasks, then measure gradient stability and frequency-conditioned accuracy.",
+    help="Analysis and diagnostics for trained recurrent and state-space models (gradscope's registered "
+         "cores, or your own through gradscope.wrap): train on synthetic tasks, then measure gradient "
+         "stability, frequency-conditioned accuracy and dynamics.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
     rich_markup_mode=None,  # plain help: typer's rich help imports markdown, pygments and pydantic (~0.3 s)
 )
-app.command("train")(train_command)
+app.command("train", cls=TrainCommand)(train_command)
 app.command("stability")(stability_command)
 app.command("accuracy")(accuracy_command)
 app.command("dynamics")(dynamics_command)

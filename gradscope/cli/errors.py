@@ -58,7 +58,7 @@ def to_flags(message: str, options: set[str]) -> str:
 def _options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[str]:
     """The flags of the running command (every command takes its ``typer.Context`` as ``ctx``)."""
     ctx = kwargs.get("ctx") or next((a for a in args if isinstance(a, typer.Context)), None)
-    return {opt for p in ctx.command.params for opt in p.opts} if ctx is not None else set()
+    return {opt for p in ctx.command.get_params(ctx) for opt in p.opts} if ctx is not None else set()
 
 
 def user_errors(func: F) -> F:

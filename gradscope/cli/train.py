@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from gradscope.errors import GradscopeError
 
@@ -70,19 +72,61 @@ def _float(text: str) -> Any:
         return text
 
 
+CORE_OPTIONS = "gradscope.core_options"  # where TrainCommand leaves the core options' values in ctx.meta
+
+
+def core_option_params() -> list[Any]:
+    """One click option per registered core setting (:func:`gradscope.models.registry.core_options`),
+    made by typer from a signature built here, as it makes the hand-written options."""
+    from gradscope.models.registry import core_options
+
+    params = []
+    for o in core_options().values():
+        parser, metavar = {int: (_int, "<int>"), float: (_float, "<float>")}.get(o.kind, (None, None))
+        span = "" if o.low is None and o.high is None else \
+            f"; {'' if o.low is None else f'>= {o.low}'}{', ' if None not in (o.low, o.high) else ''}{'' if o.high is None else f'<= {o.high}'}"
+        extra = {"parser": parser, "metavar": metavar} if parser is not None else {}
+        flag = "--" + o.name.replace("_", "-")
+        annotation = Annotated[Optional[o.kind], Opt(flag, help=f"{o.help} ({', '.join(o.cores)}{span})", **extra)]
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
+
+    def settings(**_: Any) -> None:
+        """The cores' own settings."""
+
+    settings.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    holder = typer.Typer(add_completion=False)
+    holder.command()(settings)
+    return list(typer.main.get_command(holder).params)
+
+
+class TrainCommand(TyperCommand):
+    """`gradscope train` with one option per registered core setting, added when this command is
+    parsed or its help shown (other commands never import the models for it)."""
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        params = super().get_params(ctx)
+        own = {p.name for p in params}
+        extra = [p for p in core_option_params() if p.name not in own]
+        return params[:-1] + extra + params[-1:]  # --help stays last
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        names = {p.name for p in core_option_params()}
+        ctx.meta[CORE_OPTIONS] = {k: ctx.params.pop(k) for k in list(ctx.params) if k in names}
+        return super().invoke(ctx)
+
+
 @user_errors
 def train_command(
     ctx: typer.Context,
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Run directory to create (default: runs/<preset>-<core>-<pe>-K<K>-s<seed>).")] = None,
     resume: Annotated[Optional[Path], Opt(help="Continue the run in this directory exactly where its last checkpoint left off.")] = None,
     preset: Annotated[str, Opt(help="Starting configuration: tiny (≈1 min on 2 CPU cores) or paper (SPEC §3, for a GPU).")] = "tiny",
-    model: Annotated[Optional[str], Opt(help="Core: a name in gradscope's core registry (elman, gru, lstm and s4d are built in; an unknown name lists them all).")] = None,
+    model: Annotated[Optional[str], Opt(help="Core: a name in gradscope's core registry (an unknown name lists them all). A core's own settings are the last options listed.")] = None,
     pe: Annotated[Optional[str], Opt(help="Positional encoding: none, sinusoidal, learnable, random or dummy.")] = None,
     pe_combine: Annotated[Optional[str], Opt(help="How PE meets the embedding: concat or add.")] = None,
     layers: Annotated[Optional[int], Opt(help="Number of layers (RNN) or S4D blocks.", parser=_int, metavar="<int>")] = None,
     embed: Annotated[Optional[int], Opt(help="Embedding size E.", parser=_int, metavar="<int>")] = None,
     hidden: Annotated[Optional[int], Opt(help="Hidden size H.", parser=_int, metavar="<int>")] = None,
-    state_size: Annotated[Optional[int], Opt(help="S4D state size N (N/2 complex modes).", parser=_int, metavar="<int>")] = None,
     max_len: Annotated[Optional[int], Opt(help="Positions covered by a learnable/random PE (default: the task's length).", parser=_int, metavar="<int>")] = None,
     task: Annotated[Optional[str], Opt(help="Task: reverse, reverse-variable, sort, delayed-sum, predecessor or copy.")] = None,
     vocab: Annotated[Optional[int], Opt(help="Vocabulary size K (copy: data tokens; blank and delimiter are added).", parser=_int, metavar="<int>")] = None,
@@ -116,6 +160,7 @@ def train_command(
     from gradscope.train.loop import is_run_dir, read_run_config, train
 
     options = {k: v for k, v in locals().items() if k in FIELDS or k in ("beta1", "beta2")}
+    options.update(ctx.meta.get(CORE_OPTIONS, {}))
     if resume is not None:
         given = sorted(k for k, v in options.items() if v is not None)
         if given or out is not None:

@@ -30,7 +30,8 @@ without the methods (a user's) gets the generic ``torch.func`` Jacobian.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -38,15 +39,34 @@ from torch import nn
 from gradscope.models.structure import JacobianStructure, structure_of
 
 
+@dataclass(frozen=True)
+class NoSettings:
+    """The config of a core with no settings beyond the shared sizes."""
+
+
 class Core(nn.Module):
-    """Base class of gradscope's cores: defaults for the optional parts of the protocol."""
+    """Base class of gradscope's cores: what a registered core declares, and defaults for the optional
+    parts of the protocol. Everything else in gradscope (config checks, ``gradscope train`` options,
+    sweep axes, report labels, summary fields, dynamics estimates, the tests' tiny models) is derived
+    from these declarations and the registry (:mod:`gradscope.models.registry`)."""
 
     name: ClassVar[str] = "core"  # registry name
     label: ClassVar[str] = "core"  # how reports write it
+    # Its own settings: a frozen dataclass; fields made with gradscope.fields.option(...) become
+    # training options (--<name>), summary fields and label short names.
+    Config: ClassVar[type] = NoSettings
+    # Settings of a test-sized model (a few hidden units) whose Jacobians stay far from 0.
+    tiny_config: ClassVar[dict[str, Any]] = {}
     complex_state: ClassVar[bool] = False
     gate_names: ClassVar[tuple[str, ...]] = ("step",)  # keys of gate_terms, in report order
     state_dim: int
     out_dim: int
+
+    @classmethod
+    def build(cls, input_size: int, hidden_size: int, num_layers: int, config: Any) -> "Core":
+        """The core of a :class:`~gradscope.models.config.ModelConfig`: input width, hidden size H,
+        layers and its own ``Config``."""
+        raise NotImplementedError(f"{cls.__name__} does not say how to build it")
 
     def step(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
+from gradscope.fields import option
 from gradscope.models.core import Core, scaled_rows
 from gradscope.models.structure import JacobianStructure, StateBlock
 
@@ -28,7 +29,7 @@ class S4DConfig:
     """S4D's own settings: state size N (N/2 complex modes per channel) and the range of the
     initial step sizes dt."""
 
-    state_size: int = 64
+    state_size: int = option(64, "State size N (N/2 complex modes per channel).", short="N", alias="state", low=2)
     dt_min: float = 1e-3
     dt_max: float = 1e-1
 
@@ -118,6 +119,7 @@ class S4DCore(Core):
     complex_state: ClassVar[bool] = True
     gate_names: ClassVar[tuple[str, ...]] = ("transition",)
     Config: ClassVar[type] = S4DConfig
+    tiny_config: ClassVar[dict[str, Any]] = {"state_size": 4, "dt_min": 0.05, "dt_max": 0.5}
 
     @classmethod
     def build(cls, input_size: int, hidden_size: int, num_layers: int, config: S4DConfig) -> "S4DCore":

@@ -22,6 +22,7 @@ from gradscope.store.io import attr_json, folder_entries, is_store, read_store, 
 from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
 from gradscope.store.parts import config_parts
 from gradscope.models import CORES, model_fields
+from gradscope.models.registry import core_options
 from gradscope.train.checkpoint import list_checkpoints
 
 
@@ -30,8 +31,8 @@ def core_label(core: str) -> str:
     """How reports write a core: its registered class's label (the name itself if unregistered)."""
     return CORES[core].label if core in CORES else core
 NOT_CONFIG = ("seed", "device", "threads")  # train fields that do not make a different configuration
-SHORT = {"vocab_size": "K", "length": "L", "hidden_size": "H", "embed_size": "E", "num_layers": "layers",
-         "state_size": "N"}  # how labels write config fields
+# how labels write shared config fields; a core's own settings name theirs (CoreOption.short)
+SHORT = {"vocab_size": "K", "length": "L", "hidden_size": "H", "embed_size": "E", "num_layers": "layers"}
 
 
 def strings(da: xr.DataArray) -> np.ndarray:
@@ -41,7 +42,10 @@ def strings(da: xr.DataArray) -> np.ndarray:
 
 def field_name(name: str) -> str:
     """Short name of a config field in labels (vocab_size → K)."""
-    return SHORT.get(name, name)
+    if name in SHORT:
+        return SHORT[name]
+    option = core_options().get(name)
+    return option.short if option is not None and option.short else name
 
 
 def pe_label(pe: str) -> str:
@@ -237,8 +241,9 @@ def _config_key(item: Input) -> str:
 # Fields that make a different configuration but not one a reader compares: never in a short label.
 BOOKKEEPING = ("checkpoint_every", "log_every", "heldout_size", "grid_per_cell", "hold_min", "hold_max", "max_len")
 # Fields a short label names first, in this order; any other differing field comes after them.
+# (the registered cores' own settings follow them, in registry order)
 LABEL_ORDER = ("iterations", "vocab_size", "length", "distribution", "rarity", "hidden_size", "embed_size",
-               "num_layers", "lr", "batch_size", "pe_combine", "state_size")
+               "num_layers", "lr", "batch_size", "pe_combine")
 MAX_LABEL_FIELDS = 2  # differing fields named in a short label (more only when needed to tell labels apart)
 
 
@@ -260,7 +265,8 @@ def _rank(key: str) -> tuple[int, int, str]:
     name = key.split(".", 1)[1]
     if name in BOOKKEEPING:
         return (2, BOOKKEEPING.index(name), key)
-    return (0, LABEL_ORDER.index(name), key) if name in LABEL_ORDER else (1, 0, key)
+    order = (*LABEL_ORDER, *core_options())
+    return (0, order.index(name), key) if name in order else (1, 0, key)
 
 
 def config_labels(configs: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]

@@ -17,9 +17,16 @@ from gradscope.store.manifest import manifest_outputs, manifest_path
 from gradscope.store.parts import config_parts
 from gradscope.train.io import atomic_write
 from gradscope.store.records import SummaryEntry, TrialRecord
+from gradscope.models.registry import core_options
 
-CONFIG_FIELDS = {"model_config": ("core", "pe", "pe_combine", "hidden_size", "embed_size", "num_layers", "state_size"),
+# the fields a summary entry carries (the registered cores' own settings too: :func:`config_fields`)
+CONFIG_FIELDS = {"model_config": ("core", "pe", "pe_combine", "hidden_size", "embed_size", "num_layers"),
                  "task_config": ("vocab_size", "length", "distribution", "rarity")}
+
+
+def config_fields() -> dict[str, tuple[str, ...]]:
+    """:data:`CONFIG_FIELDS` with every registered core's own settings among the model's."""
+    return {**CONFIG_FIELDS, "model_config": (*CONFIG_FIELDS["model_config"], *core_options())}
 
 
 SUMMARIZED = ("accuracy", "stability")  # the kinds of store summarize reads
@@ -60,7 +67,7 @@ def _config(ds: xr.Dataset, path: Path, key: str) -> dict[str, Any]:
 
 def _fields(ds: xr.Dataset, path: Path) -> dict[str, str]:
     fields = {}
-    for attr, names in CONFIG_FIELDS.items():
+    for attr, names in config_fields().items():
         cfg = _config(ds, path, attr)
         cfg = model_fields(cfg) if attr == "model_config" else cfg
         fields.update({n: str(cfg[n]) for n in names if n in cfg})

@@ -101,7 +101,7 @@ class DynamicsOptions:
 
 
 def dynamics_bytes(opts: DynamicsOptions, n: int, T: int, D: int, H: int, width: int, checkpoints: int = 1, *,
-                   structure: JacobianStructure | None = None, gates: int = 4, exponents: int | None = None) -> int:
+                   structure: JacobianStructure | None = None, gates: int, exponents: int | None = None) -> int:
     """Memory the requested parts need for ``n`` probe sequences of T steps of a core with state
     width D, output width H, input width ``width``, ``gates`` gate terms and Jacobian ``structure``
     (8 bytes a number, generously): the largest working set of one part, plus every checkpoint's

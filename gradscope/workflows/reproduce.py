@@ -18,7 +18,7 @@ from gradscope.config import RunConfig
 from gradscope.errors import check
 from gradscope.guard import check_bytes, safe_component
 from gradscope.models import SeqModel
-from gradscope.presets import SCALES
+from gradscope.presets import SCALES, scale_configs
 from gradscope.tasks import make_task
 from gradscope.train.checkpoint import checkpoint_iteration, resolve_checkpoints
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
@@ -72,11 +72,12 @@ class PlannedRun:
 
 def plan_runs(scale: str, models: list[str], seeds: list[int], iterations: int | None = None,
               pes: tuple[str, ...] = PES) -> list[PlannedRun]:
-    """Every (model, PE, seed) run of the study, configured from ``SCALES[scale]``."""
+    """Every (model, PE, seed) run of the study, configured from :func:`scale_configs`."""
     check(scale in SCALES, f"scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
-    check(bool(models), f"models: give at least one of {', '.join(SCALES[scale])}")
+    bases = scale_configs(scale)
+    check(bool(models), f"models: give at least one of {', '.join(bases)}")
     for m in models:
-        check(m in SCALES[scale], f"models: got {m!r}; valid models are {', '.join(SCALES[scale])}")
+        check(m in bases, f"models: got {m!r}; valid models are {', '.join(bases)}")
     check(bool(seeds), "seeds: give at least one seed")
     seeds = [as_seed(s, "seeds") for s in seeds]
     check(len(set(seeds)) == len(seeds), f"seeds: got {seeds}; a seed given twice would train the same run twice")
@@ -84,7 +85,7 @@ def plan_runs(scale: str, models: list[str], seeds: list[int], iterations: int |
     check(iterations is None or iterations > 0, f"iterations: got {iterations}; it must be positive")
     runs = []
     for core in models:
-        base = SCALES[scale][core]
+        base = bases[core]
         task = make_task(base.task)
         model = dataclasses.replace(base.model, vocab_size=task.num_classes, max_len=task.total_len)
         train_cfg = base.train

@@ -15,11 +15,19 @@ import numpy as np
 from gradscope.analysis.bootstrap import (FEW_TRIALS, PermutationResult, confidence_interval,
                                           paired_permutation_test)
 from gradscope.errors import GradscopeError, check
+from gradscope.models.registry import core_options
 from gradscope.store.records import SummaryEntry, TrialRecord
 
+# `--by` names of the shared fields; the registered cores' own settings add theirs (field_aliases)
 FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_combine", "vocab": "vocab_size",
                  "hidden": "hidden_size", "embed": "embed_size", "layers": "num_layers", "task": "task",
-                 "length": "length", "distribution": "distribution", "rarity": "rarity", "state": "state_size"}
+                 "length": "length", "distribution": "distribution", "rarity": "rarity"}
+
+
+def field_aliases() -> dict[str, str]:
+    """`--by` name → summary field: :data:`FIELD_ALIASES` and each core setting's alias (or its name)."""
+    own = {o.alias or o.name: o.name for o in core_options().values()}
+    return {**FIELD_ALIASES, **own}
 
 
 @dataclass(frozen=True)
@@ -33,9 +41,10 @@ class Comparison:
 
 def parse_by(text: str) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
+    aliases = field_aliases()
     for name in names:
-        check(name in FIELD_ALIASES, f"by: got {name!r}; valid fields are {', '.join(FIELD_ALIASES)}")
-    return tuple(FIELD_ALIASES[n] for n in names)
+        check(name in aliases, f"by: got {name!r}; valid fields are {', '.join(aliases)}")
+    return tuple(aliases[n] for n in names)
 
 
 def group_records(records: list[TrialRecord], by: tuple[str, ...]) -> dict[tuple[str, ...], list[TrialRecord]]:
@@ -101,7 +110,7 @@ def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[s
                    metrics: list[str], seed: int = 0) -> list[Comparison]:
     """Paired permutation tests between the two values of ``field_name`` (e.g. pe: none vs sinusoidal),
     within each combination of the other grouping fields, pairing trials by seed. Effect = b − a."""
-    field_name = FIELD_ALIASES.get(field_name, field_name)
+    field_name = field_aliases().get(field_name, field_name)
     check(field_name in by, f"compare: got {field_name!r}; it must be one of the `by` fields ({', '.join(by)})")
     index = by.index(field_name)
     values = sorted({k[index] for k in groups}, key=lambda v: (v != "none", v))

@@ -40,7 +40,7 @@ import torch
 
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import safe_component
-from gradscope.presets import FIELDS, PRESETS, build_config
+from gradscope.presets import PRESETS, build_config, option_fields
 from gradscope.store.io import write_store
 from gradscope.train.loop import EVAL_FILE, is_run_dir, read_run_config
 from gradscope.workflows.accuracy import AccuracyOptions
@@ -55,7 +55,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 SPEC_KEYS = ("name", "preset", "settings", "axes", "accuracy", "stability")
-SETTINGS = (*FIELDS, "beta1", "beta2")
 ACCURACY_KEYS = ("checkpoints", "bins", "device")
 STABILITY_KEYS = ("checkpoints", "target_freq", "disturbant", "triplets", "position", "seed", "device")
 Checkpoints = str | tuple[int, ...]  # "all", "last" or iterations
@@ -204,8 +203,9 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     axes = doc.get("axes", {})
     check(isinstance(settings, dict), "spec: settings must be a table ([settings])")
     check(isinstance(axes, dict) and bool(axes), "spec: give at least one axis in [axes], e.g. seed = [1, 2]")
-    _unknown("[settings]", settings, SETTINGS)
-    _unknown("[axes]", axes, tuple(FIELDS))
+    fields = tuple(option_fields())  # the registered cores' own options included
+    _unknown("[settings]", settings, (*fields, "beta1", "beta2"))
+    _unknown("[axes]", axes, fields)
     both = sorted(set(settings) & set(axes))
     check(not both, f"spec: {', '.join(both)} is both a setting and an axis; keep it in one place")
     for key, value in settings.items():
