@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from gradscope.errors import GradscopeError
 from gradscope.models.core import Core
@@ -60,14 +59,10 @@ def core_options() -> dict[str, CoreOption]:
                 if seen.kind is not type(f.default):
                     raise GradscopeError(f"core {core!r}: its option {f.name} is a {type(f.default).__name__}, "
                                          f"but {', '.join(seen.cores)} made it a {seen.kind.__name__}")
-                out[f.name] = dataclasses.replace(seen, cores=(*seen.cores, core))
+                helps = seen.help if f.metadata["help"] == seen.help else \
+                    f"{seen.help if len(seen.cores) > 1 else f'{seen.cores[0]}: {seen.help}'} {core}: {f.metadata['help']}"
+                out[f.name] = dataclasses.replace(seen, help=helps, cores=(*seen.cores, core))
             else:
                 out[f.name] = CoreOption(f.name, type(f.default), f.metadata["help"], f.metadata.get("short"),
                                          f.metadata.get("alias"), low, high, (core,))
     return out
-
-
-def core_settings(core: str, values: dict[str, Any]) -> Any:
-    """Core ``core``'s config with ``values`` (its field names) over its defaults."""
-    cls = core_class(core)
-    return dataclasses.replace(cls.Config(), **values)
