@@ -13,6 +13,7 @@ from gradscope.models.core import Core
 from gradscope.models.elman import ElmanCore
 from gradscope.models.gru import GRUCore
 from gradscope.models.lstm import LSTMCore
+from gradscope.models.mamba import MambaCore
 from gradscope.models.mingru import MinGRUCore
 from gradscope.models.s4d import S4DCore
 
@@ -22,6 +23,7 @@ CORES: dict[str, type[Core]] = {
     "lstm": LSTMCore,
     "s4d": S4DCore,
     "mingru": MinGRUCore,
+    "mamba": MambaCore,
 }
 
 
