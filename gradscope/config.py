@@ -14,16 +14,17 @@ from typing import Any
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import from_dict
-from gradscope.models.config import MAX_SIZE, PE_COMBINE, PE_KINDS, ModelConfig, integer, real, shown, text
+from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown, text
+from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES
+from gradscope.tasks.registry import TASKS
 
-TASKS = ("reverse", "reverse-variable", "sort", "delayed-sum", "predecessor", "copy")
 DISTRIBUTIONS = ("uniform", "dual")
 MAX_LENGTH = 2**20  # a task's L (and copy's hold phase): the held-out grid is built position by position
 MAX_COUNT = 2**62  # iterations and cadences
 MAX_SEED = 2**63 - 1
 DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
-__all__ = ["CORES", "DISTRIBUTIONS", "PE_COMBINE", "PE_KINDS", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
+__all__ = ["CORES", "DISTRIBUTIONS", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
            "TrainConfig", "from_dict"]
 
 
@@ -44,7 +45,7 @@ class TaskConfig:
     hold_max: int = 100  # copy only
 
     def __post_init__(self) -> None:
-        text("task", self.name, TASKS)
+        text("task", self.name, list(TASKS))
         text("distribution", self.distribution, DISTRIBUTIONS)
         for name in ("vocab_size", "heldout_size", "grid_per_cell"):
             integer(name, getattr(self, name), 1, MAX_SIZE)
@@ -52,17 +53,7 @@ class TaskConfig:
             integer(name, getattr(self, name), low, MAX_LENGTH)
         check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
         real("rarity", self.rarity, 0.0, 1.0, above=True, below=True)
-        if self.name == "reverse-variable":
-            check(1 <= self.min_length <= self.length,
-                  f"min_length: got {self.min_length}; need 1 <= min_length <= length ({self.length})")
-        if self.name == "predecessor":
-            check(self.length >= 2, f"length: got {self.length}; predecessor needs L >= 2")
-            check(self.vocab_size >= self.length,
-                  f"vocab_size: got {self.vocab_size}; predecessor needs non-repeating tokens, "
-                  f"so vocab_size must be >= length ({self.length})")
-        if self.name == "copy":
-            check(0 <= self.hold_min <= self.hold_max,
-                  f"hold_min/hold_max: got {self.hold_min}/{self.hold_max}; need 0 <= min <= max")
+        TASKS[self.name].check_config(self)  # the settings only this task uses
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import math
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import from_dict, one_of
 from gradscope.guard import as_int
+from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES, core_class
 
-PE_KINDS = ("none", "sinusoidal", "learnable", "random", "dummy")
 PE_COMBINE = ("concat", "add")
 MAX_SIZE = 2**31 - 1  # sizes and counts a tensor dimension can hold; memory is checked separately
 MAX_LAYERS = 1024  # layers are built one Python module at a time
@@ -78,7 +78,7 @@ class ModelConfig:
                 raise GradscopeError(f"core_config: malformed for the {self.core!r} core ({exc})") from None
         check(type(self.core_config) is cls.Config,
               f"core_config: got {type(self.core_config).__name__}; the {self.core!r} core takes {cls.Config.__name__}")
-        text("pe", self.pe, PE_KINDS)
+        text("pe", self.pe, list(PE_TYPES))
         text("pe_combine", self.pe_combine, PE_COMBINE)
         for name in ("vocab_size", "embed_size", "hidden_size", "max_len"):
             integer(name, getattr(self, name), 1, MAX_SIZE)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gradscope.config import TaskConfig
+from typing import TYPE_CHECKING
+
 from gradscope.tasks.base import IGNORE, Batch, Task
 from gradscope.tasks.copy import Copy
 from gradscope.tasks.delayed_sum import DelayedSum
@@ -12,24 +13,19 @@ from gradscope.tasks.predecessor import Predecessor
 from gradscope.tasks.reverse import Reverse
 from gradscope.tasks.reverse_variable import ReverseVariable
 from gradscope.tasks.sort import Sort
+from gradscope.tasks.registry import TASKS, probe_tasks
 from gradscope.tasks.vocab import FREQUENT, GROUP_NAMES, RARE, group_bounds, sample_group, sample_tokens
 
-TASK_TYPES: dict[str, type[Task]] = {
-    "reverse": Reverse,
-    "reverse-variable": ReverseVariable,
-    "sort": Sort,
-    "delayed-sum": DelayedSum,
-    "predecessor": Predecessor,
-    "copy": Copy,
-}
+if TYPE_CHECKING:
+    from gradscope.config import TaskConfig
 
 
-def make_task(cfg: TaskConfig) -> Task:
+def make_task(cfg: "TaskConfig") -> Task:
     """The task object for ``cfg.name``."""
-    return TASK_TYPES[cfg.name](cfg)
+    return TASKS[cfg.name](cfg)
 
 
-__all__ = ["FREQUENT", "GROUP_NAMES", "IGNORE", "RARE", "TASK_TYPES", "Batch", "Copy", "DelayedSum", "Excluder",
+__all__ = ["FREQUENT", "GROUP_NAMES", "IGNORE", "RARE", "Batch", "Copy", "DelayedSum", "Excluder",
            "HeldOut", "Predecessor", "Reverse", "ReverseVariable", "Sort", "Task", "build_grid", "build_heldout",
            "grid_batch", "group_bounds", "make_task", "row_hash", "sample_excluding", "sample_group",
-           "sample_tokens", "sample_unique", "supports_grid"]
+           "sample_tokens", "sample_unique", "supports_grid", "TASKS", "probe_tasks"]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from gradscope.config import TaskConfig
 from gradscope.tasks.vocab import sample_tokens
+
+if TYPE_CHECKING:  # the config layer sits above the tasks (it checks names against their registry)
+    from gradscope.config import TaskConfig
 
 IGNORE = -100  # target value of unscored positions (cross-entropy ignore_index)
 
@@ -34,9 +37,22 @@ class Task:
     on the generator's device.
 
     ``num_classes`` is K for the model (the logits width); the query token id is K.
+
+    A task is one file with its class and one line in :mod:`gradscope.tasks.registry`; the class
+    declares its registry ``name``, whether stability/dynamics probes are defined on it
+    (``probes``: an input phase followed by query tokens, SPEC §5) and the checks of the
+    :class:`~gradscope.config.TaskConfig` fields it alone uses (``check_config``).
     """
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    name: ClassVar[str] = "task"
+    probes: ClassVar[bool] = False
+
+    @classmethod
+    def check_config(cls, cfg: "TaskConfig") -> None:
+        """Refuse (GradscopeError) settings this task cannot run with; the shared fields are checked
+        by TaskConfig itself."""
+
+    def __init__(self, cfg: "TaskConfig") -> None:
         self.cfg = cfg
 
     @property

@@ -7,12 +7,25 @@ Rows are right-padded with the query token to T = 2L + hold_max + 1 (unscored).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
 import torch
 
+from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
+
+if TYPE_CHECKING:
+    from gradscope.config import TaskConfig
 
 
 class Copy(Task):
+    name: ClassVar[str] = "copy"
+
+    @classmethod
+    def check_config(cls, cfg: "TaskConfig") -> None:
+        check(0 <= cfg.hold_min <= cfg.hold_max,
+              f"hold_min/hold_max: got {cfg.hold_min}/{cfg.hold_max}; need 0 <= min <= max")
+
     @property
     def num_classes(self) -> int:
         return self.cfg.vocab_size + 2

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from gradscope.tasks.base import IGNORE, Batch, Task
 
 
 class DelayedSum(Task):
+    name: ClassVar[str] = "delayed-sum"
+
     def n_patterns(self) -> int:
         return self.cfg.vocab_size ** (2 * self.cfg.length)
 

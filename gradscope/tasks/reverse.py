@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from gradscope.tasks.base import IGNORE, Batch, Task
 
 
 class Reverse(Task):
+    name: ClassVar[str] = "reverse"
+    probes: ClassVar[bool] = True
+
     def n_patterns(self) -> int:
         return self.cfg.vocab_size ** self.cfg.length
 

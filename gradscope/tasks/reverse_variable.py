@@ -6,12 +6,26 @@ every core is causal, padding after a sequence cannot change its outputs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
 import torch
 
+from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
+
+if TYPE_CHECKING:
+    from gradscope.config import TaskConfig
 
 
 class ReverseVariable(Task):
+    name: ClassVar[str] = "reverse-variable"
+    probes: ClassVar[bool] = True
+
+    @classmethod
+    def check_config(cls, cfg: "TaskConfig") -> None:
+        check(1 <= cfg.min_length <= cfg.length,
+              f"min_length: got {cfg.min_length}; need 1 <= min_length <= length ({cfg.length})")
+
     def n_patterns(self) -> int:
         return sum(self.cfg.vocab_size ** n for n in range(self.cfg.min_length, self.cfg.length + 1))
 

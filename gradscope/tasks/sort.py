@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from gradscope.tasks.reverse import Reverse
@@ -9,6 +11,8 @@ from gradscope.tasks.reverse import Reverse
 
 class Sort(Reverse):
     """Reverse's input/query layout with sorted targets."""
+
+    name: ClassVar[str] = "sort"
 
     def recall(self, x: torch.Tensor) -> torch.Tensor:
         return x.sort(dim=1).values

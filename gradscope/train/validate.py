@@ -19,6 +19,7 @@ from gradscope.config import ModelConfig, RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes, check_ids, check_tensor
 from gradscope.models import SeqModel
+from gradscope.models.pe import pe_numbers
 from gradscope.tasks import Batch, HeldOut, Task, supports_grid
 from gradscope.tasks.base import IGNORE
 
@@ -48,7 +49,7 @@ def check_fits(cfg: RunConfig, task: Task) -> None:
 def _least_parameters(cfg: ModelConfig) -> int:
     """A lower bound on the parameter count of any core: embedding, logits, one H×H block per
     layer and a PE table. Checked first, so that sizes whose product overflows are never built."""
-    table = cfg.max_len * cfg.embed_size if cfg.pe in ("learnable", "random") else 0
+    table = pe_numbers(cfg.pe, cfg.embed_size, cfg.max_len)
     return (cfg.vocab_size + 1) * cfg.embed_size + cfg.vocab_size * cfg.hidden_size \
         + cfg.num_layers * cfg.hidden_size ** 2 + table
 

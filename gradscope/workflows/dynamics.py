@@ -39,10 +39,11 @@ from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
+from gradscope.tasks.registry import probe_tasks
 from gradscope.train.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
-from gradscope.workflows.stability import (MAX_COUNT, STABILITY_TASKS, DivergedWarning, as_count, as_seed,
+from gradscope.workflows.stability import (MAX_COUNT, DivergedWarning, as_count, as_seed,
                                            conditions_for, config_attrs, expand_checkpoints)
 
 PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")
@@ -324,8 +325,8 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
     device = resolve_device(opts.device)
     loaded = load_checkpoint(files[0])
     task, core_name = loaded.config.task, loaded.config.model.core
-    check(task.name in STABILITY_TASKS, f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
-                                        f"{', '.join(STABILITY_TASKS)} (an input phase followed by query tokens)")
+    check(task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
+                                        f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
     conditions = conditions_for(task, target_groups, disturbant_groups)
     core, query = loaded.model.core, loaded.model.query_token
     width = loaded.model.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]

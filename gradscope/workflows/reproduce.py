@@ -19,11 +19,13 @@ from gradscope.errors import check
 from gradscope.guard import check_bytes, safe_component
 from gradscope.models import SeqModel
 from gradscope.presets import SCALES, scale_configs
+from gradscope.models.pe import pe_numbers
+from gradscope.tasks.registry import probe_tasks
 from gradscope.tasks import make_task
 from gradscope.train.checkpoint import checkpoint_iteration, resolve_checkpoints
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
-from gradscope.workflows.stability import (STABILITY_TASKS, StabilityOptions, as_seed, conditions_for, result_bytes,
+from gradscope.workflows.stability import (StabilityOptions, as_seed, conditions_for, result_bytes,
                                            run_stability)
 
 PES = ("none", "sinusoidal")
@@ -58,7 +60,7 @@ class PlannedRun:
         of every layer and logits at every step (autograd keeps more); the held-out data (int64)."""
         m, t, task = self.config.model, self.config.train, self.config.task
         weights = (m.vocab_size + 1) * m.embed_size + m.num_layers * m.hidden_size ** 2 + m.hidden_size * m.vocab_size
-        weights += m.max_len * m.embed_size if m.pe in ("learnable", "random") else 0  # a position table
+        weights += pe_numbers(m.pe, m.embed_size, m.max_len)  # a position table
         steps = 2 * task.length  # every task reads its input, then answers (at least as long)
         width = m.embed_size + 2 * m.hidden_size * m.num_layers + m.vocab_size
         grid = 4 * task.grid_per_cell * task.length * task.length
@@ -107,7 +109,7 @@ def check_run_sizes(r: PlannedRun, stability: StabilityOptions | None = None, ch
     ``checkpoints`` checkpoints (None: every one it saves), would not fit in memory."""
     check_bytes(min(r.memory_bytes, 1 << 100), f"{r.name}: training (hidden {r.config.model.hidden_size}, vocab "
                                 f"{r.config.model.vocab_size}, batch {r.config.train.batch_size})")
-    if stability is not None and r.config.task.name in STABILITY_TASKS:
+    if stability is not None and r.config.task.name in probe_tasks():
         t = r.config.train
         saved = checkpoints if checkpoints is not None else -(-t.iterations // t.checkpoint_every)
         conditions = len(conditions_for(r.config.task, stability.target_groups, stability.disturbant_groups))

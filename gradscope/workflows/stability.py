@@ -29,8 +29,8 @@ from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_
                                     read_probe_arrays, validate_probes)
 from gradscope.train.checkpoint import Loaded, load_checkpoint, resolve_checkpoints
 from gradscope.train.device import resolve_device
+from gradscope.tasks.registry import probe_tasks
 
-STABILITY_TASKS = ("reverse", "reverse-variable", "sort")
 MAX_SEED = 2**63 - 1
 MAX_COUNT = 2**31 - 1  # sizes, positions and counts of options: beyond this none fits in memory anyway
 
@@ -143,9 +143,9 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     """The probes for ``first``'s task: read from ``opts.probes_file`` or generated, checked against
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
     task = first.config.task
-    check(task.name in STABILITY_TASKS,
+    check(task.name in probe_tasks(),
           f"checkpoint: its task is {task.name!r}; stability probes are defined for "
-          f"{', '.join(STABILITY_TASKS)} (an input phase followed by query tokens)")
+          f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
     length = task.length
     check(1 <= opts.position <= length, f"position: got {opts.position}; valid positions are 1…{length}")
     kept = min(opts.top_sv, first.model.core.out_dim, first.model.core.state_dim)

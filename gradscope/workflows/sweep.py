@@ -47,7 +47,8 @@ from gradscope.workflows.accuracy import AccuracyOptions
 from gradscope.workflows.lock import point_lock
 from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, check_run_sizes, stability_step,
                                            train_step)
-from gradscope.workflows.stability import STABILITY_TASKS, StabilityOptions, conditions_for
+from gradscope.workflows.stability import StabilityOptions, conditions_for
+from gradscope.tasks.registry import probe_tasks
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -261,8 +262,8 @@ def _check_point(point: SweepPoint, analyses: Analyses) -> None:
             check(not missing, f"spec: [{which}] checkpoints: {name} saves checkpoints every {every} of {total} "
                                f"iterations, so there is none at {', '.join(map(str, missing))}")
     if analyses.stability is not None:
-        check(cfg.task.name in STABILITY_TASKS, f"spec: [stability] {name} trains on {cfg.task.name!r}; stability "
-                                                f"probes are defined for {', '.join(STABILITY_TASKS)}")
+        check(cfg.task.name in probe_tasks(), f"spec: [stability] {name} trains on {cfg.task.name!r}; stability "
+                                                f"probes are defined for {', '.join(probe_tasks())}")
         try:
             conditions_for(cfg.task, analyses.stability.target_groups, analyses.stability.disturbant_groups)
         except GradscopeError as exc:
