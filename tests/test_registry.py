@@ -186,3 +186,14 @@ def test_a_task_and_a_pe_kind_are_one_registry_line_each(monkeypatch: pytest.Mon
     assert st.exit_code == 0, st.stderr
     bad = runner.invoke(app, ["train", "--task", "nope", "-o", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "repeat" in bad.stderr  # the error lists the registry, the new task included
+
+
+def test_the_docs_core_example_runs_as_printed() -> None:
+    """docs/cores.md's example: registered at run time, its Jacobian is W^(T−p) (the block asserts it)."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cores.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "docs/cores.md", "exec"), {})  # noqa: S102 - the project's own docs
+    assert "linear" not in CORES  # the example unregisters itself
