@@ -86,7 +86,7 @@ def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
 def reproduce_command(
     ctx: typer.Context,
     scale: Annotated[str, Opt(help="tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: SPEC §3, for a GPU.")] = "tiny",
-    models: Annotated[str, Opt(help="Comma-separated cores: gru, lstm, s4d.")] = "gru,lstm,s4d",
+    models: Annotated[str, Opt(help="Comma-separated cores (names in the core registry; the study of the docs ran gru, lstm, s4d, mingru and mamba).")] = "gru,lstm,s4d",
     seeds: Annotated[str, Opt(help="Comma-separated training seeds (trials).")] = "1,2,3",
     out: Annotated[Path, Opt("--out", "-o", help="Study directory (re-running it skips finished steps).")] = Path("study"),
     iterations: Annotated[Optional[int], Opt(help="Override the scale's training iterations (for a quick look).")] = None,
