@@ -32,6 +32,10 @@ def modules() -> dict[str, ast.Module]:
 
 def imports(tree: ast.Module, name: str, top_level_only: bool) -> list[tuple[str, int, bool]]:
     """(imported module, line, at module level) for every import in the tree."""
+    def type_checking(node: ast.AST) -> bool:  # `if TYPE_CHECKING:` blocks never run
+        return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+    skipped = {id(c) for m in tree.body if type_checking(m) for c in ast.walk(m)}
     top = {id(n) for n in tree.body} | {id(n) for n in ast.walk(tree) if isinstance(n, ast.If)
                                         and any(id(n) == id(m) for m in tree.body)}
     out = []
@@ -48,6 +52,8 @@ def imports(tree: ast.Module, name: str, top_level_only: bool) -> list[tuple[str
         else:
             continue
         at_top = id(node) in top or any(id(node) in {id(c) for c in ast.walk(m)} for m in tree.body if isinstance(m, ast.If))
+        if top_level_only and id(node) in skipped:
+            continue  # a type checker's import, not a run-time edge
         for t in targets:
             out.append((t, node.lineno, at_top))
     return out
