@@ -61,8 +61,8 @@ class MinGRUCore(Core):
             u = torch.sigmoid(gate)
             h = a.new_zeros(a.shape[0], self.hidden_size)
             out = []
-            for t in range(a.shape[1]):
-                h = torch.lerp(h, cand[:, t], u[:, t])  # (1 − u) h + u h̃
+            for c_t, u_t in zip(cand.unbind(1), u.unbind(1)):  # unbind: one backward for all steps
+                h = torch.lerp(h, c_t, u_t)  # (1 − u) h + u h̃
                 out.append(h)
             a = torch.stack(out, dim=1)
         return a
