@@ -20,7 +20,7 @@ from gradscope.models.registry import CORES
 TASKS = ("reverse", "reverse-variable", "sort", "delayed-sum", "predecessor", "copy")
 DISTRIBUTIONS = ("uniform", "dual")
 MAX_LENGTH = 2**20  # a task's L (and copy's hold phase): the held-out grid is built position by position
-MAX_COUNT = 2**62  # iterations and cadences
+MAX_ITERATIONS = 2**62  # iterations and cadences (counts of options: workflows.common.MAX_COUNT)
 MAX_SEED = 2**63 - 1
 DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
 __all__ = ["CORES", "DISTRIBUTIONS", "PE_COMBINE", "PE_KINDS", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
@@ -84,9 +84,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("iterations", "checkpoint_every", "log_every"):
-            integer(name, getattr(self, name), 1, MAX_COUNT)
+            integer(name, getattr(self, name), 1, MAX_ITERATIONS)
         integer("batch_size", self.batch_size, 1, MAX_SIZE)
-        integer("warmup", self.warmup, 0, MAX_COUNT)
+        integer("warmup", self.warmup, 0, MAX_ITERATIONS)
         integer("seed", self.seed, 0, MAX_SEED)
         integer("threads", self.threads, 0, 4096)
         real("lr", self.lr, 0.0, above=True)

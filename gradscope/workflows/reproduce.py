@@ -20,11 +20,11 @@ from gradscope.guard import check_bytes, safe_component
 from gradscope.models import SeqModel
 from gradscope.presets import SCALES
 from gradscope.tasks import make_task
-from gradscope.train.checkpoint import checkpoint_iteration, resolve_checkpoints
+from gradscope.files.checkpoint import checkpoint_iteration, resolve_checkpoints
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
-from gradscope.workflows.stability import (STABILITY_TASKS, StabilityOptions, as_seed, conditions_for, result_bytes,
-                                           run_stability)
+from gradscope.workflows.common import STABILITY_TASKS, as_seed, conditions_for
+from gradscope.workflows.stability import StabilityOptions, result_bytes, run_stability
 
 PES = ("none", "sinusoidal")
 
