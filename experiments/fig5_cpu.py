@@ -23,8 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gradscope.train.checkpoint import list_checkpoints
-from gradscope.train.io import safe_load
+from gradscope.files.checkpoint import list_checkpoints
+from gradscope.files.io import safe_load
 from gradscope.train.samples import strip_checkpoint
 
 ROOT = Path(__file__).resolve().parent / "fig5-cpu"
@@ -74,7 +74,7 @@ def sample(seed: int = 1) -> None:
     import shutil
 
     from gradscope.store.io import sha256_file
-    from gradscope.train.io import atomic_write_text
+    from gradscope.files.io import atomic_write_text
 
     samples = ROOT.parent.parent / "sample_checkpoints"
     manifest = json.loads((samples / "MANIFEST.json").read_text())

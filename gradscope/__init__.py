@@ -20,7 +20,7 @@ from gradscope.errors import GradscopeError
 
 _EXPORTS = {
     "__version__": "gradscope.version",
-    "load": "gradscope.train.checkpoint", "Loaded": "gradscope.train.checkpoint",
+    "load": "gradscope.files.checkpoint", "Loaded": "gradscope.files.checkpoint",
     "wrap": "gradscope.models.wrap", "WrappedModel": "gradscope.models.wrap",
     "state_jacobian": "gradscope.analysis.jacobian", "JacobianResult": "gradscope.analysis.jacobian",
     "stability": "gradscope.workflows.stability", "dynamics": "gradscope.workflows.dynamics",

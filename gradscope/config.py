@@ -14,46 +14,17 @@ from typing import Any
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import from_dict
-from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown, text
+from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES
+from gradscope.tasks.config import DISTRIBUTIONS, TaskConfig
 from gradscope.tasks.registry import TASKS
 
-DISTRIBUTIONS = ("uniform", "dual")
-MAX_LENGTH = 2**20  # a task's L (and copy's hold phase): the held-out grid is built position by position
-MAX_COUNT = 2**62  # iterations and cadences
+MAX_ITERATIONS = 2**62  # iterations and cadences (counts of options: workflows.common.MAX_COUNT)
 MAX_SEED = 2**63 - 1
 DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
 __all__ = ["CORES", "DISTRIBUTIONS", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
            "TrainConfig", "from_dict"]
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """A synthetic task (SPEC §3). ``length`` is L (the maximum L for ``reverse-variable``; the
-    number of tokens to remember for ``copy``)."""
-
-    name: str = "reverse"
-    vocab_size: int = 64
-    length: int = 64
-    min_length: int = 32  # reverse-variable only
-    distribution: str = "uniform"
-    rarity: float = 0.125  # dual only: probability that a position holds a Rare token
-    heldout_size: int = 1024
-    grid_per_cell: int = 16  # dual + reverse only: N sequences per (target, disturbant, position)
-    hold_min: int = 60  # copy only
-    hold_max: int = 100  # copy only
-
-    def __post_init__(self) -> None:
-        text("task", self.name, list(TASKS))
-        text("distribution", self.distribution, DISTRIBUTIONS)
-        for name in ("vocab_size", "heldout_size", "grid_per_cell"):
-            integer(name, getattr(self, name), 1, MAX_SIZE)
-        for name, low in (("length", 1), ("min_length", 1), ("hold_min", 0), ("hold_max", 0)):
-            integer(name, getattr(self, name), low, MAX_LENGTH)
-        check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
-        real("rarity", self.rarity, 0.0, 1.0, above=True, below=True)
-        TASKS[self.name].check_config(self)  # the settings only this task uses
 
 
 @dataclass(frozen=True)
@@ -75,9 +46,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("iterations", "checkpoint_every", "log_every"):
-            integer(name, getattr(self, name), 1, MAX_COUNT)
+            integer(name, getattr(self, name), 1, MAX_ITERATIONS)
         integer("batch_size", self.batch_size, 1, MAX_SIZE)
-        integer("warmup", self.warmup, 0, MAX_COUNT)
+        integer("warmup", self.warmup, 0, MAX_ITERATIONS)
         integer("seed", self.seed, 0, MAX_SEED)
         integer("threads", self.threads, 0, 4096)
         real("lr", self.lr, 0.0, above=True)

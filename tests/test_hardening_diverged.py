@@ -18,7 +18,8 @@ import torch
 from fuzzkit import assert_clean, count, invoke, leftovers
 from gradscope.store import read_store
 from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics
-from gradscope.workflows.stability import DivergedWarning, StabilityOptions, run_stability
+from gradscope.workflows.common import DivergedWarning
+from gradscope.workflows.stability import StabilityOptions, run_stability
 
 CORES = ("gru", "lstm", "s4d")
 POISONS = ("nan", "inf", "huge", "one-nan")

@@ -729,7 +729,7 @@ def test_an_existing_store_is_refused_before_any_work(runs: dict[str, Path], tmp
 
 
 def test_a_killed_runs_temporaries_are_removed_by_the_rerun(runs: dict[str, Path], tmp_path: Path) -> None:
-    from gradscope.guard import temp_path
+    from gradscope.files.publish import temp_path
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = temp_path(tmp_path / "k.zarr")

@@ -233,7 +233,7 @@ def test_kill_minus_9_mid_checkpoint_then_resume_leaves_nothing_and_ends_the_sam
 # ---- class 4: one writer per run directory ------------------------------------------------------------
 
 def test_a_run_directory_being_trained_is_refused(stopped: Path, tmp_path: Path) -> None:
-    from gradscope.train.lock import run_lock
+    from gradscope.files.lock import run_lock
     run = copy_run(stopped, tmp_path / "run")
     with run_lock(run):
         err = refused(["train", "--resume", run, "-q"], tmp_path, "resume while held")
@@ -250,7 +250,7 @@ def test_a_second_trainer_is_refused_while_another_process_trains_and_a_killed_o
     """A real trainer in another process holds the directory: ``train -o`` and ``train --resume``
     of it are refused in one line and change nothing. Once it is killed (-9), its lock is stale and
     the next run takes it over."""
-    from gradscope.train.lock import run_lock_path
+    from gradscope.files.lock import run_lock_path
     run = tmp_path / "r"
     cmd = [sys.executable, "-c", "from gradscope.cli.app import main; main()", "train", "-o", str(run),
            "--vocab", "8", "--length", "4", "--hidden", "16", "--embed", "8", "--iterations", "1000000",

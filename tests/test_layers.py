@@ -1,6 +1,8 @@
-"""The package's layers point one way (issue #14): cli → workflows → {analysis, store} → models,
-tasks, config; reports read data only through store; the library never imports typer or plotly;
-no import cycles, and no function-level imports of gradscope modules in the library."""
+"""The package's layers point one way (issues #14, #24): every package and top-level module of
+gradscope has a rank of its own, and a module imports only from its own package or lower ranks
+(docs/architecture.md draws the graph). reports read data only through store; the library never
+imports typer or plotly; no import cycles, and no function-level imports of gradscope modules in
+the library."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"gradscope": ROOT / "gradscope"}  # cli/ and reports/ live under it, as they install
-# layer rank: a module may import only from its own layer or lower ones
-RANK = {"cli": 6, "reports": 6, "workflows": 5, "store": 4, "train": 4, "analysis": 3, "presets": 2,
-        "models": 1, "tasks": 1, "config": 1, "fields": 0, "guard": 0, "errors": 0, "version": 0}
+# layer rank, one per package: a module may import only from its own layer or lower ones
+RANK = {"cli": 14, "reports": 13, "workflows": 12, "store": 11, "train": 10, "files": 9, "analysis": 8, "presets": 7,
+        "config": 6, "tasks": 5, "models": 4, "guard": 3, "fields": 2, "version": 1, "errors": 0}
 
+
+# packages whose ranks differ but which import neither each other: both stand on files/ alone
+SIBLINGS = [("store", "train")]
 
 PACKAGE_NAMES: set[str] = set()
 
@@ -64,14 +69,24 @@ def layer(module: str) -> str | None:
     return parts[1] if parts[0] == "gradscope" and len(parts) > 1 else None
 
 
+def test_every_package_has_a_rank_of_its_own() -> None:
+    """Two packages of one rank could import each other (train and store once did, through a cycle
+    the check could not see); a package without a rank would escape the check."""
+    assert len(set(RANK.values())) == len(RANK)
+    found = {layer(name) for name in modules()} - {None}
+    assert found == set(RANK), f"unranked: {sorted(found - set(RANK))}; ranked but gone: {sorted(set(RANK) - found)}"
+
+
 def test_layers_point_one_way() -> None:
     bad = []
     for name, tree in modules().items():
         me = layer(name)
         for target, line, _ in imports(tree, name, False):
             other = layer(target)
-            if me in RANK and other in RANK and other != me and RANK[other] > RANK[me]:
+            if me is not None and other is not None and other != me and RANK[other] > RANK[me]:
                 bad.append(f"{name}:{line} imports {target}")
+            if (me, other) in SIBLINGS or (other, me) in SIBLINGS:
+                bad.append(f"{name}:{line} imports {target}: {me} and {other} share files/ and import neither each other")
             if me == "reports" and other not in (None, "reports", "store", "errors", "version"):
                 bad.append(f"{name}:{line} (reports) imports {target}: reports read data through store only")
     assert not bad, "\n".join(bad)
@@ -126,5 +141,8 @@ def test_the_checks_can_fail() -> None:
     tree = ast.parse("from gradscope.workflows.stability import run_stability\n")
     assert [t for t, _, _ in imports(tree, "gradscope.store.x", False)] == ["gradscope.workflows.stability"]
     assert RANK[layer("gradscope.workflows.stability")] > RANK[layer("gradscope.store.x")]
+    sideways = ast.parse("from gradscope.train.loop import train\n")
+    assert [t for t, _, _ in imports(sideways, "gradscope.store.x", False)] == ["gradscope.train.loop"]
+    assert RANK[layer("gradscope.train.loop")] != RANK[layer("gradscope.store.x")]  # one of them is upward
     nested = ast.parse("def f():\n    from gradscope.models import SeqModel\n")
     assert [at_top for _, _, at_top in imports(nested, "gradscope.analysis.x", False)] == [False]

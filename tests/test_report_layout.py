@@ -18,7 +18,7 @@ from gradscope.cli.app import app
 from gradscope.reports import ReportOptions, Section, build_sections, render_page
 from gradscope.reports.style import finish
 from gradscope.store.inputs import load_inputs
-from gradscope.train.rundir import relative_command
+from gradscope.files.rundir import relative_command
 
 from layout_check import measure, problems
 from test_report import _browser as _report_browser

@@ -21,7 +21,7 @@ import torch
 import gradscope
 from conftest import small_run
 from gradscope.train import train
-from gradscope.train.io import atomic_save, atomic_write_text
+from gradscope.files.io import atomic_save, atomic_write_text
 
 
 class Injected(OSError):

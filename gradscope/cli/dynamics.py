@@ -117,7 +117,7 @@ def dynamics_command(
     from gradscope.errors import GradscopeError
     from gradscope.store.io import write_store
     from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics, run_factory_dynamics
-    from gradscope.workflows.stability import DivergedWarning
+    from gradscope.workflows.common import DivergedWarning
 
     opts = DynamicsOptions(parts, sequences, grid_sequences, sv, trajectories, steps, warmup, reorth, seed, device,
                            exponents, qr_dtype, budget_seconds)

@@ -42,7 +42,7 @@ def report_command(
     """Render stores and runs into one offline HTML report (plots, table of contents, provenance)."""
     from gradscope.reports import export_static, render_report, ReportOptions, STATIC_FORMATS
     from gradscope.store.inputs import load_inputs
-    from gradscope.train.io import atomic_write
+    from gradscope.files.io import atomic_write
 
     if static is not None and static not in STATIC_FORMATS:
         raise GradscopeError(f"--static: got {static!r}; valid formats are {', '.join(STATIC_FORMATS)}")

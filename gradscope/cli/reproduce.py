@@ -149,7 +149,7 @@ def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> P
     """One offline HTML report over every run's training log and stores, and the summaries."""
     from gradscope.reports.build import render_report, ReportOptions
     from gradscope.store.inputs import load_inputs
-    from gradscope.train.io import atomic_write_text
+    from gradscope.files.io import atomic_write_text
 
     paths = [layout.run(r) for r in runs] + [p for r in runs for p in (layout.accuracy(r), layout.stability(r))]
     paths += [p for p in (layout.summary_accuracy, layout.summary_stability) if p.exists()]

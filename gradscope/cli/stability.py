@@ -89,7 +89,8 @@ def stability_command(
     from gradscope.analysis.bootstrap import check_resamples
     from gradscope.store.io import write_store
     from gradscope.workflows.factory import build_model
-    from gradscope.workflows.stability import DivergedWarning, run_model_stability, run_stability, StabilityOptions
+    from gradscope.workflows.common import DivergedWarning
+    from gradscope.workflows.stability import run_model_stability, run_stability, StabilityOptions
 
     if sv < 1:
         raise GradscopeError(f"--sv: got {sv}; it must be positive")

@@ -16,14 +16,14 @@ import numpy as np
 import xarray as xr
 
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
-from gradscope.errors import GradscopeError, check
-from gradscope.guard import as_int
+from gradscope.errors import check
 from gradscope.store.io import attr_json, folder_entries, is_store, read_store, sha256_file
 from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
 from gradscope.store.parts import config_parts
 from gradscope.models import CORES, model_fields
 from gradscope.models.registry import core_options
-from gradscope.train.checkpoint import list_checkpoints
+from gradscope.files.checkpoint import list_checkpoints
+from gradscope.files.rundir import is_run_dir, read_config_parts, read_evaluation, read_metrics
 
 
 
@@ -80,100 +80,12 @@ class Input:
         return self.train.get("seed")
 
 
-MAX_RUN_FILE = 256 << 20  # bytes of config.json, eval.json or metrics.jsonl read into memory
-
-
-def _text(path: Path, what: str) -> str:
-    """A run file's text: a plain file, of a size that fits memory, UTF-8."""
-    if not path.is_file():
-        raise GradscopeError(f"inputs: {what} {path} is not a plain file")
-    try:
-        size = path.stat().st_size
-        if size > MAX_RUN_FILE:
-            raise GradscopeError(f"inputs: {what} {path} is {size / 1e6:.0f} MB; a run file is at most "
-                                 f"{MAX_RUN_FILE >> 20} MB")
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise GradscopeError(f"inputs: {what} {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise GradscopeError(f"inputs: cannot read {what} {path} ({exc.strerror or type(exc).__name__})") from None
-
-
-def _parse(text: str) -> Any:
-    """JSON, or a ValueError (a deeply nested document is one too)."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
-def _json(path: Path, what: str) -> Any:
-    try:
-        return _parse(_text(path, what))
-    except ValueError as exc:
-        if isinstance(exc, GradscopeError):
-            raise
-        raise GradscopeError(f"inputs: {what} {path} is not valid JSON ({str(exc)[:100]})") from None
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _metrics(path: Path) -> list[dict[str, float]]:
-    """metrics.jsonl: one object per logged iteration, with an integer ``iteration`` and numbers. A
-    line cut short (a run still writing, or killed mid-line) is skipped; any other line that is not
-    such an object is a user error. Fields that are not numbers are dropped."""
-    rows = []
-    for n, line in enumerate(_text(path, "metrics log").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = _parse(line)
-        except ValueError:
-            continue  # cut short
-        if not isinstance(row, dict) or not isinstance(row.get("iteration"), int) or isinstance(row["iteration"], bool):
-            raise GradscopeError(f"inputs: {path} line {n}: {line[:60]!r}; expected an object with an integer "
-                                 f"'iteration' and numbers")
-        rows.append({k: v for k, v in row.items() if _number(v)})
-    return rows
-
-
-def _evaluation(path: Path) -> dict[str, Any]:
-    """eval.json: an object with an integer ``iteration`` and, per held-out set, an object of numbers."""
-    doc = _json(path, "evaluation")
-    bad = not isinstance(doc, dict) or not isinstance(doc.get("iteration"), int) or isinstance(doc["iteration"], bool)
-    uniform = doc.get("uniform") if isinstance(doc, dict) else None
-    if not bad and uniform is not None:
-        bad = not isinstance(uniform, dict) or not _number(uniform.get("token_accuracy")) \
-            or not isinstance(uniform.get("n"), int) or isinstance(uniform.get("n"), bool)
-    if bad:
-        raise GradscopeError(f"inputs: {path} is not a gradscope evaluation (expected an object with an integer "
-                             f"'iteration' and 'uniform': {{n, token_accuracy, …}})")
-    return doc
-
-
-def _run_config(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(config.json, model, task, train): a gradscope run config whose parts are objects."""
-    data = _json(path / "config.json", "run config")
-    check(isinstance(data, dict) and data.get("format") == "gradscope-run",
-          f"inputs: {path} has a config.json that is not a gradscope run config")
-    cfg = data.get("config", {})
-    parts = [cfg.get(k, {}) for k in ("model", "task", "train")] if isinstance(cfg, dict) else [None]
-    check(all(isinstance(p, dict) for p in parts),
-          f"inputs: {path}/config.json: its 'config' is not an object of model, task and train objects")
-    model, task, train = parts
-    if "seed" in train:
-        as_int(train["seed"], f"inputs: {path}/config.json: train seed")
-    return data, model, task, train
-
-
 def load_run(path: Path) -> Input:
-    """A run directory: config.json, metrics.jsonl (lines cut short are skipped), eval.json if present."""
-    data, model, task, train = _run_config(path)
-    log = path / "metrics.jsonl"
-    metrics = _metrics(log) if log.exists() else []
-    evaluation = _evaluation(path / "eval.json") if (path / "eval.json").exists() else None
+    """A run directory (read by :mod:`gradscope.files.rundir`): config.json, metrics.jsonl (lines
+    cut short are skipped), eval.json if present."""
+    data, model, task, train = read_config_parts(path, "inputs")
+    metrics = read_metrics(path, "inputs")
+    evaluation = read_evaluation(path, "inputs")
     files = [p for p in list_checkpoints(path) if p.is_file()]
     checkpoints = [{"path": str(p), "iteration": int(p.stem.split("-")[-1]) if p.stem.startswith("step-") else None,
                     "sha256": sha256_file(p) if p == files[-1] else ""} for p in files]
@@ -199,10 +111,6 @@ def load_store(path: Path) -> list[Input]:
     return out
 
 
-def is_run(path: Path) -> bool:
-    return (Path(path) / "config.json").is_file()
-
-
 def expand_inputs(paths: list[Path]) -> list[Path]:
     """Each path as given, except: a sweep (directory or sweep.json) stands for its finished runs and
     stores; a folder that is neither a run nor a store stands for the runs and stores in it."""
@@ -211,8 +119,8 @@ def expand_inputs(paths: list[Path]) -> list[Path]:
         if manifest_path(path) is not None:
             found = manifest_outputs(path, OUTPUTS)
             check(bool(found), f"inputs: the sweep {path} has no finished points yet")
-        elif path.is_dir() and not is_run(path) and not is_store(path):
-            found = [p for p in folder_entries(path) if is_run(p) or is_store(p)]
+        elif path.is_dir() and not is_run_dir(path) and not is_store(path):
+            found = [p for p in folder_entries(path) if is_run_dir(p) or is_store(p)]
             check(bool(found), f"inputs: {path} is neither a run directory nor a store, and holds none")
         else:
             found = [path]
@@ -228,7 +136,7 @@ def load_inputs(paths: list[Path]) -> list[Input]:
     for path in expand_inputs(paths):
         check(path.exists(), f"inputs: {path} does not exist")
         check(path.is_dir(), f"inputs: {path} is a file; expected a zarr store or a run directory")
-        out.extend([load_run(path)] if is_run(path) else load_store(path))
+        out.extend([load_run(path)] if is_run_dir(path) else load_store(path))
     label_inputs(out)
     return out
 

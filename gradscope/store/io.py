@@ -15,7 +15,6 @@ store of the documented layout, holding the values it was written with.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -29,20 +28,13 @@ import xarray as xr
 import zarr
 
 from gradscope.errors import GradscopeError
-from gradscope.guard import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
+from gradscope.files.io import sha256_file  # noqa: F401 - re-exported for the store modules
+from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.store.integrity import RECORD, inspect_store, make_record, verify_record
 from gradscope.store.schema import check_attrs, check_layout, check_summary_fields
 from gradscope.version import __version__
 
 STORE_KINDS = ("stability", "accuracy", "summary", "dynamics")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def provenance(kind: str, command: str, device: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:

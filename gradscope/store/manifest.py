@@ -16,7 +16,7 @@ from typing import Any
 
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import inside
-from gradscope.train.io import atomic_write_text
+from gradscope.files.io import atomic_write_text
 
 MANIFEST = "sweep.json"
 MANIFEST_FORMAT = "gradscope-sweep"

@@ -15,7 +15,7 @@ from gradscope.models import model_fields
 from gradscope.store.io import attr_json, folder_entries, is_store, provenance, read_store, store_kind
 from gradscope.store.manifest import manifest_outputs, manifest_path
 from gradscope.store.parts import config_parts
-from gradscope.train.io import atomic_write
+from gradscope.files.io import atomic_write
 from gradscope.store.records import SummaryEntry, TrialRecord
 from gradscope.models.registry import core_options
 

@@ -17,7 +17,7 @@ from gradscope.tasks.registry import TASKS, probe_tasks
 from gradscope.tasks.vocab import FREQUENT, GROUP_NAMES, RARE, group_bounds, sample_group, sample_tokens
 
 if TYPE_CHECKING:
-    from gradscope.config import TaskConfig
+    from gradscope.tasks.config import TaskConfig
 
 
 def make_task(cfg: "TaskConfig") -> Task:

@@ -9,8 +9,8 @@ import torch
 
 from gradscope.tasks.vocab import sample_tokens
 
-if TYPE_CHECKING:  # the config layer sits above the tasks (it checks names against their registry)
-    from gradscope.config import TaskConfig
+if TYPE_CHECKING:  # TaskConfig checks names against the registry
+    from gradscope.tasks.config import TaskConfig
 
 IGNORE = -100  # target value of unscored positions (cross-entropy ignore_index)
 

@@ -15,7 +15,7 @@ from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
 
 if TYPE_CHECKING:
-    from gradscope.config import TaskConfig
+    from gradscope.tasks.config import TaskConfig
 
 
 class Copy(Task):

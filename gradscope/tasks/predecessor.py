@@ -13,7 +13,7 @@ from gradscope.tasks.base import IGNORE, Batch, Task
 from gradscope.tasks.vocab import token_weights
 
 if TYPE_CHECKING:
-    from gradscope.config import TaskConfig
+    from gradscope.tasks.config import TaskConfig
 
 
 class Predecessor(Task):

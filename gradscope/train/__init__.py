@@ -1,9 +1,10 @@
-"""Training: loop, schedule, checkpoint I/O and loading."""
+"""Training: loop, schedule, evaluation, samples. Checkpoint I/O lives in :mod:`gradscope.files`;
+its names are re-exported here for old imports."""
 
-from gradscope.train.checkpoint import (Loaded, checkpoint_name, list_checkpoints, load, load_checkpoint,
+from gradscope.files.checkpoint import (Loaded, checkpoint_name, list_checkpoints, load, load_checkpoint,
                                         resolve_checkpoints, validate_checkpoint)
 from gradscope.train.evaluate import evaluate_heldout, predict
-from gradscope.train.lock import run_lock
+from gradscope.files.lock import run_lock
 from gradscope.train.loop import is_run_dir, read_evaluation, read_run_config, train
 from gradscope.train.schedule import lr_at
 

@@ -6,7 +6,7 @@ schedule position, the data generator's state and the last logged metrics, so N 
 N steps writes the same checkpoints, bit for bit in every field, as 2N uninterrupted steps on the
 CPU.
 
-One process at a time trains a run directory (:func:`gradscope.train.lock.run_lock`). Every run
+One process at a time trains a run directory (:func:`gradscope.files.lock.run_lock`). Every run
 first removes the temporaries a killed run left in it, and validates everything it reads (options
 and sizes against memory; on resume, every file of the directory) before it writes anything.
 """
@@ -24,20 +24,21 @@ import torch
 
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import WRITE_ERRORS, as_int, disk_error, remove_stale_temporaries
+from gradscope.guard import as_int
+from gradscope.files.publish import WRITE_ERRORS, disk_error, remove_stale_temporaries
 from gradscope.models import SeqModel
 from gradscope.tasks import Batch, Excluder, HeldOut, Task, build_heldout, make_task, sample_excluding
 from gradscope.tasks.base import IGNORE
-from gradscope.train.checkpoint import (FORMAT, FORMAT_VERSION, checkpoint_name, heldout_to_dict, list_checkpoints,
+from gradscope.files.checkpoint import (FORMAT, FORMAT_VERSION, checkpoint_name, heldout_to_dict, list_checkpoints,
                                         load_checkpoint)
 from gradscope.train.device import resolve_device
 from gradscope.train.evaluate import evaluate_heldout
-from gradscope.train.io import atomic_save, atomic_write_text
-from gradscope.train.lock import run_lock
-from gradscope.train.rundir import (CONFIG_FILE, EVAL_FILE, METRICS_FILE, RUN_FORMAT, check_resume_state,
-                                    read_evaluation, read_log, read_run_config, relative_command)
+from gradscope.files.io import atomic_save, atomic_write_text
+from gradscope.files.lock import run_lock
+from gradscope.files.rundir import (CONFIG_FILE, EVAL_FILE, METRICS_FILE, RUN_FORMAT, check_resume_state,
+                                    is_run_dir, read_evaluation, read_log, read_run_config, relative_command)
 from gradscope.train.schedule import lr_at
-from gradscope.train.validate import check_fits, check_training_memory
+from gradscope.files.validate import check_fits, check_training_memory
 from gradscope.version import __version__
 
 __all__ = ["CONFIG_FILE", "EVAL_FILE", "METRICS_FILE", "RUN_FORMAT", "TrainState", "check_fits", "discard_unstarted",
@@ -58,10 +59,6 @@ class TrainState:
     window: torch.Tensor  # (3,) loss sum, correct, scored since the last log line
     window_steps: int
     metrics: dict[str, float]  # loss and accuracy of the last log line ({} before the first)
-
-
-def is_run_dir(path: Path) -> bool:
-    return (Path(path) / CONFIG_FILE).is_file()
 
 
 def resumable(run_dir: Path) -> bool:

@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from gradscope.errors import check
-from gradscope.store.io import sha256_file
-from gradscope.train.checkpoint import list_checkpoints, validate_checkpoint
-from gradscope.train.io import atomic_save, atomic_write_text, safe_load
-from gradscope.train.rundir import CONFIG_FILE, EVAL_FILE, METRICS_FILE, read_evaluation, read_json, read_run_config
+from gradscope.files.checkpoint import list_checkpoints, validate_checkpoint
+from gradscope.files.io import atomic_save, atomic_write_text, safe_load, sha256_file
+from gradscope.files.rundir import CONFIG_FILE, EVAL_FILE, METRICS_FILE, read_evaluation, read_json, read_run_config
 
 MANIFEST = "MANIFEST.json"
 
@@ -58,6 +57,7 @@ def package_run(run_dir: Path, dest: Path) -> dict[str, Any]:
             "files": {p.name: sha256_file(p) for p in sorted(dest.iterdir())}}
 
 
-def write_manifest(root: Path, entries: list[dict[str, Any]]) -> Path:
+def write_samples_manifest(root: Path, entries: list[dict[str, Any]]) -> Path:
+    """Atomically (re)write ``root/MANIFEST.json``, the index of shipped samples (:func:`package_run` entries)."""
     atomic_write_text(root / MANIFEST, json.dumps({"format": "gradscope-samples", "runs": entries}, indent=1) + "\n")
     return root / MANIFEST

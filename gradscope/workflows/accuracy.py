@@ -19,10 +19,10 @@ from gradscope.store.accuracy import accuracy_dataset
 from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.records import AccuracyResult
 from gradscope.tasks import ReverseVariable, grid_batch, make_task
-from gradscope.train.checkpoint import Loaded, load_checkpoint
+from gradscope.files.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
 from gradscope.train.evaluate import predict
-from gradscope.workflows.stability import config_attrs, expand_checkpoints
+from gradscope.workflows.common import config_attrs, expand_checkpoints
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes
-from gradscope.workflows.stability import as_count
+from gradscope.workflows.common import as_count
 from gradscope.workflows.sweep import Analyses, PointOutcome, SweepPoint, run_point
 
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")  # dask's network transports

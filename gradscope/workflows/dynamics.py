@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -40,11 +39,11 @@ from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.tasks.registry import probe_tasks
-from gradscope.train.checkpoint import Loaded, load_checkpoint
+from gradscope.files.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
-from gradscope.workflows.stability import (MAX_COUNT, DivergedWarning, as_count, as_seed,
-                                           conditions_for, config_attrs, expand_checkpoints)
+from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions_for, config_attrs,
+                                        expand_checkpoints, warn_diverged)
 
 PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")
 QR_DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -248,13 +247,12 @@ class DynamicsRun:
         return ds
 
 
-def warn_diverged(run: DynamicsRun) -> None:
-    """A :class:`DivergedWarning` when some values a healthy model gives finite are NaN or Inf."""
+def warn_diverged_values(run: DynamicsRun) -> None:
+    """:func:`~gradscope.workflows.common.warn_diverged` when some values a healthy model gives finite
+    are NaN or Inf."""
     bad = {k: v for k, v in run.nonfinite.items() if v}
     if bad:
-        warnings.warn(DivergedWarning(f"non-finite (NaN or Inf) values, a diverged model: "
-                                      f"{', '.join(f'{v} in {k}' for k, v in bad.items())}; they are stored as they "
-                                      f"are"), stacklevel=3)
+        warn_diverged(", ".join(f"{v} in {k}" for k, v in bad.items()), "they are stored as they are")
 
 
 def token_classes(tokens: torch.Tensor, vocab_size: int, query: int | None) -> np.ndarray:
@@ -359,7 +357,7 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
         if on_progress is not None:
             on_progress(1)
     out = DynamicsRun(config, probes, classes, results, names, lyap_steps, opts, command, str(device), nonfinite, plan)
-    warn_diverged(out)
+    warn_diverged_values(out)
     return out
 
 
@@ -415,7 +413,7 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
     result = DynamicsResult(Path("<in memory>"), -1, "", parts, blocks)
     out = DynamicsRun(config, probes, classes, [result], names, lyap_steps, opts, command, str(device),
                       nonfinite_counts(parts), plan)
-    warn_diverged(out)
+    warn_diverged_values(out)
     return out
 
 

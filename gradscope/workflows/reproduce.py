@@ -22,11 +22,11 @@ from gradscope.presets import SCALES, scale_configs
 from gradscope.models.pe import pe_numbers
 from gradscope.tasks.registry import probe_tasks
 from gradscope.tasks import make_task
-from gradscope.train.checkpoint import checkpoint_iteration, resolve_checkpoints
+from gradscope.files.checkpoint import checkpoint_iteration, resolve_checkpoints
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
-from gradscope.workflows.stability import (StabilityOptions, as_seed, conditions_for, result_bytes,
-                                           run_stability)
+from gradscope.workflows.common import as_seed, conditions_for
+from gradscope.workflows.stability import StabilityOptions, result_bytes, run_stability
 
 PES = ("none", "sinusoidal")
 

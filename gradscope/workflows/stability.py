@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import operator
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -19,36 +17,19 @@ from torch import nn
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
 from gradscope.analysis.jacobian import METHODS
 from gradscope.analysis.stability import PAIRS, probe_stability
-from gradscope.config import ModelConfig, RunConfig, TaskConfig
+from gradscope.config import ModelConfig
 from gradscope.errors import check
-from gradscope.guard import as_int, check_bytes
+from gradscope.guard import check_bytes
 from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.records import CheckpointResult
 from gradscope.store.stability import probes_from_store, stability_dataset
 from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_groups, make_probes, read_counts_file,
                                     read_probe_arrays, validate_probes)
-from gradscope.train.checkpoint import Loaded, load_checkpoint, resolve_checkpoints
+from gradscope.files.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import probe_tasks
-
-MAX_SEED = 2**63 - 1
-MAX_COUNT = 2**31 - 1  # sizes, positions and counts of options: beyond this none fits in memory anyway
-
-
-class DivergedWarning(UserWarning):
-    """Some Jacobians had NaN or Inf entries (a diverged model): their scores are NaN, counted."""
-
-
-def as_count(value: Any, what: str, low: int = 1, high: int | None = None) -> int:
-    """An integer option (an int, an integral float or a numpy integer) within [low, high]."""
-    if not isinstance(value, (bool, float, int)) and hasattr(value, "__index__"):
-        value = operator.index(value)  # numpy integers
-    return as_int(value, what, low, high)
-
-
-def as_seed(value: Any, what: str = "seed") -> int:
-    """A seed from outside: an integer in 0 … 2**63 − 1 (what torch and numpy generators accept)."""
-    return as_count(value, what, 0, MAX_SEED)
+from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions_for, config_attrs,
+                                        expand_checkpoints, model_id, warn_diverged)
 
 
 @dataclass(frozen=True)
@@ -100,20 +81,6 @@ class StabilityOptions:
               f"split: got {self.split!r}; it must lie strictly between 0 and 1")
 
 
-def conditions_for(task: TaskConfig, targets: tuple[str, ...], disturbants: tuple[str, ...]) -> list[tuple[str, str]]:
-    """The (target group, disturbant group) conditions to probe, checked against the vocabulary."""
-    for name, groups in (("target_groups", targets), ("disturbant_groups", disturbants)):
-        for g in groups:
-            check(g in GROUPS, f"{name}: got {g!r}; valid values are {', '.join(GROUPS)}")
-    dual = task.distribution == "dual"
-    if not dual:
-        split = [g for g in targets + disturbants if g != "all"]
-        check(not split, f"target_groups/disturbant_groups: got {split[0] if split else ''!r}, but this checkpoint "
-                         f"was trained on a uniform vocabulary, which has no frequent/rare split; use all")
-    default = ("frequent", "rare") if dual else ("all",)
-    return list(itertools.product(targets or default, disturbants or default))
-
-
 def read_probes_file(path: Path) -> Probes:
     """Probe triplets from .npy (int (n, 3, L)), .npz (``tokens`` plus optional ``target_group`` and
     ``disturbant_group`` string arrays) or a previous stability store (.zarr), checked (see
@@ -131,12 +98,6 @@ def result_bytes(triplets: int, length: int, checkpoints: int, top_sv: int) -> i
     statistics and ``top_sv`` singular values."""
     values = 24  # per pair: the scores, the companion statistics and the Wirtinger parts (17), generously
     return triplets * (2 * 3 * 2 * length * 8 + 2 * checkpoints * (2 * values + 3 * top_sv) * 8)
-
-
-def expand_checkpoints(paths: list[Path]) -> list[Path]:
-    """Files as given; run directories expanded to their checkpoints (oldest first)."""
-    check(bool(paths), "checkpoint: give at least one checkpoint file or run directory")
-    return [c for p in paths for c in resolve_checkpoints(Path(p))]
 
 
 def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) -> Probes:
@@ -189,7 +150,7 @@ class StabilityRun:
         """Each checkpoint's model label, ``<core>-<pe>`` from its own config (its class name for a
         model of your own)."""
         configs = self.configs or (self.config,) * len(self.results)
-        return [model_label(c["model_config"]) for c in configs]
+        return [model_id(c["model_config"]) for c in configs]
 
     def summary(self, kind: str = "default", seed: int = 0, resamples: int = 10_000) -> list["SummaryRow"]:
         return summarize(self.results, self.probes, kind, seed, resamples, self.models)
@@ -205,20 +166,13 @@ class StabilityRun:
         return sum(r.result.nonfinite_count for r in self.results)
 
 
-def model_label(model_config: dict[str, Any]) -> str:
-    """'gru-sinusoidal' for a gradscope model's config; the core's name for another model's."""
-    core = model_config.get("core", "?")
-    return f"{core}-{model_config['pe']}" if "pe" in model_config else str(core)
-
-
-def warn_diverged(run: StabilityRun) -> None:
-    """A :class:`DivergedWarning` when some Jacobians were non-finite."""
+def warn_diverged_jacobians(run: StabilityRun) -> None:
+    """:func:`~gradscope.workflows.common.warn_diverged` when some Jacobians were non-finite."""
     bad = run.nonfinite_jacobians
     if bad:
         total = sum(r.result.singular_values.shape[0] * r.result.singular_values.shape[1] for r in run.results)
-        warnings.warn(DivergedWarning(f"{bad} of {total} Jacobians have non-finite (NaN or Inf) entries, a diverged "
-                                      f"model; their scores are NaN ({run.nan_count['default']} default scores), "
-                                      f"counted and left out of every mean"), stacklevel=3)
+        warn_diverged(f"{bad} of {total} Jacobians", f"their scores are NaN ({run.nan_count['default']} default "
+                                                      f"scores), counted and left out of every mean")
 
 
 def run_stability(paths: list[Path], opts: StabilityOptions,
@@ -256,14 +210,8 @@ def run_stability(paths: list[Path], opts: StabilityOptions,
         loaded = model = None  # only one checkpoint in memory at a time
     out = StabilityRun(config, probes, results, opts, command,
                        device_label if device_label is not None else str(device), tuple(configs))
-    warn_diverged(out)
+    warn_diverged_jacobians(out)
     return out
-
-
-def config_attrs(config: RunConfig) -> dict[str, Any]:
-    """The three config dicts a store records."""
-    return {"model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
-            "train_config": dataclasses.asdict(config.train)}
 
 
 def model_probes(model: nn.Module, opts: StabilityOptions) -> Probes:
@@ -333,7 +281,7 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
     run = path.parent.name if source is not None else ""
     out = StabilityRun(config, probes, [CheckpointResult(path, iteration, run, result)], opts, command, str(device),
                        (config,))
-    warn_diverged(out)
+    warn_diverged_jacobians(out)
     return out
 
 
@@ -377,7 +325,7 @@ def stability(source: Any, probes: Any = None, *, position: int = 1, triplets: i
     (write it with ``ds.to_zarr`` or ``gradscope.store.write_store``).
 
     source: a checkpoint file or run directory (or a list of them: every checkpoint, oldest first),
-    a :class:`~gradscope.train.checkpoint.Loaded`, or an in-memory model (``gradscope.wrap(...)`` or
+    a :class:`~gradscope.files.checkpoint.Loaded`, or an in-memory model (``gradscope.wrap(...)`` or
     ``gradscope.load(...).model``).
     probes: None (generated: ``triplets`` per condition of the checkpoint's task, or, for a wrapped
     model, from ``token_counts`` and ``length``), a path (.npy (n, 3, L) token ids, .npz, or a

@@ -47,7 +47,8 @@ from gradscope.workflows.accuracy import AccuracyOptions
 from gradscope.workflows.lock import point_lock
 from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, check_run_sizes, stability_step,
                                            train_step)
-from gradscope.workflows.stability import StabilityOptions, conditions_for
+from gradscope.workflows.common import conditions_for
+from gradscope.workflows.stability import StabilityOptions
 from gradscope.tasks.registry import probe_tasks
 
 if sys.version_info >= (3, 11):
@@ -319,9 +320,11 @@ def lock_path(point: SweepPoint, layout: Layout) -> Path:
     return layout.run(point.run).parent / f".{point.name}.lock"
 
 
-def remove_stale_temporaries(point: SweepPoint, layout: Layout) -> None:
+def clear_point_temporaries(point: SweepPoint, layout: Layout) -> None:
     """Temporary files and stores left by a task that was killed mid-write (the real outputs are
-    only ever renamed into place, so these are never needed)."""
+    only ever renamed into place, so these are never needed). Unlike
+    :func:`gradscope.files.publish.remove_stale_temporaries`, which spares a live writer's, this
+    removes every one: it runs under the point's lock, on any host, so no writer of them is left."""
     run_dir, stores = layout.run(point.run), layout.accuracy(point.run).parent
     for folder, prefixes in ((run_dir, (".",)), (stores, (f".accuracy-{point.name}.zarr.", f".stability-{point.name}.zarr."))):
         if not folder.is_dir():
@@ -354,7 +357,7 @@ def run_point(point: SweepPoint, root: str, analyses: Analyses, threads: int, co
     torch.set_num_threads(max(1, threads))
     layout = Layout(Path(root))
     with point_lock(lock_path(point, layout), f"point {point.name}"):
-        remove_stale_temporaries(point, layout)  # safe: no other runner of this point exists now
+        clear_point_temporaries(point, layout)  # safe: no other runner of this point exists now
         steps = [("train", train_step(point.run, layout, command=command))]
         out = point_outputs(point, layout, analyses)
         if analyses.accuracy is not None:

@@ -1,9 +1,12 @@
 """A run directory's files, read and validated (issue #15): ``config.json``, ``metrics.jsonl``,
 ``eval.json``, and the resume state of its last checkpoint (optimizer, random generators, log
-window, last logged metrics).
+window, last logged metrics). The one reader of run directories: training reads them here to
+resume, reports and sweeps to show them.
 
 Resuming reads everything through here before it modifies anything, so a malformed file is a
-one-line :class:`GradscopeError` and leaves the directory as it was.
+one-line :class:`GradscopeError` and leaves the directory as it was. Reports read the same files
+more leniently (:func:`read_config_parts`, :func:`read_metrics`): a run still writing its log, or
+a config of another gradscope version, is still shown.
 """
 
 from __future__ import annotations
@@ -57,21 +60,66 @@ def relative_command(command: str, run_dir: Path, cwd: Path | None = None) -> st
     return shlex.join(out)
 
 
+MAX_RUN_FILE = 256 << 20  # bytes of config.json, eval.json or metrics.jsonl read into memory
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run directory (it holds a ``config.json``)."""
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
 def read_text(path: Path, what: str) -> str:
-    """A UTF-8 text file; a missing, unreadable or undecodable file is a user error."""
+    """A run file's text: a plain file of at most :data:`MAX_RUN_FILE` bytes, UTF-8. A missing,
+    unreadable, oversized or undecodable file is a user error."""
+    path = Path(path)
     try:
-        return Path(path).read_bytes().decode("utf-8")
+        if not path.is_file():
+            raise GradscopeError(f"{what}: {path} is not a plain file")
+        size = path.stat().st_size
+        if size > MAX_RUN_FILE:
+            raise GradscopeError(f"{what}: {path} is {size / 1e6:.0f} MB; a run file is at most "
+                                 f"{MAX_RUN_FILE >> 20} MB")
+        return path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise GradscopeError(f"{what}: cannot read {path} ({exc.strerror or type(exc).__name__})") from None
     except UnicodeDecodeError as exc:
         raise GradscopeError(f"{what}: {path} is not UTF-8 text (byte {exc.start})") from None
 
 
+def parse_json(text: str) -> Any:
+    """JSON, or a ValueError (a document nested too deeply for the parser is one too)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def read_json(path: Path, what: str) -> Any:
     try:
-        return json.loads(read_text(path, what))
-    except json.JSONDecodeError as exc:
-        raise GradscopeError(f"{what}: {path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        return parse_json(read_text(path, what))
+    except GradscopeError:
+        raise
+    except ValueError as exc:
+        msg = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else str(exc)[:100]
+        raise GradscopeError(f"{what}: {path} is not valid JSON ({msg})") from None
+
+
+def read_config_parts(run_dir: Path, what: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any],
+                                                          dict[str, Any]]:
+    """(config.json, model, task, train) of a run, each part a plain dict as written (for reports:
+    a config of another gradscope version is shown as it is; :func:`read_run_config` builds one)."""
+    path = Path(run_dir) / CONFIG_FILE
+    data = read_json(path, what)
+    check(isinstance(data, dict) and data.get("format") == RUN_FORMAT,
+          f"{what}: {run_dir} has a config.json that is not a gradscope run config")
+    cfg = data.get("config", {})
+    parts = [cfg.get(k, {}) for k in ("model", "task", "train")] if isinstance(cfg, dict) else [None]
+    check(all(isinstance(p, dict) for p in parts),
+          f"{what}: {path}: its 'config' is not an object of model, task and train objects")
+    model, task, train = parts
+    if "seed" in train:
+        as_int(train["seed"], f"{what}: {path}: train seed")
+    return data, model, task, train
 
 
 def read_run_config(run_dir: Path) -> RunConfig:
@@ -87,16 +135,49 @@ def read_run_config(run_dir: Path) -> RunConfig:
         raise GradscopeError(f"resume: {path}: {exc}") from None
 
 
-def read_evaluation(run_dir: Path) -> dict[str, Any] | None:
-    """The held-out evaluation in ``eval.json`` (None when the run has not finished)."""
+def read_evaluation(run_dir: Path, what: str = "evaluation") -> dict[str, Any] | None:
+    """The held-out evaluation in ``eval.json`` (None when the run has not finished): an object with
+    an integer ``iteration`` and, when present, ``uniform``: {n, token_accuracy, …}."""
     path = Path(run_dir) / EVAL_FILE
     if not path.exists():
         return None
-    data = read_json(path, "evaluation")
-    if not isinstance(data, dict) or isinstance(data.get("iteration"), bool) or not isinstance(data.get("iteration"), int):
-        raise GradscopeError(f"evaluation: {path} is not a gradscope evaluation (expected an object with an "
-                             f"integer \"iteration\")")
-    return data
+    doc = read_json(path, what)
+    bad = not isinstance(doc, dict) or not _integer(doc.get("iteration"))
+    uniform = doc.get("uniform") if isinstance(doc, dict) else None
+    if not bad and uniform is not None:
+        bad = not isinstance(uniform, dict) or not _number(uniform.get("token_accuracy")) \
+            or not _integer(uniform.get("n"))
+    if bad:
+        raise GradscopeError(f"{what}: {path} is not a gradscope evaluation (expected an object with an integer "
+                             f"\"iteration\" and \"uniform\": {{n, token_accuracy, …}})")
+    return doc
+
+
+def read_metrics(run_dir: Path, what: str) -> list[dict[str, float]]:
+    """``metrics.jsonl`` as shown (not resumed): one object per logged iteration, with an integer
+    ``iteration`` and numbers. A line cut short (a run still writing, or killed mid-line) is
+    skipped; any other line that is not such an object is a user error. Fields that are not
+    numbers are dropped. A run without a log has none ([])."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(read_text(path, what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = parse_json(line)
+        except ValueError:
+            continue  # cut short
+        if not isinstance(row, dict) or not _integer(row.get("iteration")):
+            raise GradscopeError(f"{what}: {path} line {n}: {line[:60]!r}; expected an object with an integer "
+                                 f"'iteration' and numbers")
+        rows.append({k: v for k, v in row.items() if _number(v)})
+    return rows
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _number(value: Any) -> bool:

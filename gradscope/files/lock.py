@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from gradscope.errors import GradscopeError
-from gradscope.guard import WRITE_ERRORS, disk_error, pid_alive
+from gradscope.files.publish import WRITE_ERRORS, disk_error, pid_alive
 
 STALE_AFTER = 120.0
 BEAT = 15.0

@@ -8,6 +8,7 @@ variable can flip torch's default back to unsafe unpickling.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import warnings
@@ -17,7 +18,17 @@ from typing import Any, Callable
 import torch
 
 from gradscope.errors import GradscopeError
-from gradscope.guard import WRITE_ERRORS, check_bytes, disk_error, publish, remove_stale_temporaries, temp_path
+from gradscope.guard import check_bytes
+from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 hex digest of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write(path: Path, write: Callable[[Path], None], *, overwrite: bool = True, what: str = "out") -> None:

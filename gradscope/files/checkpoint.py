@@ -15,7 +15,7 @@ Format 2 nests a core's own settings in ``config.model.core_config``; format 1 (
 kept S4D's ``state_size``, ``dt_min`` and ``dt_max`` among the shared model fields, and still loads.
 
 Loading validates a checkpoint in full (:func:`validate_checkpoint`, with the checks of
-:mod:`gradscope.train.validate`) before any model is built; a malformed file is a one-line
+:mod:`gradscope.files.validate`) before any model is built; a malformed file is a one-line
 :class:`GradscopeError`.
 """
 
@@ -34,8 +34,8 @@ from gradscope.guard import as_int, check_ids, check_tensor
 from gradscope.models import SeqModel
 from gradscope.models.pe import sinusoidal_frequencies
 from gradscope.tasks import HeldOut, Reverse, make_task
-from gradscope.train.io import safe_load
-from gradscope.train.validate import Checked, check_fits, check_heldout, check_state_dict, model_template
+from gradscope.files.io import safe_load
+from gradscope.files.validate import Checked, check_fits, check_heldout, check_state_dict, model_template
 
 FORMAT = "gradscope-checkpoint"
 FORMAT_VERSION = 2

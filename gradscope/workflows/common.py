@@ -1,0 +1,76 @@
+"""What several workflows share (moved out of workflows/stability.py, issue #24): option checks,
+checkpoint lists, the conditions to probe, the configs a store records, the diverged-model warning."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import operator
+import warnings
+from pathlib import Path
+from typing import Any
+
+from gradscope.config import MAX_SEED, RunConfig, TaskConfig
+from gradscope.errors import check
+from gradscope.files.checkpoint import resolve_checkpoints
+from gradscope.guard import as_int
+from gradscope.tasks.probes import GROUPS
+
+MAX_COUNT = 2**31 - 1  # sizes, positions and counts of options: beyond this none fits in memory anyway
+
+
+class DivergedWarning(UserWarning):
+    """Some Jacobians or values had NaN or Inf entries (a diverged model): counted, and said once."""
+
+
+def warn_diverged(found: str, consequence: str) -> None:
+    """A :class:`DivergedWarning`: ``found`` non-finite things (e.g. '3 of 64 Jacobians'), and what
+    became of them."""
+    warnings.warn(DivergedWarning(f"non-finite (NaN or Inf) values, a diverged model: {found}; {consequence}"),
+                  stacklevel=3)
+
+
+def as_count(value: Any, what: str, low: int = 1, high: int | None = None) -> int:
+    """An integer option (an int, an integral float or a numpy integer) within [low, high]."""
+    if not isinstance(value, (bool, float, int)) and hasattr(value, "__index__"):
+        value = operator.index(value)  # numpy integers
+    return as_int(value, what, low, high)
+
+
+def as_seed(value: Any, what: str = "seed") -> int:
+    """A seed from outside: an integer in 0 … 2**63 − 1 (what torch and numpy generators accept)."""
+    return as_count(value, what, 0, MAX_SEED)
+
+
+def conditions_for(task: TaskConfig, targets: tuple[str, ...], disturbants: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The (target group, disturbant group) conditions to probe, checked against the vocabulary."""
+    for name, groups in (("target_groups", targets), ("disturbant_groups", disturbants)):
+        for g in groups:
+            check(g in GROUPS, f"{name}: got {g!r}; valid values are {', '.join(GROUPS)}")
+    dual = task.distribution == "dual"
+    if not dual:
+        split = [g for g in targets + disturbants if g != "all"]
+        check(not split, f"target_groups/disturbant_groups: got {split[0] if split else ''!r}, but this checkpoint "
+                         f"was trained on a uniform vocabulary, which has no frequent/rare split; use all")
+    default = ("frequent", "rare") if dual else ("all",)
+    return list(itertools.product(targets or default, disturbants or default))
+
+
+def expand_checkpoints(paths: list[Path]) -> list[Path]:
+    """Files as given; run directories expanded to their checkpoints (oldest first)."""
+    check(bool(paths), "checkpoint: give at least one checkpoint file or run directory")
+    return [c for p in paths for c in resolve_checkpoints(Path(p))]
+
+
+def config_attrs(config: RunConfig) -> dict[str, Any]:
+    """The three config dicts a store records."""
+    return {"model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
+            "train_config": dataclasses.asdict(config.train)}
+
+
+def model_id(model_config: dict[str, Any]) -> str:
+    """The identifier a stability store's ``model`` coordinate holds: '<core>-<pe>' for a gradscope
+    model ('gru-sinusoidal'), the core's name for another model. Reports and tables show
+    :func:`gradscope.store.inputs.model_label` ('GRU PE (sinusoidal)') instead."""
+    core = model_config.get("core", "?")
+    return f"{core}-{model_config['pe']}" if "pe" in model_config else str(core)
