@@ -5,14 +5,16 @@ A family gives two functions over the library model, in the layout the docs stat
 of per-sequence tensors, in the documented order):
 
 - ``state(tokens) → parts``: the library's own cache/state after running ``tokens`` (B, p);
-- ``step(parts, column, t) → (y, parts')``: one token ``column`` (B, 1) at 0-based position t through
-  the library's own forward, starting from ``parts`` (the cache rebuilt from them), returning the output y (B, H) the
-  adapter's core outputs (the backbone's last hidden state) and the new parts.
+- ``step(parts, columns, t0) → (y, parts')``: the tokens ``columns`` (B, n), the first at 0-based
+  position t0, through the library's own forward starting from ``parts`` (the cache rebuilt from
+  them), returning the output y (B, H) after the last of them (what the adapter's core outputs: the
+  backbone's last hidden state) and the new parts.
 
 Everything runs in float64 (the libraries round to float32 in places, which bounds the agreement at
-~1e-7 relative). Reverse mode (one autograd.grad per output row) gives J = ∂y_T/∂z_p; forward mode
-on a batch repeated D times (row b·D + j carries the tangent e_j) gives the step Jacobians J_t, so the
-libraries' in-place cache writes are no obstacle.
+~1e-7 relative). J = ∂y_T/∂z_p comes from reverse mode (one autograd.grad per output row) or, for a
+library whose cache writes defeat reverse mode (``reverse=False``: RWKV writes back into the very
+tensors its maximum saved), from forward mode on a batch repeated D times (row b·D + j carries the
+tangent e_j); the step Jacobians J_t always come from forward mode.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Family:
     state: Callable[[Tensor], Parts]
     step: Callable[[Parts, Tensor, int], tuple[Tensor, Parts]]
     vocab: int
+    reverse: bool = True  # J = ∂y_T/∂z_p by reverse mode (else forward mode)
 
 
 def flat(parts: Parts) -> Tensor:
@@ -50,17 +53,38 @@ def library_jacobian(fam: Family, tokens: Tensor, p: int) -> tuple[Tensor, Tenso
     B, T = tokens.shape
     with torch.no_grad():
         parts = fam.state(tokens[:, :p])
+    if not fam.reverse:
+        return _forward_jacobian(fam, tokens, p, parts)[0], flat(parts).detach()
     leaves = [q.detach().clone().requires_grad_(True) for q in parts]
     with torch.enable_grad():
         cur = [q.clone() for q in leaves]  # the library may write into what it is given
-        y = None
-        for t in range(p, T):
-            y, cur = fam.step(cur, tokens[:, t:t + 1], t)
+        y, cur = fam.step(cur, tokens[:, p:], p)
         rows = []
         for i in range(y.shape[1]):
             grads = torch.autograd.grad(y[:, i].sum(), leaves, retain_graph=True, allow_unused=True)
             rows.append(flat([torch.zeros_like(q) if g is None else g for g, q in zip(grads, leaves)]))
     return torch.stack(rows, dim=1), flat(parts).detach()
+
+
+def _forward_jacobian(fam: Family, tokens: Tensor, p: int, parts: Parts) -> tuple[Tensor, Tensor, Parts]:
+    """(∂y/∂z_p (B, H, D), ∂z'/∂z_p (B, D, D), z') after tokens[:, p:] from ``parts``, by forward mode."""
+    B = tokens.shape[0]
+    widths = [q[0].numel() for q in parts]
+    D = sum(widths)
+    tangents = torch.eye(D, dtype=torch.float64).repeat(B, 1).split(widths, dim=1)  # (B·D, w) each
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(q.repeat_interleave(D, 0).contiguous(), tg.reshape(B * D, *q.shape[1:]).contiguous())
+                 for q, tg in zip(parts, tangents)]
+        with torch.backends.mkldnn.flags(enabled=False):  # float64 depthwise conv1d: 3× faster without oneDNN
+            y, new = fam.step(duals, tokens[:, p:].repeat_interleave(D, 0), p)
+        cols, out = [], []
+        for n in [y, *new]:
+            primal, tangent = fwAD.unpack_dual(n)
+            cols.append((torch.zeros_like(primal) if tangent is None else tangent).reshape(B * D, -1))
+            out.append(primal.reshape(B, D, *n.shape[1:])[:, 0].detach().clone())
+    H = y.shape[-1]
+    jac = torch.cat(cols, dim=1).reshape(B, D, -1).transpose(1, 2).detach()  # rows: outputs, columns: z_p
+    return jac[:, :H], jac[:, H:], out[1:]
 
 
 def library_step_jacobians(fam: Family, tokens: Tensor) -> tuple[Tensor, Tensor]:
@@ -72,20 +96,8 @@ def library_step_jacobians(fam: Family, tokens: Tensor) -> tuple[Tensor, Tensor]
         parts = fam.state(tokens[:, :1])  # the state after token 1
     Js = []
     for t in range(1, T):  # J_{t+1}: from the state after t tokens
-        widths = [q[0].numel() for q in parts]
-        D = sum(widths)
-        tangents = torch.eye(D, dtype=torch.float64).repeat(B, 1).split(widths, dim=1)  # (B·D, w) each
-        with fwAD.dual_level():
-            duals = [fwAD.make_dual(q.repeat_interleave(D, 0).contiguous(), tg.reshape(B * D, *q.shape[1:]).contiguous())
-                     for q, tg in zip(parts, tangents)]
-            with torch.backends.mkldnn.flags(enabled=False):  # float64 depthwise conv1d: 3× faster without oneDNN
-                _, new = fam.step(duals, tokens[:, t:t + 1].repeat_interleave(D, 0), t)
-            cols = []
-            for n in new:
-                primal, tangent = fwAD.unpack_dual(n)
-                cols.append((torch.zeros_like(primal) if tangent is None else tangent).reshape(B * D, -1))
-        Js.append(torch.cat(cols, dim=1).reshape(B, D, D).transpose(1, 2))  # rows: new state, columns: old
-        parts = [fwAD.unpack_dual(n).primal.reshape(B, D, *n.shape[1:])[:, 0].detach().clone() for n in new]
+        _, J, parts = _forward_jacobian(fam, tokens[:, :t + 1], t, parts)
+        Js.append(J)
     J = torch.stack(Js, dim=1).detach()
     return J, torch.linalg.slogdet(J).logabsdet
 

@@ -50,14 +50,15 @@ def family(model: torch.nn.Module) -> Family:
     def state(tokens: torch.Tensor) -> list[torch.Tensor]:
         return [q.clone() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
 
-    def step(parts: list[torch.Tensor], column: torch.Tensor, t: int):  # noqa: ANN202
+    def step(parts: list[torch.Tensor], columns: torch.Tensor, t0: int):  # noqa: ANN202
         with torch.no_grad():
-            cache = bb(input_ids=column, use_cache=True).cache  # a cache of the right batch, overwritten below
+            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
         for l in range(L):
             old = cache.layers[l].conv_states[0]
             cache.layers[l].conv_states[0] = torch.cat([torch.zeros_like(old[:, :, :1]), parts[2 * l]], dim=-1)
             cache.layers[l].recurrent_states[0] = parts[2 * l + 1].clone()
-        y = bb(input_ids=column, cache=cache, use_cache=True).last_hidden_state[:, -1]
+        for t in range(columns.shape[1]):  # the one-token (recurrent) path, token by token
+            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
         return y, read(cache)
 
     return Family(model, state, step, V)

@@ -162,9 +162,9 @@ def check_against_library(wrapped: nn.Module, library_forward: Callable[[Tensor]
     ``example`` (token ids (B, T), or float inputs (B, T, in)); a difference above ``tolerance``
     relative to the outputs' largest magnitude (at least 1) refuses the model. Returns the relative
     difference."""
-    with torch.no_grad():
-        ours = wrapped(example)
+    with torch.no_grad():  # the library first: a forward may change its weights (RWKV's eval-mode rescaling)
         theirs = library_forward(example)
+        ours = wrapped(example)
     check(ours.shape == theirs.shape, f"model: the adapter gives outputs {tuple(ours.shape)}, the library "
                                       f"{tuple(theirs.shape)}; this {what} is not one the adapter knows")
     err = float((ours - theirs.to(ours.dtype)).abs().max())
