@@ -40,6 +40,8 @@ class Family:
     step: Callable[[Parts, Tensor, int], tuple[Tensor, Parts]]
     vocab: int
     reverse: bool = True  # J = ∂y_T/∂z_p by reverse mode (else forward mode)
+    forward_steps: bool = True  # J_t by forward mode (else one reverse pass per row: a library
+    # autograd.Function without a jvp, such as RecurrentGemma's SqrtBoundDerivative, defeats forward mode)
 
 
 def flat(parts: Parts) -> Tensor:
@@ -87,6 +89,19 @@ def _forward_jacobian(fam: Family, tokens: Tensor, p: int, parts: Parts) -> tupl
     return jac[:, :H], jac[:, H:], out[1:]
 
 
+def _reverse_step_jacobian(fam: Family, column: Tensor, t: int, parts: Parts) -> tuple[Tensor, Parts]:
+    """(∂z'/∂z (B, D, D), z') of one token from ``parts`` by one autograd.grad per row of z'."""
+    leaves = [q.detach().clone().requires_grad_(True) for q in parts]
+    with torch.enable_grad():
+        _, new = fam.step([q.clone() for q in leaves], column, t)
+        out = flat(new)
+        rows = []
+        for i in range(out.shape[1]):
+            grads = torch.autograd.grad(out[:, i].sum(), leaves, retain_graph=True, allow_unused=True)
+            rows.append(flat([torch.zeros_like(q) if g is None else g for g, q in zip(grads, leaves)]))
+    return torch.stack(rows, dim=1).detach(), [q.detach().clone() for q in new]
+
+
 def library_step_jacobians(fam: Family, tokens: Tensor) -> tuple[Tensor, Tensor]:
     """(J_t (B, T−1, D, D), log|det J_t| in float64 (B, T−1)) for t = 2 … T along the library's own
     trajectory: J_t at the library's state after t − 1 tokens, by forward-mode AD. (J_1, at the
@@ -96,7 +111,10 @@ def library_step_jacobians(fam: Family, tokens: Tensor) -> tuple[Tensor, Tensor]
         parts = fam.state(tokens[:, :1])  # the state after token 1
     Js = []
     for t in range(1, T):  # J_{t+1}: from the state after t tokens
-        _, J, parts = _forward_jacobian(fam, tokens[:, :t + 1], t, parts)
+        if fam.forward_steps:
+            _, J, parts = _forward_jacobian(fam, tokens[:, :t + 1], t, parts)
+        else:
+            J, parts = _reverse_step_jacobian(fam, tokens[:, t:t + 1], t, parts)
         Js.append(J)
     J = torch.stack(Js, dim=1).detach()
     return J, torch.linalg.slogdet(J).logabsdet
