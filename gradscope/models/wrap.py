@@ -163,7 +163,8 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     either way, with or without bias, in eval mode or without dropout; not bidirectional, no
     ``proj_size``); a library model with an adapter (transformers ``MambaForCausalLM``/``MambaModel``,
     Falcon-Mamba, ``RwkvForCausalLM``, ``xLSTMForCausalLM``, ``RecurrentGemmaForCausalLM`` with
-    recurrent blocks only, mambapy ``Mamba``/``LM``: they bring their own inputs and readout); or any
+    recurrent blocks only, mambapy ``Mamba``/``LM``: they bring their own inputs and readout, except a
+    bare mambapy ``Mamba``, which reads float vectors unless given ``inputs``); or any
     module with ``step(x, z) → (y, z')``, ``state_dim`` and ``out_dim``.
     inputs: token ids (B, T) → the vectors the rnn reads (an ``nn.Embedding`` or any callable);
     None to feed float inputs (B, T, in) directly. readout: optional map of the outputs, e.g.
@@ -180,9 +181,7 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     elif isinstance(rnn, WrappedModel):
         raise GradscopeError("rnn: this model is already wrapped")
     elif adapter_for(rnn) is not None:
-        check(inputs is None and readout is None,
-              f"inputs/readout: a {type(rnn).__name__} brings its own (its embedding and head); pass neither")
-        return wrap_library(rnn, tolerance=tolerance, seed=seed, checks=checks)
+        return wrap_library(rnn, inputs, readout, tolerance=tolerance, seed=seed, checks=checks)
     else:
         missing = [name for name in PROTOCOL if not hasattr(rnn, name)]
         check(not missing, f"rnn: {type(rnn).__name__} is neither an nn.RNN/GRU/LSTM nor a core: it lacks "

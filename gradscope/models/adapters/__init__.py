@@ -57,15 +57,19 @@ def class_names(library: str) -> list[str]:
     return [name for lib, name in ADAPTERS if lib == library]
 
 
-def wrap_library(model: nn.Module, *, tolerance: float | None = None, seed: int = 0,
-                 checks: bool = True) -> WrappedModel:
+def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.Module | None = None, *,
+                 tolerance: float | None = None, seed: int = 0, checks: bool = True) -> WrappedModel:
     """A library model → a gradscope model (its own modules, no copies), checked against the library.
 
-    tolerance: of the wrap-time comparison with the library's own forward, relative to the outputs'
-    largest magnitude (default: the adapter's stated one). seed: of the small random check batch.
-    checks: also run the protocol checks (batched = per-sample step; vjp = func engine).
+    inputs / readout: only for a model without its own (mambapy's bare ``Mamba`` reads float vectors
+    and has no head): token ids → vectors, and outputs → e.g. logits. tolerance: of the wrap-time
+    comparison with the library's own forward, relative to the outputs' largest magnitude (default:
+    the adapter's stated one). seed: of the small random check batch. checks: also run the protocol
+    checks (batched = per-sample step; vjp = func engine).
     """
+    from gradscope.errors import check
     from gradscope.models.adapters.base import check_against_library
+    from gradscope.models.core import scan
     from gradscope.models.protocol import check_protocol
     from gradscope.models.wrap import WrappedModel
 
@@ -75,19 +79,28 @@ def wrap_library(model: nn.Module, *, tolerance: float | None = None, seed: int 
     module = importlib.import_module(f"gradscope.models.adapters.{name}")
     adapted = module.adapt(model)
     core = adapted.core
-    source = f"{type(model).__module__.split('.')[0]}.{type(model).__name__}"
-    wrapped = WrappedModel(core, adapted.inputs, adapted.readout, source)
+    kind = type(model).__name__
+    check(inputs is None or adapted.inputs is None,
+          f"inputs: a {kind} brings its own (its embedding); pass none")
+    check(readout is None or adapted.readout is None, f"readout: a {kind} brings its own (its head); pass none")
+    source = f"{type(model).__module__.split('.')[0]}.{kind}"
     param = next(model.parameters())
     gen = torch.Generator().manual_seed(seed)
+    what = f"{core.family} ({source})"
     if adapted.inputs is not None:
+        wrapped = WrappedModel(core, adapted.inputs, adapted.readout, source)
         example = torch.randint(0, adapted.inputs.num_embeddings, (2, 6), generator=gen).to(param.device)
-    else:
-        example = torch.randn(2, 6, core.out_dim, generator=gen, dtype=torch.float64).to(param)
-    tol = adapted.tolerance if tolerance is None else tolerance
-    wrapped.library_error = check_against_library(wrapped, adapted.forward, example, tol, f"{core.family} ({source})")
-    if checks:
+        wrapped.library_error = check_against_library(wrapped, adapted.forward, example, tolerance or adapted.tolerance,
+                                                      what)
         with torch.no_grad():
             x = wrapped.core_inputs(example)
+    else:  # float inputs: the core's outputs against the library's, then the user's maps around them
+        x = torch.randn(2, 6, core.out_dim, generator=gen, dtype=torch.float64).to(param)
+        error = check_against_library(lambda v: scan(core, v)[0], adapted.forward, x, tolerance or adapted.tolerance,
+                                      what)
+        wrapped = WrappedModel(core, inputs, readout, source)
+        wrapped.library_error = error
+    if checks:
         check_protocol(core, x, seed=seed)
     wrapped.protocol_checked = True
     return wrapped

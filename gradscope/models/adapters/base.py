@@ -156,7 +156,7 @@ def hf_forward(model: nn.Module) -> Callable[[Tensor], Tensor]:
     return run
 
 
-def check_against_library(wrapped: nn.Module, library_forward: Callable[[Tensor], Tensor], example: Tensor,
+def check_against_library(wrapped: Callable[[Tensor], Tensor], library_forward: Callable[[Tensor], Tensor], example: Tensor,
                           tolerance: float, what: str) -> float:
     """Outputs of ``wrapped`` (the adapter's scan plus readout) against the library's own forward on
     ``example`` (token ids (B, T), or float inputs (B, T, in)); a difference above ``tolerance``
