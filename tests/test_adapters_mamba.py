@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 import gradscope  # noqa: E402
 from adapterkit import (Family, check_gradient_flow, check_lyapunov_sum, check_stability,  # noqa: E402
-                        check_state_jacobian)
+                        check_state_jacobian, probes)
 
 from gradscope.errors import GradscopeError  # noqa: E402
 
@@ -132,14 +132,24 @@ def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> No
     model.save_pretrained(tmp_path / "mamba")
     assert json.loads((tmp_path / "mamba" / "config.json").read_text())["architectures"] == ["MambaForCausalLM"]
     probes_file = tmp_path / "p.npy"
-    np.save(probes_file, tokens(6, n=4, length=6).reshape(4, 1, 6).repeat(3, axis=1).numpy())
+    tok = probes(V, 3, 6, 2, seed=6)
+    np.save(probes_file, tok.numpy())
     out = tmp_path / "s.zarr"
     result = runner.invoke(app, ["stability", str(tmp_path / "mamba"), "--model-factory", "hf", "--probes",
                                  str(probes_file), "--target-pos", "2", "-o", str(out), "-q"])
     assert result.exit_code == 0, result.stderr
     ds = xr.open_zarr(out, consolidated=False).load()
-    assert np.allclose(ds["score_default"].sel(pair="same-target").values, 1.0)  # identical members
+    loaded = transformers.MambaForCausalLM.from_pretrained(tmp_path / "mamba", local_files_only=True).eval()
+    ref = gradscope.stability(gradscope.wrap(loaded), tok, position=2)  # the Python API on the same files
+    np.testing.assert_allclose(ds["score_default"].values, ref["score_default"].values, rtol=0, atol=1e-6)
+    assert np.isfinite(ds["score_default"].values).all()
     assert "MambaForCausalLM" in ds.attrs["model_config"]
+    result = runner.invoke(app, ["stability", str(tmp_path / "mamba" / "model.safetensors"), "--model",
+                                 "hf:MambaForCausalLM", "--config", str(tmp_path / "mamba" / "config.json"),
+                                 "--probes", str(probes_file), "--target-pos", "2", "-o", str(tmp_path / "w.zarr"), "-q"])
+    assert result.exit_code == 0, result.stderr  # a weights file and its config: the same scores
+    ws = xr.open_zarr(tmp_path / "w.zarr", consolidated=False).load()
+    np.testing.assert_allclose(ws["score_default"].values, ref["score_default"].values, rtol=0, atol=1e-6)
     out = tmp_path / "d.zarr"
     result = runner.invoke(app, ["dynamics", str(tmp_path / "mamba"), "--model-factory", "hf:MambaForCausalLM",
                                  "--parts", "flow,lyapunov", "--sequences", "2", "--length", "5",
