@@ -17,13 +17,17 @@ batch; a disagreement above ``tolerance`` is an error, never a silently wrong Ja
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
 from gradscope.errors import GradscopeError, check
+from gradscope.models.adapters import adapter_for
+from gradscope.models.adapters.base import check_against_library
 from gradscope.models.core import scan
+from gradscope.models.protocol import check_protocol
 from gradscope.models.registry import CORES
 from gradscope.models.rnn import RNNCore
 
@@ -64,8 +68,6 @@ class WrappedModel(nn.Module):
         """The protocol checks on the first batch of core inputs an analysis sees (when wrap could not run them)."""
         if self.protocol_checked or x.shape[0] < 1 or x.shape[1] < 1:
             return
-        from gradscope.models.protocol import check_protocol
-
         check_protocol(self.core, x[:3, :4].detach(), seed=self.check_seed)
         self.protocol_checked = True
 
@@ -134,8 +136,6 @@ def _input_width(core: nn.Module, inputs: Callable[[Tensor], Tensor] | None) -> 
 
 def _check_now(model: WrappedModel, seed: int) -> None:
     """The protocol checks at wrap time where the input width is known; else marked for the first analysis."""
-    from gradscope.models.protocol import check_protocol
-
     known = _input_width(model.core, model.inputs)
     model.check_seed = seed
     if known is None:
@@ -152,6 +152,49 @@ def _check_now(model: WrappedModel, seed: int) -> None:
             x = torch.randn(3, 4, width, generator=gen, dtype=torch.float64)
             x = x.to(param) if param is not None and param.is_floating_point() else x.float()
     check_protocol(model.core, x, seed=seed)
+
+
+def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.Module | None = None, *,
+                 tolerance: float | None = None, seed: int = 0, checks: bool = True) -> WrappedModel:
+    """A library model → a gradscope model (its own modules, no copies), checked against the library.
+
+    inputs / readout: only for a model without its own (mambapy's bare ``Mamba`` reads float vectors
+    and has no head): token ids → vectors, and outputs → e.g. logits. tolerance: of the wrap-time
+    comparison with the library's own forward, relative to the outputs' largest magnitude (default:
+    the adapter's stated one). seed: of the small random check batch. checks: also run the protocol
+    checks (batched = per-sample step; vjp = func engine).
+    """
+    name = adapter_for(model)
+    if name is None:
+        raise TypeError(f"no adapter for {type(model).__name__}")
+    module = importlib.import_module(f"gradscope.models.adapters.{name}")
+    adapted = module.adapt(model)
+    core = adapted.core
+    kind = type(model).__name__
+    check(inputs is None or adapted.inputs is None,
+          f"inputs: a {kind} brings its own (its embedding); pass none")
+    check(readout is None or adapted.readout is None, f"readout: a {kind} brings its own (its head); pass none")
+    source = f"{type(model).__module__.split('.')[0]}.{kind}"
+    param = next(model.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    what = f"{core.family} ({source})"
+    if adapted.inputs is not None:
+        wrapped = WrappedModel(core, adapted.inputs, adapted.readout, source)
+        example = torch.randint(0, adapted.inputs.num_embeddings, (2, 6), generator=gen).to(param.device)
+        wrapped.library_error = check_against_library(wrapped, adapted.forward, example, tolerance or adapted.tolerance,
+                                                      what)
+        with torch.no_grad():
+            x = wrapped.core_inputs(example)
+    else:  # float inputs: the core's outputs against the library's, then the user's maps around them
+        x = torch.randn(2, 6, core.out_dim, generator=gen, dtype=torch.float64).to(param)
+        error = check_against_library(lambda v: scan(core, v)[0], adapted.forward, x, tolerance or adapted.tolerance,
+                                      what)
+        wrapped = WrappedModel(core, inputs, readout, source)
+        wrapped.library_error = error
+    if checks:
+        check_protocol(core, x, seed=seed)
+    wrapped.protocol_checked = True
+    return wrapped
 
 
 def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
@@ -172,8 +215,6 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     (nn.RNN/GRU/LSTM: 1e-5; library models: each adapter's stated one). seed: of the check batches.
     checks: run the protocol checks (:mod:`gradscope.models.protocol`) on a protocol core or adapter.
     """
-    from gradscope.models.adapters import adapter_for, wrap_library
-
     if isinstance(rnn, nn.RNNBase):
         core: nn.Module = _rnn_core(rnn)
         _check_agreement(core, 1e-5 if tolerance is None else tolerance, seed)  # type: ignore[arg-type]

@@ -22,6 +22,8 @@ from typing import Callable
 from torch import nn
 
 from gradscope.errors import GradscopeError, check
+from gradscope.models.adapters import adapter_for
+from gradscope.models.adapters.load import load_hf
 from gradscope.models.wrap import WrappedModel, wrap
 
 
@@ -64,8 +66,6 @@ def build_model(spec: str, checkpoint: Path, config: Path | None = None) -> Wrap
     config.json when ``checkpoint`` is a weights file)."""
     check(Path(checkpoint).exists(), f"checkpoint: {checkpoint} does not exist")
     if spec == "hf" or str(spec).startswith("hf:"):
-        from gradscope.models.adapters.load import load_hf
-
         return wrap(load_hf(spec, Path(checkpoint), config))
     check(config is None, "config: --config goes with --model-factory hf:CLASS and a weights file")
     func = load_factory(spec)
@@ -80,8 +80,6 @@ def build_model(spec: str, checkpoint: Path, config: Path | None = None) -> Wrap
         return model.eval()
     if isinstance(model, nn.RNNBase):
         return wrap(model.eval())
-    from gradscope.models.adapters import adapter_for
-
     if isinstance(model, nn.Module) and adapter_for(model) is not None:
         return wrap(model.eval())
     raise GradscopeError(f"model_factory: {spec} returned {type(model).__name__}; it must return "
