@@ -29,7 +29,7 @@ from gradscope.analysis.jacobian import rows_vjp, state_readout
 from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum  # noqa: F401 - re-exported
 from gradscope.analysis.scores import finite_only
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import diagonal_blocks, gate_terms, scan, step_jacobian
+from gradscope.models.core import diagonal_blocks, gate_terms, initial_state, scan, step_at, step_jacobian
 from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.tasks.vocab import sample_tokens
 
@@ -67,9 +67,11 @@ def _inputs(model: nn.Module, tokens: Tensor, T: int | None, name: str = "T") ->
 
 
 def previous_states(core: nn.Module, x: Tensor) -> Tensor:
-    """The state before every step, z_0 … z_{T−1}: x (B, T, in) → (B, T, D), z_0 = 0."""
-    _, zs = scan(core, x)  # (B, T, D): z_1 … z_T
-    return torch.cat([zs.new_zeros(zs.shape[0], 1, zs.shape[2]), zs[:, :-1]], dim=1)
+    """The state before every step, z_0 … z_{T−1}: x (B, T, in) → (B, T, D), z_0 the core's initial
+    state (:func:`gradscope.models.core.initial_state`, zero unless the core says otherwise)."""
+    z0 = initial_state(core, x.shape[0], x)
+    _, zs = scan(core, x, z0)  # (B, T, D): z_1 … z_T
+    return torch.cat([z0[:, None], zs[:, :-1]], dim=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,13 +160,13 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
         fro[:, k - 1] = torch.linalg.matrix_norm(G)
         spectral[:, k - 1] = _spectral_norm(G)
 
-    z_T = core.step(x[:, T - 1], prev[:, T - 1])[1]
+    z_T = step_at(core, x[:, T - 1], prev[:, T - 1], T - 1)[1]
     try:
         G = rows_vjp(lambda z: state_readout(core, x[:, T - 1], z), z_T, eye)  # ∂y_T/∂z_T
     except GradscopeError:  # no readout: g(T) stays NaN, start one step earlier
         if T == 1:
             return fro, spectral
-        G = rows_vjp(lambda z: core.step(x[:, T - 1], z)[0], prev[:, T - 1], eye)
+        G = rows_vjp(lambda z: step_at(core, x[:, T - 1], z, T - 1)[0], prev[:, T - 1], eye)
         first = T - 1
     else:
         record(T, G)
@@ -174,11 +176,11 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
     form = diagonal_form(core)
     for k in range(first - 1, 0, -1):  # G ← G · J_{k+1}: step k+1 reads x[:, k] at z_k = prev[:, k]
         if method == "structured":  # (block-)diagonal J_{k+1}: O(H·D)
-            G = _diag_right(form, G, diagonal_blocks(core, x[:, k], prev[:, k])[0])
+            G = _diag_right(form, G, diagonal_blocks(core, x[:, k], prev[:, k], k)[0])
         elif method == "jacobian":
-            G = torch.bmm(G, step_jacobian(core, x[:, k], prev[:, k]))
+            G = torch.bmm(G, step_jacobian(core, x[:, k], prev[:, k], k))
         else:
-            G = rows_vjp(lambda z: core.step(x[:, k], z)[1], prev[:, k], G)
+            G = rows_vjp(lambda z: step_at(core, x[:, k], z, k)[1], prev[:, k], G)
         record(k, G)
     return fro, spectral
 
@@ -256,7 +258,7 @@ def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tenso
         if form is not None:  # (block-)diagonal J_t: the running products stay (block-)diagonal, O(T²·D)
             P = None  # compact products of every running start t = 1 … end−1: (B, end−1, …)
             for end in range(2, T + 1):
-                d = diagonal_blocks(core, x[:, end - 1], prev[:, end - 1])[0]
+                d = diagonal_blocks(core, x[:, end - 1], prev[:, end - 1], end - 1)[0]
                 if form == "block_diagonal":
                     P = d[:, None] if P is None else torch.cat([d[:, None] @ P, d[:, None]], dim=1)
                 else:
@@ -266,7 +268,7 @@ def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tenso
         P = x.new_empty(B, max(T - 1, 1), D, D)  # slot t−1: P_{t→current end}
         spare = torch.empty_like(P)
         for end in range(2, T + 1):  # J_end maps z_{end−1} to z_end
-            J = step_jacobian(core, x[:, end - 1], prev[:, end - 1])  # (B, D, D)
+            J = step_jacobian(core, x[:, end - 1], prev[:, end - 1], end - 1)  # (B, D, D)
             n = end - 2  # starts t = 1 … end−2 already running
             if n:
                 torch.matmul(J[:, None], P[:, :n], out=spare[:, :n])
@@ -283,7 +285,7 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
     """Spectral radius and singular values of every step Jacobian J_t, t = 1 … T (SPEC §7).
 
     tokens: (B, T) token ids (or float inputs, as in :func:`gradient_flow`); the trajectory starts
-    at the zero state, so J_1 is taken at z_0 = 0.
+    at the core's initial state (zero unless it says otherwise), where J_1 is taken.
     Returns ``radius`` (B, T) = max_i |eig_i(J_t)| and ``singular_values`` (B, T, k) descending
     (k = top_k, default all D; column 0 is the spectral norm), in the model's dtype, unitless.
     COST per step and sequence: O(D²) to form J_t + an eigenvalue and an SVD decomposition,
@@ -302,13 +304,13 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
         form = diagonal_form(core)
         for t in range(T):
             if form is not None:  # (block-)diagonal J_t: O(D) (per-head blocks: their own decompositions)
-                blocks = diagonal_blocks(core, x[:, t], prev[:, t])
+                blocks = diagonal_blocks(core, x[:, t], prev[:, t], t)
                 radius[:, t] = _magnitudes(structure, blocks).amax(dim=-1)
                 singular[:, t] = _diagonal_svdvals(form, blocks[0])[:, :k]
                 continue
-            J = step_jacobian(core, x[:, t], prev[:, t])
+            J = step_jacobian(core, x[:, t], prev[:, t], t)
             if not structure.is_dense:  # block-triangular: the eigenvalues are the blocks' (no D × D eig)
-                radius[:, t] = _magnitudes(structure, diagonal_blocks(core, x[:, t], prev[:, t])).amax(dim=-1)
+                radius[:, t] = _magnitudes(structure, diagonal_blocks(core, x[:, t], prev[:, t], t)).amax(dim=-1)
                 singular[:, t] = finite_only(torch.linalg.svdvals, J)[:, :k]
                 continue
             radius[:, t] = finite_only(lambda j: torch.linalg.eigvals(j).abs().amax(dim=-1), J)
@@ -348,11 +350,11 @@ def gate_norms(core: nn.Module, x: Tensor) -> tuple[tuple[str, ...], Tensor]:
     form = diagonal_form(core)
     if form is not None and len(getattr(core, "gate_names", ())) == 1:  # one term, J_t itself: O(D)
         for t in range(x.shape[1]):
-            d = diagonal_blocks(core, x[:, t], z_prev[:, t])[0]
+            d = diagonal_blocks(core, x[:, t], z_prev[:, t], t)[0]
             rows.append(_diagonal_fro2(form, d).sqrt()[:, None].to(x.dtype))
         return tuple(core.gate_names), torch.stack(rows, dim=1)
     for t in range(x.shape[1]):
-        terms = gate_terms(core, x[:, t], z_prev[:, t])
+        terms = gate_terms(core, x[:, t], z_prev[:, t], t)
         names = tuple(terms)
         rows.append(torch.stack([torch.linalg.matrix_norm(v) for v in terms.values()], dim=-1))  # (B, G)
     return names, torch.stack(rows, dim=1)

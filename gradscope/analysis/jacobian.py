@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from torch.func import jacrev, vjp, vmap
 
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import scan
+from gradscope.models.core import scan, step_at
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _func_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
     def f(z: Tensor, steps: Tensor, last: Tensor) -> Tensor:  # (D,), (T−p, in), (in,) → (H,)
         zb, y = z[None], None
         for t in range(steps.shape[0]):
-            y, zb = core.step(steps[t][None], zb)
+            y, zb = step_at(core, steps[t][None], zb, p + t)
         return state_readout(core, last[None], zb)[0] if y is None else y[0]
 
     return vmap(jacrev(f))(zs[:, p - 1], x[:, p:], x[:, T - 1])
@@ -96,9 +96,9 @@ def _vjp_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
     eye = torch.eye(core.out_dim, dtype=x.dtype, device=x.device).expand(B, -1, -1)
     if p == T:
         return rows_vjp(lambda z: state_readout(core, x[:, T - 1], z), zs[:, T - 1], eye)
-    G = rows_vjp(lambda z: core.step(x[:, T - 1], z)[0], zs[:, T - 2], eye)  # ∂y_T/∂z_{T−1}
+    G = rows_vjp(lambda z: step_at(core, x[:, T - 1], z, T - 1)[0], zs[:, T - 2], eye)  # ∂y_T/∂z_{T−1}
     for t in range(T - 2, p - 1, -1):  # 0-based step t maps zs[:, t−1] to zs[:, t]
-        G = rows_vjp(lambda z: core.step(x[:, t], z)[1], zs[:, t - 1], G)
+        G = rows_vjp(lambda z: step_at(core, x[:, t], z, t)[1], zs[:, t - 1], G)
     return G
 
 

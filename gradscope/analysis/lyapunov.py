@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.core import Core, diagonal_blocks, step_jacobian
+from gradscope.models.core import Core, diagonal_blocks, initial_state, step_at, step_jacobian
 from gradscope.models.structure import JacobianStructure, structure_of
 
 ENGINES = ("auto", "dense", "structured")
@@ -107,20 +107,22 @@ def frame_method(core: nn.Module, k: int, apply: str = "auto") -> str:
 
 
 def _frame_applier(core: nn.Module, method: str, qr_dtype: torch.dtype):
-    """fn(x (B, in), z (B, D), Q (B, D, k)) → J_t Q (B, D, k) in ``qr_dtype``."""
+    """fn(x (B, in), z (B, D), Q (B, D, k), t) → J_t Q (B, D, k) in ``qr_dtype`` (t: the time index)."""
     if method == "jacobian":
-        return lambda x, z, Q: torch.bmm(step_jacobian(core, x, z).to(qr_dtype), Q)
+        return lambda x, z, Q, t: torch.bmm(step_jacobian(core, x, z, t).to(qr_dtype), Q)
     own = getattr(core, "step_jvp", None)
     if callable(own):
-        return lambda x, z, Q: own(x, z, Q).to(qr_dtype)
+        if getattr(core, "position_dependent", False):
+            return lambda x, z, Q, t: own(x, z, Q, t=t).to(qr_dtype)
+        return lambda x, z, Q, t: own(x, z, Q).to(qr_dtype)
     sample = next(iter(core.parameters()), None)
     twin = core if sample is None or sample.dtype == qr_dtype else copy.deepcopy(core).to(qr_dtype)
 
-    def apply(x: Tensor, z: Tensor, Q: Tensor) -> Tensor:
+    def apply(x: Tensor, z: Tensor, Q: Tensor, t: int) -> Tensor:
         xq, zq = x.to(qr_dtype), z.to(qr_dtype)
 
         def one(v: Tensor) -> Tensor:  # one tangent column (B, D) → J v (B, D)
-            return torch.func.jvp(lambda s: twin.step(xq, s)[1], (zq,), (v,))[1]
+            return torch.func.jvp(lambda s: step_at(twin, xq, s, t)[1], (zq,), (v,))[1]
         return torch.func.vmap(one, in_dims=2, out_dims=2)(Q)
     return apply
 
@@ -154,7 +156,8 @@ def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: i
 
     core: any protocol core. inputs: the vectors it reads (B, T, in), e.g. ``model.core_inputs`` of
     task-distributed tokens (:func:`gradscope.analysis.dynamics.trajectory_tokens`); B trajectories,
-    run batched. The state starts at zero (or ``z0`` (B, D)); the ``warmup`` steps are run (the
+    run batched. The state starts at the core's initial state (zero unless the core's ``init_state``
+    says otherwise) or ``z0`` (B, D); the ``warmup`` steps are run (the
     frame evolves) but not counted. exponents: the top k (default all D).
     engine: "structured" for a core that declares a block-triangular Jacobian (module docstring),
     "dense" (Benettin/QR on the full state), "auto" (structured when declared). apply: how J_t · Q
@@ -191,7 +194,7 @@ def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: i
     if engine == "auto":
         engine = "dense" if structure.is_dense else "structured"
     with torch.no_grad():
-        z = inputs.new_zeros(B, D) if z0 is None else z0.to(inputs)
+        z = initial_state(core, B, inputs) if z0 is None else z0.to(inputs)
         if engine == "structured":
             return _structured(core, inputs, z, structure, warmup, reorth, checkpoint_every, sum_check, k, qr_dtype)
         return _dense(core, inputs, z, warmup, reorth, checkpoint_every, sum_check, k, qr_dtype,
@@ -212,9 +215,9 @@ def _dense(core: nn.Module, x: Tensor, z: Tensor, warmup: int, reorth: int, chec
     for end in _blocks(T, warmup, reorth):
         for t in range(start, end):  # 0-based t: the step that reads x[:, t]
             if log_det is not None and t >= warmup:
-                log_det += torch.linalg.slogdet(step_jacobian(core, x[:, t], z).double()).logabsdet
-            M = advance(x[:, t], z, Q if t == start else M)
-            z = core.step(x[:, t], z)[1]
+                log_det += torch.linalg.slogdet(step_jacobian(core, x[:, t], z, t).double()).logabsdet
+            M = advance(x[:, t], z, Q if t == start else M, t)
+            z = step_at(core, x[:, t], z, t)[1]
         torch.geqrf(M, out=(a, tau))
         Q = torch.linalg.householder_product(a, tau)
         if end > warmup:
@@ -274,7 +277,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
 
     for end in _blocks(T, warmup, reorth):
         for t in range(start, end):
-            diag = diagonal_blocks(core, x[:, t], z)
+            diag = diagonal_blocks(core, x[:, t], z, t)
             counted_step = t >= warmup
             for i, (blk, d) in enumerate(zip(structure.blocks, diag)):
                 if blk.form in ("diagonal", "complex_diagonal"):
@@ -288,7 +291,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
                     if log_det is not None and counted_step:
                         log_det += torch.linalg.slogdet(dq.double()).logabsdet.reshape(B, -1).sum(-1)
                     products[i] = dq @ (frames[i] if t == start else products[i])
-            z = core.step(x[:, t], z)[1]
+            z = step_at(core, x[:, t], z, t)[1]
         for i, blk in enumerate(structure.blocks):
             if frames[i] is None:
                 continue

@@ -102,7 +102,8 @@ def dynamics_command(
     exponents: Annotated[Optional[int], Opt(help="Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).", show_default=False)] = None,
     qr_dtype: Annotated[str, Opt(help="dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).")] = "float64",
     budget_seconds: Annotated[float, Opt(help="Time budget per part and checkpoint, estimated before any work at a laptop CPU's rate.")] = 600.0,
-    model_factory: Annotated[Optional[str], Opt("--model-factory", help="Your own model: FILE.py:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...). Runs your code (see the README's trust note).")] = None,
+    model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) (runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")] = None,
+    config: Annotated[Optional[Path], Opt("--config", help="With --model-factory hf:CLASS and a weights file: the model's config.json.")] = None,
     length: Annotated[Optional[int], Opt(help="With --model-factory: probe sequence length (default 32); tokens uniform over the embedding's vocabulary.", show_default=False)] = None,
     token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line): steps are classed frequent/rare by them.")] = None,
     reorth: Annotated[int, Opt(help="Re-orthonormalise every k steps (product of k step Jacobians first).")] = 1,
@@ -121,6 +122,8 @@ def dynamics_command(
 
     opts = DynamicsOptions(parts, sequences, grid_sequences, sv, trajectories, steps, warmup, reorth, seed, device,
                            exponents, qr_dtype, budget_seconds)
+    if model_factory is None and config is not None:
+        raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
     if model_factory is None and (length is not None or token_counts is not None):
         raise GradscopeError("--length/--token-counts: they describe probes for --model-factory models; "
                              "a gradscope checkpoint draws its probes from its task")
@@ -133,7 +136,7 @@ def dynamics_command(
             if len(checkpoints) != 1:
                 raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
             run = run_factory_dynamics(model_factory, checkpoints[0], opts, length=length if length is not None else 32,
-                                       counts_file=token_counts, command=command_line(ctx))
+                                       counts_file=token_counts, command=command_line(ctx), config=config)
         else:
             run = run_dynamics(checkpoints, opts, target_groups=tuple(target_freq or ()),
                                disturbant_groups=tuple(disturbant or ()),

@@ -77,7 +77,8 @@ def stability_command(
     method: Annotated[str, Opt(help="Jacobian engine: auto, analytic, vjp or func.")] = "auto",
     sv: Annotated[int, Opt(help="Singular values kept per Jacobian.")] = 64,
     resamples: Annotated[int, Opt(help="Bootstrap resamples for the CIs.")] = 10_000,
-    model_factory: Annotated[Optional[str], Opt("--model-factory", help="Your own model: FILE.py:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...). Runs your code (see the README's trust note).")] = None,
+    model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) (runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")] = None,
+    config: Annotated[Optional[Path], Opt("--config", help="With --model-factory hf:CLASS and a weights file: the model's config.json.")] = None,
     token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.")] = None,
     length: Annotated[Optional[int], Opt(help="With --token-counts: the probe length L.")] = None,
     filler: Annotated[Optional[int], Opt(help="With --model-factory: output phase of L copies of this token id after each probe (default: none).")] = None,
@@ -95,6 +96,8 @@ def stability_command(
     if sv < 1:
         raise GradscopeError(f"--sv: got {sv}; it must be positive")
     check_resamples(resamples)
+    if model_factory is None and config is not None:
+        raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
     if model_factory is None and (token_counts is not None or length is not None or filler is not None):
         raise GradscopeError("--token-counts/--length/--filler: they describe probes for --model-factory models; "
                              "gradscope checkpoints generate their own")
@@ -110,7 +113,7 @@ def stability_command(
         if model_factory is not None:
             if len(checkpoints) != 1:
                 raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
-            model = build_model(model_factory, checkpoints[0])
+            model = build_model(model_factory, checkpoints[0], config)
             run = run_model_stability(model, opts, source=checkpoints[0], command=command_line(ctx), **hooks)
         else:
             run = run_stability(checkpoints, opts, command=command_line(ctx), **hooks)

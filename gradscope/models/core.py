@@ -22,7 +22,12 @@ with them, whoever wrote it. A core may also provide, and gradscope's own cores 
 - ``jacobian_structure()`` / ``diagonal_blocks(x, z)``: J_t block lower-triangular with diagonal,
   complex-diagonal, per-head or dense blocks (:mod:`gradscope.models.structure`), which the
   dynamics engines exploit (exact O(D) Lyapunov spectra for diagonal blocks);
-- ``step_jvp(x, z, V)``: J_t · V (B, D, k) without forming J_t (the partial Lyapunov spectra).
+- ``step_jvp(x, z, V)``: J_t · V (B, D, k) without forming J_t (the partial Lyapunov spectra);
+- ``init_state(batch, like)``: the state every scan, probe and trajectory starts from (default zero;
+  e.g. RWKV's running maximum starts at −1e30);
+- ``position_dependent = True`` with ``step(x, z, t)``: the step also reads its 0-based time index t
+  (RecurrentGemma resets its recurrence at t = 0). Every engine passes t to such a core
+  (:func:`step_at`); its own ``step_jacobian``/``diagonal_blocks``/``gate_terms`` take ``t=`` too.
 
 The module functions :func:`step_jacobian`, :func:`gate_terms` and :func:`diagonal_blocks` take any protocol core: a core
 without the methods (a user's) gets the generic ``torch.func`` Jacobian.
@@ -120,29 +125,65 @@ class Core(nn.Module):
         """:func:`scan` of this core."""
         return scan(self, x, z0)
 
+    # --- initial state and time index (issue #25): see the module docstring ---------------------
+    position_dependent: ClassVar[bool] = False  # True: step(x, z, t) also reads the 0-based time index
+
+
+def initial_state(core: nn.Module, batch: int, like: torch.Tensor) -> torch.Tensor:
+    """The state (B, D) a scan starts from: the core's ``init_state(batch, like)`` where it has one,
+    else zero; on ``like``'s device and dtype."""
+    method = getattr(core, "init_state", None)
+    z = method(batch, like) if callable(method) else like.new_zeros(batch, core.state_dim)
+    return z.to(device=like.device, dtype=like.dtype)
+
+
+def step_at(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``core.step(x, z)``; for a ``position_dependent`` core ``core.step(x, z, t)`` with the step's
+    0-based time index t (the step that reads the sequence's (t+1)-th input)."""
+    if getattr(core, "position_dependent", False):
+        if t is None:
+            raise TypeError(f"{type(core).__name__} is position-dependent: its step needs the time index t")
+        return core.step(x, z, t)
+    return core.step(x, z)
+
+
+def _own_method(core: nn.Module, name: str):  # noqa: ANN202 - a bound method or None
+    """The core's own ``name`` method; None when it has none or only inherits :class:`Core`'s generic one."""
+    method = getattr(core, name, None)
+    if not callable(method) or getattr(type(core), name, None) is getattr(Core, name):
+        return None
+    return method
+
+
+def _call_own(core: nn.Module, method, x: torch.Tensor, z: torch.Tensor, t: int | None):  # noqa: ANN001, ANN202
+    return method(x, z, t=t) if getattr(core, "position_dependent", False) else method(x, z)
+
 
 def scan(core: nn.Module, x: torch.Tensor, z0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Functional recurrence of any protocol core. x (B, T, in) → (outputs (B, T, H), states after
-    each step (B, T, D)). The state starts at ``z0``, else at zero."""
-    z = x.new_zeros(x.shape[0], core.state_dim) if z0 is None else z0
+    each step (B, T, D)). The state starts at ``z0``, else at the core's initial state
+    (:func:`initial_state`); step t reads x[:, t] at time index t."""
+    z = initial_state(core, x.shape[0], x) if z0 is None else z0
     ys, zs = [], []
     for t in range(x.shape[1]):
-        y, z = core.step(x[:, t], z)
+        y, z = step_at(core, x[:, t], z, t)
         ys.append(y)
         zs.append(z)
     return torch.stack(ys, dim=1), torch.stack(zs, dim=1)
 
 
-def generic_step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+def generic_step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> torch.Tensor:
     """∂z_t/∂z_{t−1} of any protocol core by ``vmap`` over the batch of ``jacrev`` of its step:
-    x (B, in), z (B, D) → (B, D, D). Costs D vector-Jacobian products of the step per sequence."""
+    x (B, in), z (B, D) → (B, D, D). Costs D vector-Jacobian products of the step per sequence.
+    t: the step's time index (position-dependent cores only)."""
     def new_state(xi: torch.Tensor, zi: torch.Tensor) -> torch.Tensor:
-        return core.step(xi[None], zi[None])[1][0]  # the step is written for a batch: give it one of 1
+        return step_at(core, xi[None], zi[None], t)[1][0]  # the step is written for a batch: give it one of 1
 
     return torch.func.vmap(torch.func.jacrev(new_state, argnums=1))(x, z)
 
 
-def generic_diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> list[torch.Tensor]:
+def generic_diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor,
+                            t: int | None = None) -> list[torch.Tensor]:
     """J_t's own block of each state block of ``core``'s declared structure, by ``vmap(jacrev)`` of the
     step restricted to that block (n reverse passes for a block of width n), in compact form:
     diagonal (B, n); complex_diagonal (B, n/2) complex, a + ib from the 2 × 2 block [[a, −b], [b, a]];
@@ -152,7 +193,7 @@ def generic_diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -
         def block_state(xi: torch.Tensor, zb: torch.Tensor, zi: torch.Tensor, lo: int = blk.start,
                         hi: int = blk.stop) -> torch.Tensor:
             full = torch.cat([zi[:lo], zb, zi[hi:]])
-            return core.step(xi[None], full[None])[1][0, lo:hi]
+            return step_at(core, xi[None], full[None], t)[1][0, lo:hi]
 
         J = torch.func.vmap(torch.func.jacrev(block_state, argnums=1))(x, z[:, blk.start:blk.stop], z)  # (B, n, n)
         B, n = J.shape[0], blk.width
@@ -169,25 +210,27 @@ def generic_diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -
     return out
 
 
-def diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> list[torch.Tensor]:
+def diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> list[torch.Tensor]:
     """J_t's own block of each declared state block (compact; :func:`generic_diagonal_blocks`): the
-    core's own ``diagonal_blocks`` where it has one, else the generic ``torch.func`` form."""
-    method = getattr(core, "diagonal_blocks", None)
-    return method(x, z) if callable(method) else generic_diagonal_blocks(core, x, z)
+    core's own ``diagonal_blocks`` where it has one, else the generic ``torch.func`` form. t: the
+    step's time index (position-dependent cores only)."""
+    method = _own_method(core, "diagonal_blocks")
+    return generic_diagonal_blocks(core, x, z, t) if method is None else _call_own(core, method, x, z, t)
 
 
-def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> torch.Tensor:
     """J_t = ∂z_t/∂z_{t−1} (B, D, D) of any protocol core from x (B, in) and z (B, D): the core's own
-    ``step_jacobian`` where it has one (a user's core may not), else :func:`generic_step_jacobian`."""
-    method = getattr(core, "step_jacobian", None)
-    return method(x, z) if callable(method) else generic_step_jacobian(core, x, z)
+    ``step_jacobian`` where it has one (a user's core may not), else :func:`generic_step_jacobian`.
+    t: the step's time index (position-dependent cores only)."""
+    method = _own_method(core, "step_jacobian")
+    return generic_step_jacobian(core, x, z, t) if method is None else _call_own(core, method, x, z, t)
 
 
-def gate_terms(core: nn.Module, x: torch.Tensor, z: torch.Tensor) -> dict[str, torch.Tensor]:
+def gate_terms(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> dict[str, torch.Tensor]:
     """J_t split by path through the cell, name → (B, D, D), summing to :func:`step_jacobian`: the
     core's own ``gate_terms`` where it has one, else the single term ``step``."""
-    method = getattr(core, "gate_terms", None)
-    return method(x, z) if callable(method) else {"step": generic_step_jacobian(core, x, z)}
+    method = _own_method(core, "gate_terms")
+    return {"step": step_jacobian(core, x, z, t)} if method is None else _call_own(core, method, x, z, t)
 
 
 def scaled_rows(coef: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

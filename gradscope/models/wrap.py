@@ -1,6 +1,12 @@
-"""The user's own recurrent model: :func:`wrap` turns a plain ``nn.RNN``/``nn.GRU``/``nn.LSTM``, or any
-module that follows the core protocol (:mod:`gradscope.models.core`), into a model every gradscope
-analysis takes.
+"""The user's own recurrent model: :func:`wrap` turns a plain ``nn.RNN``/``nn.GRU``/``nn.LSTM``, a model
+from a library gradscope has an adapter for (transformers' Mamba, Falcon-Mamba, RWKV, xLSTM,
+RecurrentGemma; mambapy's Mamba: :mod:`gradscope.models.adapters`), or any module that follows the
+core protocol (:mod:`gradscope.models.core`), into a model every gradscope analysis takes.
+
+A protocol core is checked before its first Jacobian (:mod:`gradscope.models.protocol`: batched step =
+per-sample step, vjp engine = func engine, torch.func can transform it): at wrap time when gradscope can
+tell its input width (an ``in_dim`` attribute, or an ``inputs`` map), else on the first batch an
+analysis feeds it.
 
 An ``nn.RNN/GRU/LSTM`` is held as it is, inside the registered core of its type, so the analytic
 engine runs on the module's own weights (no copy, no retraining). Its state is every layer's state,
@@ -11,13 +17,17 @@ batch; a disagreement above ``tolerance`` is an error, never a silently wrong Ja
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
 from gradscope.errors import GradscopeError, check
+from gradscope.models.adapters import adapter_for
+from gradscope.models.adapters.base import check_against_library
 from gradscope.models.core import scan
+from gradscope.models.protocol import check_protocol
 from gradscope.models.registry import CORES
 from gradscope.models.rnn import RNNCore
 
@@ -37,6 +47,8 @@ class WrappedModel(nn.Module):
         self.inputs = inputs
         self.readout = readout
         self.source = source
+        self.protocol_checked = True  # wrap() sets False for a protocol core it could not check yet
+        self.check_seed = 0
 
     def core_inputs(self, tokens: Tensor) -> Tensor:
         """The vectors the core reads: token ids (B, T) through ``inputs``, or float inputs (B, T, in) as given."""
@@ -44,10 +56,20 @@ class WrappedModel(nn.Module):
             check(tokens.is_floating_point() and tokens.dim() == 3,
                   f"tokens: this wrapped model has no inputs map, so it reads float vectors (B, T, in); got "
                   f"{tokens.dtype} of shape {tuple(tokens.shape)} (pass inputs=nn.Embedding(...) to read token ids)")
+            self._check_once(tokens)
             return tokens
         check(not tokens.is_floating_point() and tokens.dim() == 2,
               f"tokens: this wrapped model reads token ids (B, T); got {tokens.dtype} of shape {tuple(tokens.shape)}")
-        return self.inputs(tokens)
+        x = self.inputs(tokens)
+        self._check_once(x)
+        return x
+
+    def _check_once(self, x: Tensor) -> None:
+        """The protocol checks on the first batch of core inputs an analysis sees (when wrap could not run them)."""
+        if self.protocol_checked or x.shape[0] < 1 or x.shape[1] < 1:
+            return
+        check_protocol(self.core, x[:3, :4].detach(), seed=self.check_seed)
+        self.protocol_checked = True
 
     def forward(self, tokens: Tensor) -> Tensor:
         """The fused path where the core has one (an nn.RNN/GRU/LSTM), else the functional scan;
@@ -99,24 +121,108 @@ def _check_agreement(core: RNNCore, tolerance: float, seed: int) -> None:
                              f"so its Jacobians would be wrong")
 
 
+def _input_width(core: nn.Module, inputs: Callable[[Tensor], Tensor] | None) -> tuple[int, int | None] | None:
+    """(input width, vocabulary or None) of a protocol core when gradscope can tell, else None."""
+    vocab = getattr(inputs, "num_embeddings", None)
+    if inputs is not None and vocab is not None:
+        return int(getattr(inputs, "embedding_dim", 0)), int(vocab)
+    if inputs is None:
+        for name in ("in_dim", "input_size", "input_dim"):
+            width = getattr(core, name, None)
+            if isinstance(width, int) and width >= 1:
+                return width, None
+    return None
+
+
+def _check_now(model: WrappedModel, seed: int) -> None:
+    """The protocol checks at wrap time where the input width is known; else marked for the first analysis."""
+    known = _input_width(model.core, model.inputs)
+    model.check_seed = seed
+    if known is None:
+        model.protocol_checked = False
+        return
+    width, vocab = known
+    param = next(model.core.parameters(), None)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        if vocab is not None:
+            tokens = torch.randint(0, vocab, (3, 4), generator=gen)
+            x = model.inputs(tokens.to(param.device) if param is not None else tokens)
+        else:
+            x = torch.randn(3, 4, width, generator=gen, dtype=torch.float64)
+            x = x.to(param) if param is not None and param.is_floating_point() else x.float()
+    check_protocol(model.core, x, seed=seed)
+
+
+def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.Module | None = None, *,
+                 tolerance: float | None = None, seed: int = 0, checks: bool = True) -> WrappedModel:
+    """A library model → a gradscope model (its own modules, no copies), checked against the library.
+
+    inputs / readout: only for a model without its own (mambapy's bare ``Mamba`` reads float vectors
+    and has no head): token ids → vectors, and outputs → e.g. logits. tolerance: of the wrap-time
+    comparison with the library's own forward, relative to the outputs' largest magnitude (default:
+    the adapter's stated one). seed: of the small random check batch. checks: also run the protocol
+    checks (batched = per-sample step; vjp = func engine).
+    """
+    name = adapter_for(model)
+    if name is None:
+        raise TypeError(f"no adapter for {type(model).__name__}")
+    module = importlib.import_module(f"gradscope.models.adapters.{name}")
+    adapted = module.adapt(model)
+    core = adapted.core
+    kind = type(model).__name__
+    check(inputs is None or adapted.inputs is None,
+          f"inputs: a {kind} brings its own (its embedding); pass none")
+    check(readout is None or adapted.readout is None, f"readout: a {kind} brings its own (its head); pass none")
+    source = f"{type(model).__module__.split('.')[0]}.{kind}"
+    param = next(model.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    what = f"{core.family} ({source})"
+    if adapted.inputs is not None:
+        wrapped = WrappedModel(core, adapted.inputs, adapted.readout, source)
+        example = torch.randint(0, adapted.inputs.num_embeddings, (2, 6), generator=gen).to(param.device)
+        wrapped.library_error = check_against_library(wrapped, adapted.forward, example, tolerance or adapted.tolerance,
+                                                      what)
+        with torch.no_grad():
+            x = wrapped.core_inputs(example)
+    else:  # float inputs: the core's outputs against the library's, then the user's maps around them
+        x = torch.randn(2, 6, core.out_dim, generator=gen, dtype=torch.float64).to(param)
+        error = check_against_library(lambda v: scan(core, v)[0], adapted.forward, x, tolerance or adapted.tolerance,
+                                      what)
+        wrapped = WrappedModel(core, inputs, readout, source)
+        wrapped.library_error = error
+    if checks:
+        check_protocol(core, x, seed=seed)
+    wrapped.protocol_checked = True
+    return wrapped
+
+
 def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
-         readout: Callable[[Tensor], Tensor] | None = None, *, tolerance: float = 1e-5,
-         seed: int = 0) -> WrappedModel:
+         readout: Callable[[Tensor], Tensor] | None = None, *, tolerance: float | None = None,
+         seed: int = 0, checks: bool = True) -> WrappedModel:
     """A user's recurrent model, ready for :func:`gradscope.state_jacobian` and :func:`gradscope.stability`.
 
     rnn: an ``nn.RNN`` (tanh), ``nn.GRU`` or ``nn.LSTM`` (any number of layers, ``batch_first``
     either way, with or without bias, in eval mode or without dropout; not bidirectional, no
-    ``proj_size``), or any module with ``step(x, z) → (y, z')``, ``state_dim`` and ``out_dim``.
+    ``proj_size``); a library model with an adapter (transformers ``MambaForCausalLM``/``MambaModel``,
+    Falcon-Mamba, ``RwkvForCausalLM``, ``xLSTMForCausalLM``, ``RecurrentGemmaForCausalLM`` with
+    recurrent blocks only, mambapy ``Mamba``/``LM``: they bring their own inputs and readout, except a
+    bare mambapy ``Mamba``, which reads float vectors unless given ``inputs``); or any
+    module with ``step(x, z) → (y, z')``, ``state_dim`` and ``out_dim``.
     inputs: token ids (B, T) → the vectors the rnn reads (an ``nn.Embedding`` or any callable);
     None to feed float inputs (B, T, in) directly. readout: optional map of the outputs, e.g.
-    an ``nn.Linear`` to logits. tolerance / seed: the fused-vs-functional check of an nn.RNN/GRU/LSTM.
+    an ``nn.Linear`` to logits. tolerance: of the wrap-time comparison with the module's own forward
+    (nn.RNN/GRU/LSTM: 1e-5; library models: each adapter's stated one). seed: of the check batches.
+    checks: run the protocol checks (:mod:`gradscope.models.protocol`) on a protocol core or adapter.
     """
     if isinstance(rnn, nn.RNNBase):
         core: nn.Module = _rnn_core(rnn)
-        _check_agreement(core, tolerance, seed)  # type: ignore[arg-type]
+        _check_agreement(core, 1e-5 if tolerance is None else tolerance, seed)  # type: ignore[arg-type]
         source = f"torch.nn.{type(rnn).__name__}"
     elif isinstance(rnn, WrappedModel):
         raise GradscopeError("rnn: this model is already wrapped")
+    elif adapter_for(rnn) is not None:
+        return wrap_library(rnn, inputs, readout, tolerance=tolerance, seed=seed, checks=checks)
     else:
         missing = [name for name in PROTOCOL if not hasattr(rnn, name)]
         check(not missing, f"rnn: {type(rnn).__name__} is neither an nn.RNN/GRU/LSTM nor a core: it lacks "
@@ -124,4 +230,7 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
         core, source = rnn, f"{type(rnn).__module__}.{type(rnn).__name__}"
     check(inputs is None or callable(inputs), f"inputs: got {type(inputs).__name__}; expected a callable such as nn.Embedding")
     check(readout is None or callable(readout), f"readout: got {type(readout).__name__}; expected a callable")
-    return WrappedModel(core, inputs, readout, source)
+    model = WrappedModel(core, inputs, readout, source)
+    if checks and not isinstance(core, RNNCore):
+        _check_now(model, seed)
+    return model

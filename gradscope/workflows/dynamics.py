@@ -418,12 +418,13 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
 
 
 def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = DynamicsOptions(), *, length: int = 32,
-                         counts_file: Path | None = None, command: str = "") -> DynamicsRun:
-    """``gradscope dynamics --model-factory FILE.py:FUNC CKPT``: the model that ``FUNC(CKPT)`` builds, on
+                         counts_file: Path | None = None, command: str = "", config: Path | None = None) -> DynamicsRun:
+    """``gradscope dynamics --model-factory FILE.py:FUNC CKPT`` (or ``hf[:CLASS]``, with ``config``: see
+    :func:`gradscope.workflows.factory.build_model`): the model that ``FUNC(CKPT)`` builds, on
     ``opts.sequences`` probe sequences of ``length`` tokens drawn uniformly (seed ``opts.seed``) from its
     embedding's vocabulary; steps classed frequent/rare by ``counts_file`` when given."""
     length = as_count(length, "length", 1, MAX_COUNT)
-    model = build_model(spec, Path(checkpoint))
+    model = build_model(spec, Path(checkpoint), config)
     vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
     check(vocab is not None, f"model_factory: {spec} built a model without an nn.Embedding input; dynamics draws its "
                              f"probe tokens from the embedding's vocabulary (use gradscope.dynamics(model, tokens=…) "

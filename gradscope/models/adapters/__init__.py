@@ -1,0 +1,51 @@
+"""Library models as gradscope cores: ``gradscope.wrap(model)`` recognises these classes by name and
+module (the libraries are optional extras, imported only by the adapter that needs them):
+
+========================  ==========================================================  =================
+library                   classes                                                     adapter module
+========================  ==========================================================  =================
+transformers              ``MambaForCausalLM``, ``MambaModel``, ``FalconMamba…``      ``hf_mamba``
+transformers              ``RwkvForCausalLM``, ``RwkvModel``                          ``hf_rwkv``
+transformers              ``xLSTMForCausalLM``, ``xLSTMModel`` (mLSTM)                ``hf_xlstm``
+transformers              ``RecurrentGemmaForCausalLM``, ``RecurrentGemmaModel``       ``hf_recurrent_gemma``
+mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
+========================  ==========================================================  =================
+
+Each adapter module has ``adapt(model) → Adapted`` (:mod:`gradscope.models.adapters.base`).
+:func:`gradscope.models.wrap.wrap_library` builds the wrapped model, compares it with the library's own
+forward and runs the protocol checks (:mod:`gradscope.models.protocol`).
+"""
+
+from __future__ import annotations
+
+ADAPTERS: dict[tuple[str, str], str] = {
+    ("transformers", "MambaForCausalLM"): "hf_mamba",
+    ("transformers", "MambaModel"): "hf_mamba",
+    ("transformers", "FalconMambaForCausalLM"): "hf_mamba",
+    ("transformers", "FalconMambaModel"): "hf_mamba",
+    ("transformers", "RwkvForCausalLM"): "hf_rwkv",
+    ("transformers", "RwkvModel"): "hf_rwkv",
+    ("transformers", "xLSTMForCausalLM"): "hf_xlstm",
+    ("transformers", "xLSTMModel"): "hf_xlstm",
+    ("transformers", "RecurrentGemmaForCausalLM"): "hf_recurrent_gemma",
+    ("transformers", "RecurrentGemmaModel"): "hf_recurrent_gemma",
+    ("mambapy", "Mamba"): "mambapy",
+    ("mambapy", "LM"): "mambapy",
+}
+
+
+def adapter_for(model: object) -> str | None:
+    """The adapter module name for ``model``'s class (or a base class), else None."""
+    for cls in type(model).__mro__:
+        key = (cls.__module__.split(".")[0], cls.__name__)
+        if key in ADAPTERS:
+            return ADAPTERS[key]
+    return None
+
+
+def class_names(library: str) -> list[str]:
+    """The class names an adapter exists for in ``library`` ("transformers" or "mambapy")."""
+    return [name for lib, name in ADAPTERS if lib == library]
+
+
+__all__ = ["ADAPTERS", "adapter_for", "class_names"]

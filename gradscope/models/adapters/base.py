@@ -1,0 +1,181 @@
+"""What every library adapter shares: a named flat state, its Jacobian structure, and the wrap-time check.
+
+An adapter is a :class:`~gradscope.models.core.Core` that holds the library model by reference (its
+modules are registered as a submodule, so ``.double()`` or ``.to(device)`` on the wrapped model
+converts the library model itself; nothing is copied) and writes one step of the library's
+recurrence as plain torch operations on those modules' weights. Plain torch, because the libraries'
+own one-token paths write their caches in place, cast to float32, or run legacy
+``autograd.Function`` s, none of which ``torch.func`` can transform.
+
+The state z (B, D) is the concatenation of named entries (:class:`Entry`), each flattened row-major
+from its per-sequence shape: ``l0/conv`` (I, K−1), ``l0/ssm`` (I, N), …. The entries are also the
+blocks of the declared Jacobian structure (:mod:`gradscope.models.structure`), in an order in
+which every entry's new value reads only its own and earlier entries' old values.
+
+Checked at wrap time (:func:`check_against_library`): the wrapped model's outputs (logits for a
+``…ForCausalLM``) equal the library's own full-sequence forward on a small seeded batch of token ids,
+within the adapter's stated tolerance; then the protocol checks of :mod:`gradscope.models.protocol`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from gradscope.errors import GradscopeError, check
+from gradscope.models.core import Core
+from gradscope.models.structure import JacobianStructure, StateBlock
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One named entry of the state: per-sequence ``shape``, flattened row-major; ``form`` and
+    ``size`` of J_t's own block on it (see :class:`~gradscope.models.structure.StateBlock`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    form: str = "dense"
+    size: int = 1
+
+    @property
+    def width(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+class LibraryCore(Core):
+    """Base of the adapters: the entries, their slices and structure, pack/unpack of z."""
+
+    library: ClassVar[str] = ""  # "transformers" or "mambapy"
+    family: ClassVar[str] = ""  # the model family, as the docs name it
+
+    def __init__(self, model: nn.Module, entries: list[Entry], out_dim: int) -> None:
+        super().__init__()
+        self.model = model  # the library model, by reference
+        self.entries = tuple(entries)
+        self.state_dim = sum(e.width for e in entries)
+        self.out_dim = int(out_dim)
+        self._slices: dict[str, slice] = {}
+        start = 0
+        for e in self.entries:
+            self._slices[e.name] = slice(start, start + e.width)
+            start += e.width
+
+    def state_layout(self) -> dict[str, slice]:
+        """Named slices of z, in order (``l0/conv``, ``l0/ssm``, …)."""
+        return dict(self._slices)
+
+    def jacobian_structure(self) -> JacobianStructure:
+        """One block per entry, lower-triangular in the entries' order."""
+        return JacobianStructure(tuple(StateBlock(e.name, self._slices[e.name].start, self._slices[e.name].stop,
+                                                  e.form, e.size) for e in self.entries))
+
+    def unpack(self, z: Tensor) -> dict[str, Tensor]:
+        """z (B, D) → entry name → (B, *shape) (views where possible)."""
+        return {e.name: z[:, self._slices[e.name]].reshape(z.shape[0], *e.shape) for e in self.entries}
+
+    def pack(self, parts: dict[str, Tensor]) -> Tensor:
+        """entry name → (B, *shape) → z (B, D), in the entries' order."""
+        B = next(iter(parts.values())).shape[0]
+        return torch.cat([parts[e.name].reshape(B, e.width) for e in self.entries], dim=1)
+
+    def flat_blocks(self, parts: dict[str, Tensor]) -> list[Tensor]:
+        """Compact diagonal blocks in the entries' order (see :mod:`gradscope.models.structure`): a
+        diagonal entry's (B, *shape) → (B, n); per-head blocks stay (B, n/size, size, size)."""
+        out = []
+        for e in self.entries:
+            d = parts[e.name]
+            out.append(d.reshape(d.shape[0], -1) if e.form == "diagonal" else d)
+        return out
+
+    def step(self, x: Tensor, z: Tensor, t: int | None = None) -> tuple[Tensor, Tensor]:
+        y, new, _ = self.advance(x, z, t, diagonal=False)
+        return y, new
+
+    def diagonal_blocks(self, x: Tensor, z: Tensor, t: int | None = None) -> list[Tensor]:
+        """J_t's own block of every entry, from the step's own intermediates (no torch.func)."""
+        return self.advance(x, z, t, diagonal=True)[2]
+
+    def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """One step: x (B, in), z (B, D) → (y (B, H), z' (B, D), the diagonal blocks when asked, else [])."""
+        raise NotImplementedError
+
+
+def shift_blocks(batch: int, channels: int, width: int, like: Tensor) -> Tensor:
+    """J's own block of a conv window of ``width`` past inputs per channel, oldest first, that shifts by
+    one each step (the newest entry is the new input, read from outside the window): a nilpotent
+    shift S[i, i+1] = 1 per channel → (B, channels, width, width)."""
+    S = torch.diag(like.new_ones(width - 1), diagonal=1) if width > 1 else like.new_zeros(1, 1)
+    return S.expand(batch, channels, width, width)
+
+
+def rms(x: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x²) + eps) over the last axis, in x's dtype (the libraries' RMSNorms without their
+    float32 round trip)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class TokenMap(nn.Module):
+    """token ids → input vectors through the library's own embedding, times a fixed scale (or 1)."""
+
+    def __init__(self, embedding: nn.Embedding, scale: Callable[[Tensor], Tensor] | None = None) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.scale = scale
+        self.num_embeddings = embedding.num_embeddings  # what the stability workflow reads as the vocabulary
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embedding(tokens)
+        return x if self.scale is None else x * self.scale(x)
+
+
+class Adapted(NamedTuple):
+    """What an adapter module's ``adapt(model)`` returns: the core, the input map (token ids → vectors;
+    None for a model that reads float vectors), the readout (None: the core's output), the library's
+    own full-sequence forward (inputs → outputs, for the wrap-time check) and its tolerance."""
+
+    core: LibraryCore
+    inputs: nn.Module | None
+    readout: nn.Module | None
+    forward: Callable[[Tensor], Tensor]
+    tolerance: float
+
+
+def hf_forward(model: nn.Module) -> Callable[[Tensor], Tensor]:
+    """A transformers model's own forward without a cache: token ids (B, T) → logits (a ``…ForCausalLM``)
+    or the last hidden state (a bare ``…Model``)."""
+    def run(tokens: Tensor) -> Tensor:
+        out = model(input_ids=tokens, use_cache=False)
+        logits = getattr(out, "logits", None)
+        return logits if logits is not None else out.last_hidden_state
+    return run
+
+
+def check_against_library(wrapped: Callable[[Tensor], Tensor], library_forward: Callable[[Tensor], Tensor], example: Tensor,
+                          tolerance: float, what: str) -> float:
+    """Outputs of ``wrapped`` (the adapter's scan plus readout) against the library's own forward on
+    ``example`` (token ids (B, T), or float inputs (B, T, in)); a difference above ``tolerance``
+    relative to the outputs' largest magnitude (at least 1) refuses the model. Returns the relative
+    difference."""
+    with torch.no_grad():  # the library first: a forward may change its weights (RWKV's eval-mode rescaling)
+        theirs = library_forward(example)
+        ours = wrapped(example)
+    check(ours.shape == theirs.shape, f"model: the adapter gives outputs {tuple(ours.shape)}, the library "
+                                      f"{tuple(theirs.shape)}; this {what} is not one the adapter knows")
+    err = float((ours - theirs.to(ours.dtype)).abs().max())
+    scale = max(1.0, float(theirs.abs().max()))
+    if not err <= tolerance * scale:
+        raise GradscopeError(f"model: gradscope's {what} adapter and the library's own forward disagree by "
+                             f"{err:.2e} (> {tolerance:g} × {scale:.3g}) on a small batch; this model is not "
+                             f"the architecture the adapter knows, so its Jacobians would be wrong")
+    return err / scale
+
+
+def config_value(config: Any, name: str, default: Any = None) -> Any:
+    """A config attribute, or ``default`` when the library version has none."""
+    return getattr(config, name, default)

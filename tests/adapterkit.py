@@ -1,0 +1,216 @@
+"""Brute force through a library's OWN forward and cache, written without the adapter, and the checks
+every library family runs against it (tests/test_adapters_*.py).
+
+A family gives two functions over the library model, in the layout the docs state for it (a list
+of per-sequence tensors, in the documented order):
+
+- ``state(tokens) → parts``: the library's own cache/state after running ``tokens`` (B, p);
+- ``step(parts, columns, t0) → (y, parts')``: the tokens ``columns`` (B, n), the first at 0-based
+  position t0, through the library's own forward starting from ``parts`` (the cache rebuilt from
+  them), returning the output y (B, H) after the last of them (what the adapter's core outputs: the
+  backbone's last hidden state) and the new parts.
+
+Everything runs in float64 (the libraries round to float32 in places, which bounds the agreement at
+~1e-7 relative). J = ∂y_T/∂z_p comes from reverse mode (one autograd.grad per output row) or, for a
+library whose cache writes defeat reverse mode (``reverse=False``: RWKV writes back into the very
+tensors its maximum saved), from forward mode on a batch repeated D times (row b·D + j carries the
+tangent e_j); the step Jacobians J_t always come from forward mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch import Tensor
+
+import gradscope
+from gradscope.analysis.dynamics import gradient_flow
+from gradscope.analysis.lyapunov import lyapunov_spectrum
+
+Parts = list[Tensor]
+
+
+@dataclass
+class Family:
+    model: torch.nn.Module  # the library model (float64, eval)
+    state: Callable[[Tensor], Parts]
+    step: Callable[[Parts, Tensor, int], tuple[Tensor, Parts]]
+    vocab: int
+    reverse: bool = True  # J = ∂y_T/∂z_p by reverse mode (else forward mode)
+    forward_steps: bool = True  # J_t by forward mode (else one reverse pass per row: a library
+    # autograd.Function without a jvp, such as RecurrentGemma's SqrtBoundDerivative, defeats forward mode)
+
+
+def flat(parts: Parts) -> Tensor:
+    """The test's own flattening: each part (B, *shape) row-major, in order → (B, D)."""
+    return torch.cat([p.reshape(p.shape[0], -1) for p in parts], dim=1)
+
+
+def library_jacobian(fam: Family, tokens: Tensor, p: int) -> tuple[Tensor, Tensor]:
+    """(J = ∂y_T/∂z_p (B, H, D), z_p (B, D)) through the library: its state after tokens[:, :p], then
+    steps p+1 … T from leaves in that state, one autograd.grad per output row."""
+    B, T = tokens.shape
+    with torch.no_grad():
+        parts = fam.state(tokens[:, :p])
+    if not fam.reverse:
+        return _forward_jacobian(fam, tokens, p, parts)[0], flat(parts).detach()
+    leaves = [q.detach().clone().requires_grad_(True) for q in parts]
+    with torch.enable_grad():
+        cur = [q.clone() for q in leaves]  # the library may write into what it is given
+        y, cur = fam.step(cur, tokens[:, p:], p)
+        rows = []
+        for i in range(y.shape[1]):
+            grads = torch.autograd.grad(y[:, i].sum(), leaves, retain_graph=True, allow_unused=True)
+            rows.append(flat([torch.zeros_like(q) if g is None else g for g, q in zip(grads, leaves)]))
+    return torch.stack(rows, dim=1), flat(parts).detach()
+
+
+def _forward_jacobian(fam: Family, tokens: Tensor, p: int, parts: Parts) -> tuple[Tensor, Tensor, Parts]:
+    """(∂y/∂z_p (B, H, D), ∂z'/∂z_p (B, D, D), z') after tokens[:, p:] from ``parts``, by forward mode."""
+    B = tokens.shape[0]
+    widths = [q[0].numel() for q in parts]
+    D = sum(widths)
+    tangents = torch.eye(D, dtype=torch.float64).repeat(B, 1).split(widths, dim=1)  # (B·D, w) each
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(q.repeat_interleave(D, 0).contiguous(), tg.reshape(B * D, *q.shape[1:]).contiguous())
+                 for q, tg in zip(parts, tangents)]
+        with torch.backends.mkldnn.flags(enabled=False):  # float64 depthwise conv1d: 3× faster without oneDNN
+            y, new = fam.step(duals, tokens[:, p:].repeat_interleave(D, 0), p)
+        cols, out = [], []
+        for n in [y, *new]:
+            primal, tangent = fwAD.unpack_dual(n)
+            cols.append((torch.zeros_like(primal) if tangent is None else tangent).reshape(B * D, -1))
+            out.append(primal.reshape(B, D, *n.shape[1:])[:, 0].detach().clone())
+    H = y.shape[-1]
+    jac = torch.cat(cols, dim=1).reshape(B, D, -1).transpose(1, 2).detach()  # rows: outputs, columns: z_p
+    return jac[:, :H], jac[:, H:], out[1:]
+
+
+def _reverse_step_jacobian(fam: Family, column: Tensor, t: int, parts: Parts) -> tuple[Tensor, Parts]:
+    """(∂z'/∂z (B, D, D), z') of one token from ``parts`` by one autograd.grad per row of z'."""
+    leaves = [q.detach().clone().requires_grad_(True) for q in parts]
+    with torch.enable_grad():
+        _, new = fam.step([q.clone() for q in leaves], column, t)
+        out = flat(new)
+        rows = []
+        for i in range(out.shape[1]):
+            grads = torch.autograd.grad(out[:, i].sum(), leaves, retain_graph=True, allow_unused=True)
+            rows.append(flat([torch.zeros_like(q) if g is None else g for g, q in zip(grads, leaves)]))
+    return torch.stack(rows, dim=1).detach(), [q.detach().clone() for q in new]
+
+
+def library_step_jacobians(fam: Family, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """(J_t (B, T−1, D, D), log|det J_t| in float64 (B, T−1)) for t = 2 … T along the library's own
+    trajectory: J_t at the library's state after t − 1 tokens, by forward-mode AD. (J_1, at the
+    initial state, is left out: the checks count steps after a warm-up of at least one.)"""
+    B, T = tokens.shape
+    with torch.no_grad():
+        parts = fam.state(tokens[:, :1])  # the state after token 1
+    Js = []
+    for t in range(1, T):  # J_{t+1}: from the state after t tokens
+        if fam.forward_steps:
+            _, J, parts = _forward_jacobian(fam, tokens[:, :t + 1], t, parts)
+        else:
+            J, parts = _reverse_step_jacobian(fam, tokens[:, t:t + 1], t, parts)
+        Js.append(J)
+    J = torch.stack(Js, dim=1).detach()
+    return J, torch.linalg.slogdet(J).logabsdet
+
+
+def stability_score(a: Tensor, b: Tensor) -> float:
+    """SPEC §4's default score of two Jacobians (H, D)."""
+    return float((a * b).sum() / (a.norm(dim=1) * b.norm(dim=1)).sum())
+
+
+def probes(vocab: int, n: int, L: int, p: int, seed: int) -> Tensor:
+    """n triplets (base, same-target, same-suffix) (n, 3, L) around target position p."""
+    tok = torch.randint(0, vocab, (n, 3, L), generator=torch.Generator().manual_seed(seed))
+    tok[:, 1, :p] = tok[:, 0, :p]
+    tok[:, 2, p:] = tok[:, 0, p:]
+    return tok
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks each family runs
+
+def check_state_jacobian(fam: Family, model: torch.nn.Module, tokens: Tensor, p: int, method: str,
+                         rtol: float) -> float:
+    """gradscope's J and z_p equal the library's; returns the relative error."""
+    res = gradscope.state_jacobian(model, tokens, p, method=method)
+    ref, z_p = library_jacobian(fam, tokens, p)
+    assert res.jac.shape == ref.shape, (res.jac.shape, ref.shape)
+    scale = float(ref.abs().max())
+    assert scale > 1e-4  # not comparing zeros
+    assert float((res.state - z_p).abs().max()) <= rtol * max(1.0, float(z_p.abs().max())), "z_p differs"
+    err = float((res.jac - ref).abs().max()) / scale
+    assert err <= rtol, f"J off by {err:.2e} (relative) at p={p}, method={method}"
+    return err
+
+
+def check_stability(fam: Family, model: torch.nn.Module, L: int, p: int, rtol: float) -> None:
+    """gradscope.stability's same-target and same-suffix scores equal SPEC §4's formula on the library's Jacobians."""
+    tok = probes(fam.vocab, 2, L, p, seed=5)
+    ds = gradscope.stability(model, tok, position=p)
+    for i in range(tok.shape[0]):
+        ref, _ = library_jacobian(fam, tok[i], p)
+        for pair, member in (("same-target", 1), ("same-suffix", 2)):
+            expected = stability_score(ref[0], ref[member])
+            got = float(ds["score_default"].sel(pair=pair).isel(checkpoint=0, triplet=i))
+            assert abs(got - expected) <= rtol, (pair, i, got, expected)
+
+
+def check_gradient_flow(fam: Family, model: torch.nn.Module, tokens: Tensor, rtol: float) -> None:
+    """g(k) = ‖∂y_T/∂z_k‖_F for every k < T equals the norm of the library's Jacobian."""
+    fro, _ = gradient_flow(model, tokens)
+    T = tokens.shape[1]
+    for k in range(1, T):
+        ref = torch.linalg.matrix_norm(library_jacobian(fam, tokens, k)[0])
+        assert float(((fro[:, k - 1] - ref).abs() / ref).max()) <= rtol, (k, fro[:, k - 1], ref)
+
+
+def check_lyapunov_sum(fam: Family, model: torch.nn.Module, tokens: Tensor, warmup: int, atol: float) -> None:
+    """Σλ against the mean log|det J_t| of the library's own step Jacobians (−inf where it is −inf), and
+    the declared structure: J_t is block lower-triangular over the layout's blocks, and the exponents
+    are the time averages of log|J_t[i, i]| (blocks that are diagonal in the library's J_t) or, for
+    blocks that are not, their own log|det| averages."""
+    core = model.core
+    with torch.no_grad():
+        x = model.core_inputs(tokens)
+    res = lyapunov_spectrum(core, x, warmup=warmup, sum_check=True)
+    assert warmup >= 1
+    J, logdet = library_step_jacobians(fam, tokens)
+    counted = slice(warmup - 1, None)  # J[:, i] is the step that reads token i + 2 (1-based), gradscope's step i + 1
+    ref_sum = logdet[:, counted].mean(dim=1)  # (B,)
+    lam_sum = res.exponents.sum(dim=-1)
+    for b in range(tokens.shape[0]):
+        if torch.isneginf(ref_sum[b]):
+            assert torch.isneginf(lam_sum[b]), (lam_sum[b], ref_sum[b])
+        else:
+            assert abs(float(lam_sum[b] - ref_sum[b])) <= atol, (lam_sum[b], ref_sum[b])
+    assert torch.allclose(res.log_det_mean, ref_sum, atol=atol, rtol=0) or bool(
+        (torch.isneginf(res.log_det_mean) == torch.isneginf(ref_sum)).all())
+    blocks = core.jacobian_structure().blocks
+    finite_ref = []
+    for i, blk in enumerate(blocks):
+        own = J[..., blk.start:blk.stop, blk.start:blk.stop]
+        later = J[..., blk.start:blk.stop, blk.stop:]
+        scale = float(J.abs().max())
+        assert later.numel() == 0 or float(later.abs().max()) <= 1e-9 * scale, f"{blk.name} reads a later block"
+        if blk.form == "diagonal":
+            off = own - torch.diag_embed(own.diagonal(dim1=-2, dim2=-1))
+            assert float(off.abs().max()) <= 1e-9 * scale, f"{blk.name} is not diagonal in the library's J_t"
+            finite_ref.append(own.diagonal(dim1=-2, dim2=-1).abs().log()[:, counted].mean(dim=1))  # (B, n)
+    ref_exps = torch.cat(finite_ref, dim=1).sort(dim=1, descending=True).values  # diagonal blocks' exponents
+    diag_widths = sum(b.width for b in blocks if b.form == "diagonal")
+    assert ref_exps.shape[1] == diag_widths
+    # gradscope's exponents of the diagonal blocks: the structured engine's union; compare as sorted sets
+    # against the union of the library's per-entry averages plus the other blocks' (checked via the sum)
+    got = res.exponents
+    for b in range(tokens.shape[0]):
+        ref_b = ref_exps[b]
+        for value in ref_b[torch.isfinite(ref_b)]:
+            assert float((got[b] - value).abs().min()) <= atol, (float(value), got[b])
+        assert int(torch.isneginf(got[b]).sum()) >= int(torch.isneginf(ref_b).sum())
