@@ -547,7 +547,7 @@ def test_stability_option_values(runs: dict[str, Path], tmp_path: Path, monkeypa
         if outcome.rc == 0:  # the store holds what was asked
             ds = read_store(w / "s.zarr")
             opts = json.loads(ds.attrs["options"])
-            assert (opts["seed"], opts["position"], opts["chunk"], opts["method"]) == (v["seed"], v["pos"], v["batch"],
+            assert (opts["seed"], opts["target_pos"], opts["batch_size"], opts["method"]) == (v["seed"], v["pos"], v["batch"],
                                                                                        v["method"])
             assert ds.sizes["triplet"] == v["triplets"] * (len(set(v["target"])) or 2)
             assert ds.sizes["sv"] == min(v["sv"], 16)  # H = 16
@@ -695,7 +695,7 @@ def test_checkpoints_are_loaded_one_at_a_time(runs: dict[str, Path], monkeypatch
 
     monkeypatch.setattr(workflow, "load_checkpoint", load)
     run = workflow.run_stability([runs["gru"], runs["lstm"], runs["gru"]],
-                                 workflow.StabilityOptions(triplets=1, target_groups=("rare",)))
+                                 workflow.StabilityOptions(triplets=1, target_freq=("rare",)))
     assert held == [0, 0, 0]  # nothing of the previous checkpoint (optimizer state included) is held
     assert len(run.results) == 3
 

@@ -223,7 +223,7 @@ def _labels(values: np.ndarray | None, n: int, what: str) -> tuple[str, ...]:
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    what = f"probes_file: {path}"
+    what = f"probes: {path}"
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
@@ -260,8 +260,8 @@ def read_probe_arrays(path: Path) -> Probes:
     objects, so never a pickle), shapes, and ids (non-negative; against a vocabulary with
     :func:`check_probes_fit`)."""
     path = Path(path)
-    what = f"probes_file: {path}"
-    check(path.is_file(), f"probes_file: {path} does not exist")
+    what = f"probes: {path}"
+    check(path.is_file(), f"probes: {path} does not exist")
     try:
         with open(path, "rb") as fh:
             magic = fh.read(6)
@@ -274,7 +274,7 @@ def read_probe_arrays(path: Path) -> Probes:
     elif magic[:4] in ZIP_MAGICS:
         arrays = _read_npz(path)
     else:
-        raise GradscopeError(f"probes_file: cannot read {path}: neither .npy nor .npz; expected .npy int64 (n, 3, L), "
+        raise GradscopeError(f"probes: cannot read {path}: neither .npy nor .npz; expected .npy int64 (n, 3, L), "
                              f".npz with 'tokens', or a stability store")
     tokens = arrays["tokens"]
     check(tokens.shape[0] >= 1 and tokens.shape[1] == 3 and tokens.shape[2] >= 1,
