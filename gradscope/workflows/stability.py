@@ -100,14 +100,14 @@ class StabilityOptions:
               f"split: got {self.split!r}; it must lie strictly between 0 and 1")
 
 
-def read_probes_file(path: Path) -> Probes:
+def read_probes_file(path: Path, length: int | None = None) -> Probes:
     """Probe triplets from .npy (int (n, 3, L)), .npz (``tokens`` plus optional ``target_group`` and
     ``disturbant_group`` string arrays) or a previous stability store (.zarr), checked (see
     :func:`~gradscope.tasks.probes.read_probe_arrays`; ids against the vocabulary once the model is known)."""
     path = Path(path)
     if path.is_dir():
         return validate_probes(probes_from_store(path), f"probes: {path}")
-    return read_probe_arrays(path)
+    return read_probe_arrays(path, length)
 
 
 def result_bytes(triplets: int, length: int, checkpoints: int, top_sv: int) -> int:
@@ -130,7 +130,7 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     check(1 <= opts.target_pos <= length, f"target_pos: got {opts.target_pos}; valid positions are 1…{length}")
     kept = min(opts.sv, first.model.core.out_dim, first.model.core.state_dim)
     if opts.probes is not None:
-        probes = read_probes_file(opts.probes)
+        probes = read_probes_file(opts.probes, length)
     else:
         conditions = conditions_for(task, opts.target_freq, opts.disturbant)
         check_bytes(result_bytes(len(conditions) * opts.triplets, length, checkpoints, kept), "triplets")
