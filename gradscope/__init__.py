@@ -5,8 +5,10 @@ command line start fast):
 
 - :func:`load` — a gradscope or paper checkpoint (or a run directory's latest) → :class:`Loaded`;
 - :func:`wrap` — a user's ``nn.RNN``/``nn.GRU``/``nn.LSTM`` or protocol core → a model gradscope analyses;
-- :func:`state_jacobian` — J = ∂y_T/∂z_p per sequence;
-- :func:`stability` — gradient stability on probe triplets → an xarray Dataset (a stability store's variables);
+- workflows, one signature shape ``(source, *, options…) → xarray.Dataset`` (a store's variables;
+  ``source`` a path, a :class:`Loaded` or a model in memory; options named as the CLI's flags):
+  :func:`stability`, :func:`accuracy`, :func:`dynamics`, :func:`summarize` (``source``: stores);
+- tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`;
 - :func:`make_probes`, :func:`frequency_groups`, :class:`Probes` — probe triplets;
 - the configs, :class:`GradscopeError` (every user error), ``__version__``.
 """
@@ -14,22 +16,43 @@ command line start fast):
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradscope.errors import GradscopeError
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time each name is imported on first use
+    from gradscope.analysis.jacobian import JacobianResult, state_jacobian
+    from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum
+    from gradscope.analysis.stability import StabilityResult, probe_stability
+    from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+    from gradscope.files.checkpoint import Loaded, load
+    from gradscope.models.registry import CORES
+    from gradscope.models.wrap import WrappedModel, wrap
+    from gradscope.tasks.probes import Probes, frequency_groups, make_probes
+    from gradscope.version import __version__
+    from gradscope.workflows.accuracy import accuracy
+    from gradscope.workflows.dynamics import dynamics
+    from gradscope.workflows.stability import stability
+    from gradscope.workflows.summarize import summarize
 
 _EXPORTS = {
     "__version__": "gradscope.version",
     "load": "gradscope.files.checkpoint", "Loaded": "gradscope.files.checkpoint",
     "wrap": "gradscope.models.wrap", "WrappedModel": "gradscope.models.wrap",
     "state_jacobian": "gradscope.analysis.jacobian", "JacobianResult": "gradscope.analysis.jacobian",
+    "probe_stability": "gradscope.analysis.stability", "StabilityResult": "gradscope.analysis.stability",
+    "lyapunov_spectrum": "gradscope.analysis.lyapunov", "LyapunovResult": "gradscope.analysis.lyapunov",
     "stability": "gradscope.workflows.stability", "dynamics": "gradscope.workflows.dynamics",
+    "accuracy": "gradscope.workflows.accuracy", "summarize": "gradscope.workflows.summarize",
     "Probes": "gradscope.tasks.probes", "make_probes": "gradscope.tasks.probes",
     "frequency_groups": "gradscope.tasks.probes",
     "ModelConfig": "gradscope.config", "RunConfig": "gradscope.config", "TaskConfig": "gradscope.config",
     "TrainConfig": "gradscope.config", "CORES": "gradscope.models.registry",
 }
-__all__ = ["GradscopeError", *_EXPORTS]
+__all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedModel", "state_jacobian",
+           "JacobianResult", "probe_stability", "StabilityResult", "lyapunov_spectrum", "LyapunovResult",
+           "stability", "dynamics", "accuracy", "summarize", "Probes", "make_probes", "frequency_groups",
+           "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/test_startup.py)
 
 
 def __getattr__(name: str) -> Any:

@@ -112,7 +112,17 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
     and beta2); the model's vocabulary and PE length are sized to the task."""
     if preset not in PRESETS:
         raise GradscopeError(f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
-    base = PRESETS[preset]
+    try:
+        return _build(PRESETS[preset], options)
+    except GradscopeError as exc:  # a config field's error, in the name of the option that sets it
+        field, sep, rest = str(exc).partition(":")
+        option = {f: name for name, (_, f) in FIELDS.items()}.get(field)
+        if sep and option is not None and options.get(option) is not None:  # the option the user gave
+            raise GradscopeError(f"{option}{sep}{rest}") from None
+        raise
+
+
+def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:
     sections: dict[str, dict[str, Any]] = {"model": {}, "task": {}, "train": {}, "core": {}}
     core = options.get("model") or base.model.core
     check(isinstance(core, str), f"model: got {str(core)[:40]!r}; expected the name of a core")

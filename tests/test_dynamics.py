@@ -86,7 +86,7 @@ def test_stored_lyapunov_is_the_analysis_on_the_task_trajectories(dynamics_store
 
 def test_python_api_equals_cli(dynamics_store: Path, trained_runs: dict) -> None:
     ds = gradscope.dynamics(trained_runs["gru"], sequences=2, grid_sequences=2, trajectories=3, steps=64, warmup=8,
-                            top_sv=4, parts=("flow", "lyapunov"))
+                            sv=4, parts=("flow", "lyapunov"))
     cli = xr.open_zarr(dynamics_store, consolidated=False).load()
     # bit for bit: the CLI runs in this process (CliRunner), on the same code path
     np.testing.assert_array_equal(ds["flow_fro"].values, cli["flow_fro"].values)
@@ -97,7 +97,7 @@ def test_python_api_equals_cli(dynamics_store: Path, trained_runs: dict) -> None
 def test_every_core_runs(trained_runs: dict) -> None:
     for name in ("lstm", "s4d"):
         run = run_dynamics([trained_runs[name]], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=2,
-                                                                 steps=40, warmup=4, top_sv=2))
+                                                                 steps=40, warmup=4, sv=2))
         ds = run.to_xarray()
         D = ds.sizes["exponent"]
         assert D == gradscope.load(trained_runs[name]).model.core.state_dim

@@ -307,12 +307,62 @@ def test_a_deflate_bomb_is_refused_before_it_is_decompressed(runs: dict[str, Pat
     (tmp_path / "bomb.npz").write_bytes(buf.getvalue())
     outcome = invoke(["stability", runs["gru"], "--probes", tmp_path / "bomb.npz", "-o", tmp_path / "s.zarr", *FAST])
     count("probes-npz")
-    assert outcome.rc == 2 and "decompression bomb" in outcome.err, outcome.err
+    # refused from the zip header's declared size against the triplets the command reads (issue #24)
+    assert outcome.rc == 2 and "before decompressing" in outcome.err and outcome.err.count("\n") == 1, outcome.err
     (tmp_path / "claims.npy").write_bytes(npy(HEADERS[0], TOKENS.tobytes()))
     outcome = invoke(["stability", runs["gru"], "--probes", tmp_path / "claims.npy", "-o", tmp_path / "s.zarr", *FAST])
     count("probes-npy")
-    assert outcome.rc == 2 and "memory" in outcome.err, outcome.err
+    assert outcome.rc == 2 and "at most" in outcome.err, outcome.err
     assert not (tmp_path / "s.zarr").exists() and not leftovers(tmp_path)
+
+
+def _bomb(path: Path, triplets: int, length: int, honest_header: bool) -> None:
+    """A .npz whose tokens.npy declares (triplets, 3, length) int64 zeros, deflated (~1000:1). With
+    ``honest_header`` the zip header states the true uncompressed size; without, it understates it
+    (as a forged archive would), and only the .npy header inside tells the truth. (The honest one's
+    CRC is wrong: it is never read to its end.)"""
+    header = npy("{'descr': '<i8', 'fortran_order': False, 'shape': (%d, 3, %d), }" % (triplets, length), b"")
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    nbytes = triplets * 3 * length * 8
+    body = packer.compress(header) + packer.compress(bytes(1 << 20)) * (nbytes >> 20) + packer.flush()
+    size, name = len(header) + (nbytes >> 20 << 20), b"tokens.npy"
+    stated = size if honest_header else 1 << 20  # a forged header: 1 MiB, with the CRC of that first MiB
+    crc = 0 if honest_header else zlib.crc32((header + bytes(stated))[:stated])
+    local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0, crc, len(body), stated, len(name), 0) + name
+    central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 8, 0, 0, crc, len(body), stated, len(name), 0,
+                          0, 0, 0, 0, 0) + name
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(central), len(local) + len(body), 0)
+    path.write_bytes(local + body + central + end)
+
+
+@pytest.mark.parametrize("honest_header", [True, False])
+def test_a_bomb_is_judged_by_what_the_command_reads_not_by_memory(tmp_path: Path, honest_header: bool) -> None:
+    """Issue #24: a 42 MB deflate bomb grew past 8 GB before the machine's memory refused it. Here a
+    bomb of 2 × MAX_PROBE_TRIPLETS triplets (100 MB of zeros, ~100 kB on disk, a ratio below the
+    generic bomb check's) with a memory budget of 1 TB: refused from the declared sizes alone, in
+    well under a second, allocating almost nothing."""
+    import time
+    import tracemalloc
+
+    from gradscope.errors import GradscopeError
+    from gradscope.tasks.probes import MAX_PROBE_TRIPLETS, read_probe_arrays
+
+    L = 16
+    _bomb(tmp_path / "bomb.npz", 2 * MAX_PROBE_TRIPLETS, L, honest_header)
+    assert (tmp_path / "bomb.npz").stat().st_size < 2 * MAX_PROBE_TRIPLETS * 3 * L * 8 / 500
+    os.environ["GRADSCOPE_MEMORY_BUDGET"] = str(1 << 40)  # memory would let it through
+    try:
+        tracemalloc.start()
+        tic = time.perf_counter()
+        with pytest.raises(GradscopeError, match="at most 65,?536") as err:
+            read_probe_arrays(tmp_path / "bomb.npz", L)
+        seconds, (_, peak) = time.perf_counter() - tic, tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        del os.environ["GRADSCOPE_MEMORY_BUDGET"]
+    assert "before decompressing" in str(err.value) or "along axis 0" in str(err.value)
+    assert seconds < 1.0 and peak < 4 << 20, (seconds, peak)
+    count("probes-npz")
 
 
 # ---- token-counts files (a model of your own) ---------------------------------------------------
@@ -547,7 +597,7 @@ def test_stability_option_values(runs: dict[str, Path], tmp_path: Path, monkeypa
         if outcome.rc == 0:  # the store holds what was asked
             ds = read_store(w / "s.zarr")
             opts = json.loads(ds.attrs["options"])
-            assert (opts["seed"], opts["position"], opts["chunk"], opts["method"]) == (v["seed"], v["pos"], v["batch"],
+            assert (opts["seed"], opts["target_pos"], opts["batch_size"], opts["method"]) == (v["seed"], v["pos"], v["batch"],
                                                                                        v["method"])
             assert ds.sizes["triplet"] == v["triplets"] * (len(set(v["target"])) or 2)
             assert ds.sizes["sv"] == min(v["sv"], 16)  # H = 16
@@ -695,7 +745,7 @@ def test_checkpoints_are_loaded_one_at_a_time(runs: dict[str, Path], monkeypatch
 
     monkeypatch.setattr(workflow, "load_checkpoint", load)
     run = workflow.run_stability([runs["gru"], runs["lstm"], runs["gru"]],
-                                 workflow.StabilityOptions(triplets=1, target_groups=("rare",)))
+                                 workflow.StabilityOptions(triplets=1, target_freq=("rare",)))
     assert held == [0, 0, 0]  # nothing of the previous checkpoint (optimizer state included) is held
     assert len(run.results) == 3
 

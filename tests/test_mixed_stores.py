@@ -29,7 +29,7 @@ PE = SAMPLES / "gru-sinusoidal-s1" / "step-0006000.pt"
 SEED1 = SAMPLES / "gru60k-none-s1" / "step-0060000.pt"
 SEED2 = SAMPLES / "gru60k-none-s2" / "step-0060000.pt"
 ACC = AccuracyOptions(device="cpu")
-STAB = StabilityOptions(triplets=4, seed=3, top_sv=8, device="cpu")
+STAB = StabilityOptions(triplets=4, seed=3, sv=8, device="cpu")
 
 
 @pytest.fixture(scope="module")

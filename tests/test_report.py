@@ -171,9 +171,31 @@ def test_static_export_works_or_says_why(runner: CliRunner, report_inputs: dict,
         assert result.exit_code == 0, result.stderr
         pngs = sorted(tmp_path.glob("r-*.png"))
         assert len(pngs) == 3 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert not list(tmp_path.glob(".*.tmp"))
     bad = runner.invoke(app, ["report", str(report_inputs["stability"]), "-o", str(tmp_path / "b.html"),
                               "--static", "gif"])
     assert bad.exit_code == 2 and "--static" in bad.stderr
+
+
+def test_static_images_appear_whole_or_not_at_all(report_inputs: dict, tmp_path: Path, monkeypatch) -> None:
+    """Issue #24: images were written in place, so an export that died midway left half-written ones
+    under their final names. A writer that writes half an image and dies leaves none, and no temporary."""
+    import plotly.io as pio
+
+    from gradscope.reports import build
+    from gradscope.reports.build import ReportOptions, export_static, render_report
+    from gradscope.store.inputs import load_inputs
+
+    def dying(figs, paths, **kwargs):  # noqa: ANN001, ANN003 - plotly's signature
+        Path(paths[0]).write_bytes(b"\x89PNG half")
+        raise RuntimeError("kaleido died")
+
+    monkeypatch.setattr(pio, "write_images", dying)
+    monkeypatch.setattr(build, "_kaleido_major", lambda: 1)
+    _, sections = render_report(load_inputs([report_inputs["stability"]]), ReportOptions())
+    with pytest.raises(RuntimeError, match="kaleido died"):
+        export_static(sections, tmp_path / "r.html", "png")
+    assert not list(tmp_path.iterdir())
 
 
 # --- figure builders against the stores' numbers ------------------------------------------------

@@ -57,3 +57,19 @@ def test_help_imports_no_heavy_library() -> None:
     assert "gradscope.cli.stability" in mods
     heavy = [m for m in ("torch", "xarray", "zarr", "scipy", "pandas", "dask") if m in mods]
     assert not heavy, heavy
+
+
+def test_editors_see_every_lazy_export() -> None:
+    """gradscope/__init__.py imports its exports on first use; its TYPE_CHECKING block names the same
+    objects, so editors and type checkers see their types; __all__ lists them all."""
+    import ast
+
+    import gradscope
+
+    tree = ast.parse((ROOT / "gradscope" / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    seen = {(node.module, a.name) for node in block.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert seen == {(module, name) for name, module in gradscope._EXPORTS.items()}
+    assert set(gradscope.__all__) == {"GradscopeError", *gradscope._EXPORTS}
+    for name in gradscope.__all__:
+        assert getattr(gradscope, name) is not None

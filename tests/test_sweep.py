@@ -97,7 +97,7 @@ def test_the_documented_example_spec_plans_a_2x2_grid() -> None:
     cfg = points[3].run.config
     assert (cfg.model.pe, cfg.task.vocab_size, cfg.model.hidden_size, cfg.train.iterations) == ("sinusoidal", 32, 32, 1500)
     assert cfg.model.vocab_size == 32 and cfg.model.max_len >= 2 * cfg.task.length + 1  # sized to the task
-    assert spec.analyses.stability is not None and spec.analyses.stability.target_groups == ("frequent", "rare")
+    assert spec.analyses.stability is not None and spec.analyses.stability.target_freq == ("frequent", "rare")
 
 
 def test_other_axes_name_the_points(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_other_axes_name_the_points(tmp_path: Path) -> None:
     ("[axes]\nseed = [1, 1]\n", "repeated values"),
     ("[settings]\nseed = 1\n[axes]\nseed = [2]\n", "seed is both a setting and an axis"),
     ("[settings]\nhidden = \"32\"\n[axes]\nseed = [1]\n", "hidden: got '32'; expected int"),
-    ("[axes]\nmodel = [\"transformer\"]\n", "at model=transformer: core: got 'transformer'"),
+    ("[axes]\nmodel = [\"transformer\"]\n", "at model=transformer: model: got 'transformer'"),
     ("preset = \"huge\"\n[axes]\nseed = [1]\n", "preset: got 'huge'"),
     ("[axes]\nseed = [1]\n[stability]\ncheckpoints = [1234]\n", "there is none at 1234"),
     ("[settings]\ndistribution = \"uniform\"\n[axes]\nseed = [1]\n[stability]\ntarget_freq = [\"rare\"]\n",

@@ -77,12 +77,12 @@ def test_spec_defaults() -> None:
     assert _cli_default("summarize", "ci") == 0.95
 
     # SPEC §4: target position p = 1 for every core
-    assert StabilityOptions().position == 1
-    assert _default(stability_workflow.stability, "position") == 1
+    assert StabilityOptions().target_pos == 1
+    assert _default(stability_workflow.stability, "target_pos") == 1
     assert _cli_default("stability", "target_pos") == 1
     spec = parse_spec('[axes]\nseed = [1]\n[stability]\ntriplets = 2\n')
     assert spec.analyses.stability is not None
-    assert spec.analyses.stability.position == 1
+    assert spec.analyses.stability.target_pos == 1
 
 
 def test_the_optimizer_is_built_with_the_configured_adam_settings(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ def test_python_api_matches_cli_and_generates_probes(lm_checkpoint: Path, runner
     model = _factory_module().build(lm_checkpoint)
     counts = np.arange(K, 0, -1)  # token 0 most frequent
     np.save(tmp_path / "counts.npy", counts)
-    ds = gradscope.stability(model, token_counts=tmp_path / "counts.npy", length=T, triplets=3, position=2,
+    ds = gradscope.stability(model, token_counts=tmp_path / "counts.npy", length=T, triplets=3, target_pos=2,
                              filler=0, seed=4)
     assert set(ds["condition"].values) == {"frequent/frequent", "frequent/rare", "rare/frequent", "rare/rare"}
     tokens = ds["probe_tokens"].values  # (n, 3, L)

@@ -136,10 +136,10 @@ def dynamics_command(
             if len(checkpoints) != 1:
                 raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
             run = run_factory_dynamics(model_factory, checkpoints[0], opts, length=length if length is not None else 32,
-                                       counts_file=token_counts, command=command_line(ctx), config=config)
+                                       token_counts=token_counts, command=command_line(ctx), config=config)
         else:
-            run = run_dynamics(checkpoints, opts, target_groups=tuple(target_freq or ()),
-                               disturbant_groups=tuple(disturbant or ()),
+            run = run_dynamics(checkpoints, opts, target_freq=tuple(target_freq or ()),
+                               disturbant=tuple(disturbant or ()),
                                on_start=lambda n: progress.update(bar, total=n),
                                on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
     ds = run.to_xarray()

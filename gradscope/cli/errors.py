@@ -1,14 +1,14 @@
 """The one place where user errors become a one-line message and exit status 2.
 
-Library errors name Python parameters (``position: got 40; …``, ``pass overwrite=True``, ``add
-task to `by```); here they are rewritten to the command's own flags (``--target-pos: got 40; …``,
-``pass --overwrite``, ``add task to --by``).
+Library errors start with the Python parameter they are about (``target_pos: got 40; …``), and
+every parameter has its flag's name (issue #24), so the flag is that name with dashes: the message
+is printed with ``--target-pos`` in its place when the command has that flag, and as it is
+otherwise. No table of renamings, no rewriting inside the sentence.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any, Callable, TypeVar
 
 import typer
@@ -19,40 +19,16 @@ from gradscope.errors import GradscopeError
 F = TypeVar("F", bound=Callable[..., Any])
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
-# Python parameter → flag, where the flag is not the parameter's name with dashes.
-RENAMED = {"probes_file": "--probes", "target_groups": "--target-freq", "disturbant_groups": "--disturbant",
-           "position": "--target-pos", "chunk": "--batch-size", "model_factory": "--model-factory",
-           "core": "--model", "vocab_size": "--vocab", "hidden_size": "--hidden", "embed_size": "--embed",
-           "num_layers": "--layers"}
-_LEAD = re.compile(r"^([a-z][a-z0-9_]*(?:/[a-z][a-z0-9_]*)*):")
-_ASSIGN = re.compile(r"\b([a-z][a-z0-9_]*)=(True\b|'[^']*')|`([a-z][a-z0-9_]*)`")
-
 
 def to_flags(message: str, options: set[str]) -> str:
-    """Rewrite the Python parameter names in ``message`` to flags among ``options`` (e.g. {"--out"})."""
-
-    def flag(name: str) -> str | None:
-        for candidate in (RENAMED.get(name), "--" + name.replace("_", "-")):
-            if candidate in options:
-                return candidate
-        return None
-
-    lead = _LEAD.match(message)
-    if lead:
-        names = lead.group(1).split("/")
-        flags = [flag(n) for n in names]
-        if all(flags):
-            message = "/".join(f for f in flags if f) + message[lead.end(1):]
-
-    def assign(m: re.Match[str]) -> str:
-        f = flag(m.group(1) or m.group(3))
-        if f is None:
-            return m.group(0)
-        if m.group(3):  # `name`
-            return f
-        return f if m.group(2) == "True" else f"{f} {m.group(2)[1:-1]}"
-
-    return _ASSIGN.sub(assign, message)
+    """``message`` with its leading parameter name(s) (``name:`` or ``a/b:``) written as the
+    command's flags, where the command has them (``options``, e.g. {"--out"})."""
+    head, sep, rest = message.partition(":")
+    names = head.split("/")
+    flags = ["--" + n.replace("_", "-") for n in names]
+    if sep and all(n.isidentifier() and n.islower() for n in names) and all(f in options for f in flags):
+        return "/".join(flags) + sep + rest
+    return message
 
 
 def _options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[str]:

@@ -226,7 +226,7 @@ def validate_checkpoint(ckpt: Any, path: Path) -> tuple[Checked, str]:
         return _paper(ckpt, path), "paper"
     raise GradscopeError(f"checkpoint: {path} is a torch file but not a gradscope checkpoint or a "
                          f"checkpoint of the paper's code (a model of your own: stability and dynamics take it "
-                         f"through `model_factory` or gradscope.wrap; accuracy needs the held-out sets that only "
+                         f"through model_factory (--model-factory) or gradscope.wrap; accuracy needs the held-out sets that only "
                          f"gradscope and paper checkpoints carry)")
 
 

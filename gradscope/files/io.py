@@ -42,7 +42,7 @@ def atomic_write(path: Path, write: Callable[[Path], None], *, overwrite: bool =
     path = Path(path)
     remove_stale_temporaries(path.parent, path.name)
     if not overwrite and (path.exists() or path.is_symlink()):
-        raise GradscopeError(f"{what}: {path} already exists; choose another path or pass overwrite=True")
+        raise GradscopeError(f"{what}: {path} already exists; choose another path or pass overwrite=True (--overwrite)")
     tmp = temp_path(path)
     try:
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask applies, as for any new file

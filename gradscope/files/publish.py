@@ -80,7 +80,7 @@ AT_FDCWD, RENAME_NOREPLACE = -100, 1
 
 def _exists(path: Path, what: str) -> GradscopeError:
     return GradscopeError(f"{what}: {path} already exists (another run may have written it meanwhile); "
-                          f"choose another path or pass overwrite=True")
+                          f"choose another path or pass overwrite=True (--overwrite)")
 
 
 def publish(tmp: Path, path: Path, *, overwrite: bool, what: str = "out") -> None:

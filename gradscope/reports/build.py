@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradscope.errors import GradscopeError
+from gradscope.files.publish import publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
 from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapunov_convergence, lyapunov_spectra,
                                       radius_samples)
@@ -171,8 +172,10 @@ def _kaleido_major() -> int:
 
 def export_static(sections: list[Section], html_path: Path, fmt: str, overwrite: bool = True) -> list[Path]:
     """Each figure as <html stem>-<section id>.<fmt> beside the page, via kaleido 1.x (which drives a
-    Chrome/Chromium found on PATH). Missing kaleido or browser: a user error; so is an existing
-    image without ``overwrite``."""
+    Chrome/Chromium found on PATH). Each image is written to a temporary sibling and renamed into
+    place (:func:`gradscope.files.publish.publish`): a killed export leaves no half-written image,
+    and the next one removes its temporaries. Missing kaleido or browser: a user error; so is an
+    existing image without ``overwrite``."""
     if fmt not in STATIC_FORMATS:
         raise GradscopeError(f"--static: got {fmt!r}; valid formats are {', '.join(STATIC_FORMATS)}")
     import plotly.io as pio
@@ -185,12 +188,20 @@ def export_static(sections: list[Section], html_path: Path, fmt: str, overwrite:
         raise GradscopeError("--static: needs the kaleido package, version 1 or later (pip install 'kaleido>=1')")
     from kaleido.errors import ChromeNotFoundError
 
+    for _, path in figs:
+        remove_stale_temporaries(path.parent, path.name)
+    tmps = [temp_path(path) for _, path in figs]  # each image is written aside, then renamed into place
     try:
-        pio.write_images([f for f, _ in figs], [p for _, p in figs], format=fmt, width=1100,
+        pio.write_images([f for f, _ in figs], tmps, format=fmt, width=1100,
                          height=[int(f.layout.height or 500) for f, _ in figs])
+        for tmp, (_, path) in zip(tmps, figs):
+            publish(tmp, path, overwrite=overwrite, what="--static")
     except (ChromeNotFoundError, RuntimeError) as exc:
         if isinstance(exc, ChromeNotFoundError) or "Chrome" in str(exc):
             raise GradscopeError("--static: kaleido needs Chrome or Chromium, and none was found on PATH "
                                  "(install one, e.g. apt-get install chromium, or run plotly_get_chrome)") from None
         raise
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
     return [p for _, p in figs]

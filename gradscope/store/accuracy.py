@@ -62,8 +62,8 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, options: 
         data["length_accuracy"] = (("checkpoint", "length"),
                                    _ratio(stack("length_correct"), stack("length_total"))[:, lengths])
         coords["length"] = lengths
-    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run, "sha256": sha256_file(r.path)}
-                   for r in results]
+    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run,
+                    "sha256": sha256_file(r.path) if r.path.is_file() else ""} for r in results]
     coords["sha256"] = ("checkpoint", np.asarray([c["sha256"] for c in checkpoints], dtype=object))
     attrs = provenance("accuracy", command, device, {
         "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),

@@ -62,7 +62,7 @@ def write_store(ds: xr.Dataset, path: Path, overwrite: bool = False) -> Path:
         raise GradscopeError(f"out: directory {path.parent} does not exist")
     remove_stale_temporaries(path.parent, path.name)
     if (path.exists() or path.is_symlink()) and not overwrite:
-        raise GradscopeError(f"out: {path} already exists; choose another path or pass overwrite=True")
+        raise GradscopeError(f"out: {path} already exists; choose another path or pass overwrite=True (--overwrite)")
     if path.exists() and not path.is_dir():
         raise GradscopeError(f"out: {path} is a file; a store is a directory, choose another path")
     ds = ds.copy(deep=False)

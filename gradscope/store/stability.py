@@ -24,9 +24,9 @@ def stability_dataset(results: list[CheckpointResult], probes: Probes, options: 
                       command: str, device: str) -> xr.Dataset:
     """Dims: checkpoint, pair (same-target, same-suffix), triplet, member (base, same-target,
     same-suffix), sv (singular-value index), position (1…L). ``options`` (plain values) are recorded
-    as given; their ``position`` is the target position p and ``method`` the Jacobian engine.
+    as given; their ``target_pos`` is the target position p and ``method`` the Jacobian engine.
     ``config``: the model_config, task_config and train_config dicts to record."""
-    p = options["position"]
+    p = options["target_pos"]
     dims3 = ("checkpoint", "pair", "triplet")
     data: dict[str, Any] = {}
     first = results[0].result
@@ -69,6 +69,6 @@ def stability_dataset(results: list[CheckpointResult], probes: Probes, options: 
 def probes_from_store(path: Path) -> Probes:
     """The probe triplets saved in a stability store (to repeat a run on another model)."""
     ds = read_store(path, kind="stability")
-    check("probe_tokens" in ds, f"probes_file: {path} has no probe_tokens variable")
+    check("probe_tokens" in ds, f"probes: {path} has no probe_tokens variable")
     return Probes(torch.from_numpy(ds["probe_tokens"].values.astype(np.int64)),
                   tuple(map(str, ds["target_group"].values)), tuple(map(str, ds["disturbant_group"].values)))

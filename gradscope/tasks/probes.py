@@ -31,6 +31,10 @@ MEMBERS = ("base", "same-target", "same-suffix")
 GROUPS = ("frequent", "rare", "all")
 MAX_LABEL = 100  # characters of a condition label
 MAX_HEADER = 10_000  # bytes of a .npy header (numpy's own limit)
+# The most triplets a probes file may hold: 256 × the default 4 conditions × 64, more than any analysis
+# runs. A file's sizes are checked against what this implies before anything is decompressed (issue #24:
+# a 42 MB deflate bomb was refused only after it had grown past 8 GB, by the machine's memory).
+MAX_PROBE_TRIPLETS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -184,16 +188,21 @@ def _npy_header(fh: IO[bytes], what: str) -> tuple[tuple[int, ...], bool, np.dty
     return d["shape"], d["fortran_order"], dtype
 
 
-def read_npy(fh: IO[bytes], present: float, what: str, kinds: str, ndim: int) -> np.ndarray:
+def read_npy(fh: IO[bytes], present: float, what: str, kinds: str, ndim: int,
+             shape_limit: tuple[int | None, ...] | None = None) -> np.ndarray:
     """One array from the .npy stream ``fh``, its header checked before any data is read: a plain
-    dtype of the numpy ``kinds`` (never objects, so never a pickle), ``ndim`` dimensions, and a size
-    that fits in memory and that the ``present`` bytes on disk can plausibly hold (a deflate bomb
-    declares gigabytes in a few kilobytes). Then exactly that many bytes are read."""
+    dtype of the numpy ``kinds`` (never objects, so never a pickle), ``ndim`` dimensions, each at
+    most its entry of ``shape_limit`` (what the command needs; None: any), and a size that fits in
+    memory and that the ``present`` bytes on disk can plausibly hold (a deflate bomb declares
+    gigabytes in a few kilobytes). Then exactly that many bytes are read."""
     shape, fortran, dtype = _npy_header(fh, what)
     wanted = "integers" if kinds == "iu" else "numbers" if "f" in kinds else "strings"
     check(not dtype.hasobject and dtype.fields is None and dtype.shape == () and dtype.kind in kinds,
           f"{what}: holds dtype {dtype.str!r}; expected {wanted}")
     check(len(shape) == ndim, f"{what}: has shape {shape}; expected {ndim} dimension(s)")
+    for axis, (size, most) in enumerate(zip(shape, shape_limit or ())):
+        check(most is None or size <= most, f"{what}: declares shape {shape}; this command reads at most {most} "
+                                            f"along axis {axis} (refused before decompressing)")
     nbytes = math.prod(shape) * dtype.itemsize
     check_bytes(min(nbytes, 1 << 100), what, present=present)
     try:
@@ -222,8 +231,18 @@ def _labels(values: np.ndarray | None, n: int, what: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    what = f"probes_file: {path}"
+def _member_limits(length: int | None) -> dict[str, tuple[tuple[int | None, ...], int | None]]:
+    """Per probe array: the largest shape the command reads, and the most bytes it can take
+    uncompressed (None: unknown; the .npy header and the memory check then bound it)."""
+    n, header = MAX_PROBE_TRIPLETS, MAX_HEADER + 128
+    labels = n * MAX_LABEL * 4 + header  # unicode labels: 4 bytes a character
+    return {"tokens": ((n, 3, length), None if length is None else n * 3 * length * 8 + header),
+            "target_group": ((n,), labels), "disturbant_group": ((n,), labels)}
+
+
+def _read_npz(path: Path, length: int | None = None) -> dict[str, np.ndarray]:
+    what = f"probes: {path}"
+    limits = _member_limits(length)
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
@@ -243,9 +262,13 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
             check(not info.flag_bits & 0x1, f"{what}: its {key} array is encrypted")
             check(info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED),
                   f"{what}: its {key} array uses compression method {info.compress_type}; expected stored or deflated")
+            shape_limit, most = limits[key]
+            check(most is None or info.file_size <= most,
+                  f"{what}: its {key} array declares {info.file_size:,} bytes uncompressed; this command reads at "
+                  f"most {MAX_PROBE_TRIPLETS:,} triplets ({most:,} bytes; refused before decompressing)")
             try:
                 with archive.open(info) as fh:
-                    arrays[key] = read_npy(fh, info.compress_size, f"{what}: {key}", kinds, ndim)
+                    arrays[key] = read_npy(fh, info.compress_size, f"{what}: {key}", kinds, ndim, shape_limit)
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
                 if isinstance(exc, GradscopeError):
                     raise
@@ -253,28 +276,31 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def read_probe_arrays(path: Path) -> Probes:
+def read_probe_arrays(path: Path, length: int | None = None) -> Probes:
     """Probe triplets from a .npy file (int (n, 3, L)) or a .npz archive (``tokens`` plus optional
     ``target_group`` and ``disturbant_group`` string arrays). Everything is checked before it is
-    used: sizes against memory and against the bytes on disk (before decompressing), dtypes (never
+    used: sizes against what the command reads (at most :data:`MAX_PROBE_TRIPLETS` triplets of
+    ``length`` L, when the model's L is known: the zip headers' and the .npy headers' declared sizes,
+    before anything is decompressed), against memory and against the bytes on disk, dtypes (never
     objects, so never a pickle), shapes, and ids (non-negative; against a vocabulary with
     :func:`check_probes_fit`)."""
     path = Path(path)
-    what = f"probes_file: {path}"
-    check(path.is_file(), f"probes_file: {path} does not exist")
+    what = f"probes: {path}"
+    check(path.is_file(), f"probes: {path} does not exist")
     try:
         with open(path, "rb") as fh:
             magic = fh.read(6)
             fh.seek(0)
-            npy = read_npy(fh, path.stat().st_size, what, "iu", 3) if magic == NPY_MAGIC else None
+            npy = read_npy(fh, path.stat().st_size, what, "iu", 3, _member_limits(length)["tokens"][0]) \
+                if magic == NPY_MAGIC else None
     except OSError as exc:
         raise GradscopeError(f"{what}: cannot be read ({exc.strerror or type(exc).__name__})") from None
     if npy is not None:
         arrays = {"tokens": npy}
     elif magic[:4] in ZIP_MAGICS:
-        arrays = _read_npz(path)
+        arrays = _read_npz(path, length)
     else:
-        raise GradscopeError(f"probes_file: cannot read {path}: neither .npy nor .npz; expected .npy int64 (n, 3, L), "
+        raise GradscopeError(f"probes: cannot read {path}: neither .npy nor .npz; expected .npy int64 (n, 3, L), "
                              f".npz with 'tokens', or a stability store")
     tokens = arrays["tokens"]
     check(tokens.shape[0] >= 1 and tokens.shape[1] == 3 and tokens.shape[2] >= 1,

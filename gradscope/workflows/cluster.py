@@ -52,7 +52,7 @@ class ClusterOptions:
             check(m is not None and (m["scheme"] or "tcp") in SCHEMES and 1 <= int(m["port"]) <= 65535,
                   f"scheduler: got {str(self.scheduler)[:80]!r}; expected a dask scheduler address "
                   f"[SCHEME://]HOST:PORT with SCHEME one of {', '.join(SCHEMES)}, e.g. tcp://host:8786")
-            check(self.workers is None, "workers: it sizes a local cluster; with `scheduler`, start workers with "
+            check(self.workers is None, "workers: it sizes a local cluster; with scheduler (--scheduler), start workers with "
                                         "`dask worker ADDRESS` instead")
         if self.workers is not None:
             object.__setattr__(self, "workers", as_count(self.workers, "workers", 1))

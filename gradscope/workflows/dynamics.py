@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,11 +40,11 @@ from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.tasks.registry import probe_tasks
-from gradscope.files.checkpoint import Loaded, load_checkpoint
+from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
 from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions_for, config_attrs,
-                                        expand_checkpoints, warn_diverged)
+                                        checkpoint_sources, expand_checkpoints, load_source, warn_diverged)
 
 PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")
 QR_DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -61,7 +62,7 @@ class DynamicsOptions:
     parts: tuple[str, ...] = PARTS
     sequences: int = 8  # per condition
     grid_sequences: int = 4
-    top_sv: int = 8
+    sv: int = 8  # top singular values kept per step Jacobian
     trajectories: int = 8
     steps: int = 1000
     warmup: int | None = None  # None: a tenth of the steps, at most 100
@@ -71,10 +72,14 @@ class DynamicsOptions:
     exponents: int | None = None  # None: all D when they fit the time budget, else the top k that fit
     qr_dtype: str = "float64"
     budget_seconds: float = 600.0  # per part and checkpoint, at NOMINAL_FLOPS
+    top_sv: InitVar[int | None] = None  # sv's name before issue #24 (a keyword only; read sv)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, top_sv: int | None) -> None:
         """Types and ranges; the memory and time the sizes imply are checked once the model is known
         (:func:`dynamics_bytes`, :func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
+        if top_sv is not None:
+            warnings.warn("DynamicsOptions(top_sv=…) is now sv=…, as its flag", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "sv", top_sv)
         if isinstance(self.parts, str):
             object.__setattr__(self, "parts", tuple(p.strip() for p in self.parts.split(",") if p.strip()))
         check(isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts),
@@ -82,7 +87,7 @@ class DynamicsOptions:
         bad = [p for p in self.parts if p not in PARTS]
         check(not bad and bool(self.parts), f"parts: got {', '.join(bad) or 'none'}; valid parts are {', '.join(PARTS)}")
         object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
-        for name in ("sequences", "grid_sequences", "top_sv", "trajectories", "steps", "reorth"):
+        for name in ("sequences", "grid_sequences", "sv", "trajectories", "steps", "reorth"):
             object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
         if self.warmup is None:
             object.__setattr__(self, "warmup", min(100, self.steps // 10))
@@ -107,7 +112,7 @@ def dynamics_bytes(opts: DynamicsOptions, n: int, T: int, D: int, H: int, width:
     (8 bytes a number, generously): the largest working set of one part, plus every checkpoint's
     results (held until the store is written, then copied once). A (block-)diagonal structure
     never holds D × D; ``exponents`` k: the Lyapunov frame is D × k."""
-    g, k, m, S = min(opts.grid_sequences, n), min(opts.top_sv, D), opts.trajectories, opts.steps
+    g, k, m, S = min(opts.grid_sequences, n), min(opts.sv, D), opts.trajectories, opts.steps
     e = D if exponents is None else exponents
     chunk = min(n, 64)
     diag = structure is not None and structure.is_diagonal
@@ -295,9 +300,9 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
             grid = dyn.tT_grid(model, probes_inputs[:opts.grid_sequences])
             parts["grid"] = cpu(grid)
         if "spectra" in opts.parts:
-            spectra = dyn.step_spectra(model, probes_inputs, top_k=min(opts.top_sv, core.state_dim))
+            spectra = dyn.step_spectra(model, probes_inputs, top_k=min(opts.sv, core.state_dim))
             parts["radius"] = cpu(spectra["radius"])
-            parts["singular"] = cpu(spectra["singular_values"][..., :opts.top_sv])
+            parts["singular"] = cpu(spectra["singular_values"][..., :opts.sv])
         if "gates" in opts.parts:
             names, norms = dyn.gate_norms(core, model.core_inputs(probes_inputs))
             parts["gates"] = cpu(norms)
@@ -311,8 +316,8 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
     return parts, dyn.block_spectra(core), names, lyap_steps
 
 
-def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *,
-                 target_groups: tuple[str, ...] = (), disturbant_groups: tuple[str, ...] = (),
+def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOptions(), *,
+                 target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (),
                  on_start: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None,
                  command: str = "") -> DynamicsRun:
     """Dynamics of every checkpoint (run directories expand to all of theirs, oldest first), on the
@@ -321,11 +326,12 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
     (NaN/Inf values) is stored as it is, with a :class:`DivergedWarning`."""
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)
-    loaded = load_checkpoint(files[0])
+    loaded = load_source(files[0])
+    first = loaded.path
     task, core_name = loaded.config.task, loaded.config.model.core
-    check(task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
-                                        f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
-    conditions = conditions_for(task, target_groups, disturbant_groups)
+    check(task.name in f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
+                                      f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
+    conditions = conditions_for(task, target_freq, disturbant)
     core, query = loaded.model.core, loaded.model.query_token
     width = loaded.model.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
     n, T = len(conditions) * opts.sequences, 2 * task.length
@@ -340,11 +346,12 @@ def run_dynamics(paths: list[Path], opts: DynamicsOptions = DynamicsOptions(), *
     if on_start is not None:
         on_start(len(files))
     results, names, lyap_steps, nonfinite = [], (), None, {}
-    for i, path in enumerate(files):
+    for i, item in enumerate(files):
         if i:
-            loaded = load_checkpoint(path)
+            loaded = load_source(item)
+        path = loaded.path
         check(loaded.config.task == task and loaded.config.model.core == core_name,
-              f"checkpoint: {path} has another task or core than {files[0]}; analyse it separately")
+              f"checkpoint: {path} has another task or core than {first}; analyse it separately")
         model = loaded.model.to(device)
         traj = task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1) \
             if "lyapunov" in opts.parts else None
@@ -418,11 +425,11 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
 
 
 def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = DynamicsOptions(), *, length: int = 32,
-                         counts_file: Path | None = None, command: str = "", config: Path | None = None) -> DynamicsRun:
+                         token_counts: Path | None = None, command: str = "", config: Path | None = None) -> DynamicsRun:
     """``gradscope dynamics --model-factory FILE.py:FUNC CKPT`` (or ``hf[:CLASS]``, with ``config``: see
     :func:`gradscope.workflows.factory.build_model`): the model that ``FUNC(CKPT)`` builds, on
     ``opts.sequences`` probe sequences of ``length`` tokens drawn uniformly (seed ``opts.seed``) from its
-    embedding's vocabulary; steps classed frequent/rare by ``counts_file`` when given."""
+    embedding's vocabulary; steps classed frequent/rare by ``token_counts`` when given."""
     length = as_count(length, "length", 1, MAX_COUNT)
     model = build_model(spec, Path(checkpoint), config)
     vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
@@ -431,31 +438,35 @@ def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = Dy
                              f"in Python for float inputs)")
     gen = torch.Generator().manual_seed(opts.seed)
     tokens = torch.randint(0, int(vocab), (opts.sequences, length), generator=gen)
-    counts = read_counts_file(counts_file) if counts_file is not None else None
+    counts = read_counts_file(token_counts) if token_counts is not None else None
     run = run_model_dynamics(model, tokens, opts, counts=counts, command=command)
     result = dataclasses.replace(run.results[0], path=Path(checkpoint), run=Path(checkpoint).stem)
     return dataclasses.replace(run, results=[result])
 
 
-def dynamics(source: Any, opts: DynamicsOptions | None = None, *, tokens: torch.Tensor | None = None,
-             trajectory_tokens: torch.Tensor | None = None, counts: torch.Tensor | None = None,
+def dynamics(source: Any, *, tokens: torch.Tensor | None = None, trajectory_tokens: torch.Tensor | None = None,
+             counts: torch.Tensor | None = None, target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (),
              **options: Any) -> xr.Dataset:
     """The dynamics view (SPEC §7) as an xarray Dataset with the variables of a dynamics store.
+    Options are named as ``gradscope dynamics``'s flags.
 
     source: a checkpoint file or run directory, or a list of them (every checkpoint, oldest first),
-    a ``Loaded`` checkpoint, or an in-memory model (``gradscope.wrap(...)``) with ``tokens`` (n, T)
-    and optionally ``trajectory_tokens`` and ``counts`` (see :func:`run_model_dynamics`).
-    options: fields of :class:`DynamicsOptions` (parts, sequences, grid_sequences, top_sv,
-    trajectories, steps, warmup, reorth, seed, device), plus target_groups / disturbant_groups.
+    a ``Loaded`` checkpoint (not read again), or an in-memory model (``gradscope.wrap(...)``) with
+    ``tokens`` (n, T) and optionally ``trajectory_tokens`` and ``counts`` (see :func:`run_model_dynamics`).
+    options: the fields of :class:`DynamicsOptions` (parts, sequences, grid_sequences, sv, trajectories,
+    steps, warmup, reorth, seed, device, exponents, qr_dtype, budget_seconds), or ``opts=DynamicsOptions(…)``.
+    target_freq / disturbant: the probe conditions, as in :func:`gradscope.stability`.
     """
-    groups = {k: tuple(options.pop(k)) for k in ("target_groups", "disturbant_groups") if k in options}
+    if "target_groups" in options:  # the names before issue #24
+        warnings.warn("dynamics(target_groups=…) is now target_freq=…, as its flag", DeprecationWarning, stacklevel=2)
+        target_freq = options.pop("target_groups")
+    if "disturbant_groups" in options:
+        warnings.warn("dynamics(disturbant_groups=…) is now disturbant=…, as its flag", DeprecationWarning, stacklevel=2)
+        disturbant = options.pop("disturbant_groups")
+    opts = options.pop("opts", None)
     opts = opts if opts is not None else DynamicsOptions(**options)
     if isinstance(source, nn.Module):
         check(tokens is not None, "tokens: give the probe sequences (n, T) to analyse an in-memory model")
         return run_model_dynamics(source, tokens, opts, trajectory_tokens=trajectory_tokens, counts=counts).to_xarray()
-    if isinstance(source, Loaded):
-        source = source.path
-    paths = [source] if isinstance(source, (str, Path)) else list(source)
-    check(all(isinstance(p, (str, Path)) for p in paths),
-          f"source: got {type(source).__name__}; expected checkpoint path(s), a Loaded checkpoint or a model")
-    return run_dynamics([Path(p) for p in paths], opts, **groups).to_xarray()
+    return run_dynamics(checkpoint_sources(source), opts, target_freq=tuple(target_freq),
+                        disturbant=tuple(disturbant)).to_xarray()

@@ -112,9 +112,9 @@ def check_run_sizes(r: PlannedRun, stability: StabilityOptions | None = None, ch
     if stability is not None and r.config.task.name in probe_tasks():
         t = r.config.train
         saved = checkpoints if checkpoints is not None else -(-t.iterations // t.checkpoint_every)
-        conditions = len(conditions_for(r.config.task, stability.target_groups, stability.disturbant_groups))
+        conditions = len(conditions_for(r.config.task, stability.target_freq, stability.disturbant))
         check_bytes(min(result_bytes(conditions * stability.triplets, r.config.task.length, saved,
-                                     min(stability.top_sv, r.config.model.hidden_size)), 1 << 100), "triplets")
+                                     min(stability.sv, r.config.model.hidden_size)), 1 << 100), "triplets")
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def train_step(r: PlannedRun, layout: Layout, on_step: Callable[[int, dict | Non
     resume = is_run_dir(run_dir)
     if resume:
         check(read_run_config(run_dir) == r.config, f"{run_dir}: this run was started with a different "
-                                                    f"configuration than the plan; move it away or choose another `out`")
+                                                    f"configuration than the plan; move it away or choose another out (--out)")
     if (run_dir / EVAL_FILE).exists():
         return "done earlier"
     if resume and not resumable(run_dir):  # killed before its first checkpoint

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import warnings
 import json
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,27 +26,33 @@ from gradscope.store.records import CheckpointResult
 from gradscope.store.stability import probes_from_store, stability_dataset
 from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_groups, make_probes, read_counts_file,
                                     read_probe_arrays, validate_probes)
-from gradscope.files.checkpoint import Loaded, load_checkpoint
+from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import probe_tasks
 from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions_for, config_attrs,
-                                        expand_checkpoints, model_id, warn_diverged)
+                                        checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
+
+# Names the options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
+RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
+                   "probes_file": "probes", "chunk": "batch_size", "top_sv": "sv"}
+
 
 
 @dataclass(frozen=True)
 class StabilityOptions:
-    """How to probe. Empty group tuples mean: the four {frequent, rare}² conditions for a
+    """How to probe; each field is named as its ``gradscope stability`` flag (``target_pos`` is
+    ``--target-pos``). Empty group tuples mean: the four {frequent, rare}² conditions for a
     dual-frequency checkpoint, all/all for a uniform one."""
 
-    target_groups: tuple[str, ...] = ()
-    disturbant_groups: tuple[str, ...] = ()
-    position: int = 1
+    target_freq: tuple[str, ...] = ()  # target groups
+    disturbant: tuple[str, ...] = ()  # disturbant groups
+    target_pos: int = 1  # the target position p, 1-based
     triplets: int = 64  # per condition
-    probes_file: Path | None = None
+    probes: Path | None = None  # a probes file (.npy, .npz or a stability store)
     seed: int = 0
     method: str = "auto"
-    chunk: int = 32
-    top_sv: int = 64
+    batch_size: int = 32  # triplets per Jacobian batch
+    sv: int = 64  # singular values kept per Jacobian
     device: str = "auto"
     # a user's own model (``--model-factory``): generated probes need token counts and a length;
     # ``filler`` is the output phase's token (L copies after each probe), None for no output phase
@@ -53,22 +60,36 @@ class StabilityOptions:
     length: int | None = None
     filler: int | None = None
     split: float = 0.5
+    # the old names (RENAMED_OPTIONS), constructor keywords only: read the new names (opts.position is None)
+    target_groups: InitVar[tuple[str, ...] | None] = None
+    disturbant_groups: InitVar[tuple[str, ...] | None] = None
+    position: InitVar[int | None] = None
+    probes_file: InitVar[Path | None] = None
+    chunk: InitVar[int | None] = None
+    top_sv: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
-        """Types and ranges (bounds that need the model, such as position <= L, and the memory the
+    def __post_init__(self, target_groups: Any, disturbant_groups: Any, position: Any, probes_file: Any, chunk: Any,
+                      top_sv: Any) -> None:
+        """Types and ranges (bounds that need the model, such as target_pos <= L, and the memory the
         probes need are checked once the checkpoint is known)."""
-        for name in ("target_groups", "disturbant_groups"):
+        old = dict(zip(RENAMED_OPTIONS, (target_groups, disturbant_groups, position, probes_file, chunk, top_sv)))
+        for name, value in old.items():
+            if value is not None:
+                warnings.warn(f"StabilityOptions({name}=…) is now {RENAMED_OPTIONS[name]}=…, as its flag",
+                              DeprecationWarning, stacklevel=3)
+                object.__setattr__(self, RENAMED_OPTIONS[name], value)
+        for name in ("target_freq", "disturbant"):
             groups = getattr(self, name)
             check(isinstance(groups, (tuple, list)) and all(isinstance(g, str) for g in groups),
                   f"{name}: got {groups!r}; expected a tuple of groups ({', '.join(GROUPS)})")
             object.__setattr__(self, name, tuple(dict.fromkeys(groups)))  # a group named twice is one condition
-        for name in ("position", "triplets", "chunk", "top_sv"):
+        for name in ("target_pos", "triplets", "batch_size", "sv"):
             object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
         object.__setattr__(self, "seed", as_seed(self.seed))
         check(self.method == "auto" or self.method in METHODS,
               f"method: got {self.method!r}; valid values are auto, {', '.join(METHODS)}")
         check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
-        for name in ("probes_file", "token_counts"):
+        for name in ("probes", "token_counts"):
             value = getattr(self, name)
             check(value is None or isinstance(value, (str, Path)), f"{name}: got {type(value).__name__}; expected a path")
             if isinstance(value, str):
@@ -81,14 +102,14 @@ class StabilityOptions:
               f"split: got {self.split!r}; it must lie strictly between 0 and 1")
 
 
-def read_probes_file(path: Path) -> Probes:
+def read_probes_file(path: Path, length: int | None = None) -> Probes:
     """Probe triplets from .npy (int (n, 3, L)), .npz (``tokens`` plus optional ``target_group`` and
     ``disturbant_group`` string arrays) or a previous stability store (.zarr), checked (see
     :func:`~gradscope.tasks.probes.read_probe_arrays`; ids against the vocabulary once the model is known)."""
     path = Path(path)
     if path.is_dir():
-        return validate_probes(probes_from_store(path), f"probes_file: {path}")
-    return read_probe_arrays(path)
+        return validate_probes(probes_from_store(path), f"probes: {path}")
+    return read_probe_arrays(path, length)
 
 
 def result_bytes(triplets: int, length: int, checkpoints: int, top_sv: int) -> int:
@@ -101,23 +122,23 @@ def result_bytes(triplets: int, length: int, checkpoints: int, top_sv: int) -> i
 
 
 def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) -> Probes:
-    """The probes for ``first``'s task: read from ``opts.probes_file`` or generated, checked against
+    """The probes for ``first``'s task: read from ``opts.probes`` or generated, checked against
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
     task = first.config.task
     check(task.name in probe_tasks(),
           f"checkpoint: its task is {task.name!r}; stability probes are defined for "
           f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
     length = task.length
-    check(1 <= opts.position <= length, f"position: got {opts.position}; valid positions are 1…{length}")
-    kept = min(opts.top_sv, first.model.core.out_dim, first.model.core.state_dim)
-    if opts.probes_file is not None:
-        probes = read_probes_file(opts.probes_file)
+    check(1 <= opts.target_pos <= length, f"target_pos: got {opts.target_pos}; valid positions are 1…{length}")
+    kept = min(opts.sv, first.model.core.out_dim, first.model.core.state_dim)
+    if opts.probes is not None:
+        probes = read_probes_file(opts.probes, length)
     else:
-        conditions = conditions_for(task, opts.target_groups, opts.disturbant_groups)
+        conditions = conditions_for(task, opts.target_freq, opts.disturbant)
         check_bytes(result_bytes(len(conditions) * opts.triplets, length, checkpoints, kept), "triplets")
-        probes = make_probes(opts.triplets, length, opts.position, task.vocab_size, conditions, opts.seed)
+        probes = make_probes(opts.triplets, length, opts.target_pos, task.vocab_size, conditions, opts.seed)
     check_probes_fit(probes, task.vocab_size, length)
-    check_bytes(result_bytes(len(probes), length, checkpoints, kept), "probes_file")
+    check_bytes(result_bytes(len(probes), length, checkpoints, kept), "probes")
     return probes
 
 
@@ -175,7 +196,7 @@ def warn_diverged_jacobians(run: StabilityRun) -> None:
                                                       f"scores), counted and left out of every mean")
 
 
-def run_stability(paths: list[Path], opts: StabilityOptions,
+def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
                   on_start: Callable[[int], None] | None = None,
                   on_progress: Callable[[int], None] | None = None, *, command: str = "",
                   device_label: str | None = None, probes: Probes | None = None) -> StabilityRun:
@@ -185,7 +206,8 @@ def run_stability(paths: list[Path], opts: StabilityOptions,
     give NaN scores and a :class:`DivergedWarning`."""
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)
-    loaded = load_checkpoint(files[0])
+    loaded = load_source(files[0])
+    first = loaded.path
     task = loaded.config.task
     if probes is None:
         probes = build_probes(loaded, opts, len(files))
@@ -196,14 +218,15 @@ def run_stability(paths: list[Path], opts: StabilityOptions,
     if on_start is not None:
         on_start(len(files) * len(probes))
     results, configs = [], []
-    for i, path in enumerate(files):
+    for i, item in enumerate(files):
         if i:
-            loaded = load_checkpoint(path)
+            loaded = load_source(item)
+        path = loaded.path
         check(loaded.config.task.vocab_size == task.vocab_size and loaded.config.task.length == task.length,
-              f"checkpoint: {path} has a different vocabulary or length than {files[0]}; analyse it separately")
+              f"checkpoint: {path} has a different vocabulary or length than {first}; analyse it separately")
         model = loaded.model.to(device)
-        result = probe_stability(model, probes, opts.position, method=opts.method, chunk=opts.chunk,
-                                 top_sv=opts.top_sv, on_chunk=on_progress)
+        result = probe_stability(model, probes, opts.target_pos, method=opts.method, chunk=opts.batch_size,
+                                 top_sv=opts.sv, on_chunk=on_progress)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(CheckpointResult(path, loaded.iteration, run, result))
         configs.append(config_attrs(loaded.config))
@@ -218,27 +241,27 @@ def model_probes(model: nn.Module, opts: StabilityOptions) -> Probes:
     """Probes for a user's own model: from ``probes_file`` (token ids, (n, 3, T)), or generated
     from ``token_counts`` (counts per token id; groups by :func:`frequency_groups`) and ``length``."""
     vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
-    kept = min(opts.top_sv, model.core.out_dim, model.core.state_dim)
-    if opts.probes_file is not None:
-        probes = read_probes_file(opts.probes_file)
+    kept = min(opts.sv, model.core.out_dim, model.core.state_dim)
+    if opts.probes is not None:
+        probes = read_probes_file(opts.probes)
     else:
         check(opts.token_counts is not None and opts.length is not None,
-              "probes_file: a model of your own needs probes: a file of token ids, or token_counts and length "
+              "probes: a model of your own needs probes: a file of token ids, or token_counts and length "
               "to generate them")
         counts = read_counts_file(opts.token_counts)
         check(vocab is None or counts.numel() <= vocab,
               f"token_counts: {opts.token_counts} has {counts.numel()} entries; the model's embedding has {vocab} rows")
         pools = frequency_groups(counts, opts.split)
         groups = ("frequent", "rare")
-        for name, chosen in (("target_groups", opts.target_groups), ("disturbant_groups", opts.disturbant_groups)):
+        for name, chosen in (("target_freq", opts.target_freq), ("disturbant", opts.disturbant)):
             bad = [g for g in chosen if g not in pools]
             check(not bad, f"{name}: got {bad[0] if bad else ''!r}; valid values are {', '.join(pools)}")
-        conditions = list(itertools.product(opts.target_groups or groups, opts.disturbant_groups or groups))
-        check(opts.position <= opts.length, f"position: got {opts.position}; valid positions are 1…{opts.length}")
+        conditions = list(itertools.product(opts.target_freq or groups, opts.disturbant or groups))
+        check(opts.target_pos <= opts.length, f"target_pos: got {opts.target_pos}; valid positions are 1…{opts.length}")
         check_bytes(result_bytes(len(conditions) * opts.triplets, opts.length, 1, kept), "triplets")
-        probes = make_probes(opts.triplets, opts.length, opts.position, counts.numel(), conditions, opts.seed,
+        probes = make_probes(opts.triplets, opts.length, opts.target_pos, counts.numel(), conditions, opts.seed,
                              pools=pools)
-    check_bytes(result_bytes(len(probes), probes.length, 1, kept), "probes_file")
+    check_bytes(result_bytes(len(probes), probes.length, 1, kept), "probes")
     if vocab is not None:
         check_probes_fit(probes, int(vocab), probes.length)
     return probes
@@ -262,7 +285,7 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
         probes = validate_probes(probes)
         if vocab is not None:
             check_probes_fit(probes, int(vocab), probes.length)
-    check(1 <= opts.position <= probes.length, f"position: got {opts.position}; valid positions are 1…{probes.length}")
+    check(1 <= opts.target_pos <= probes.length, f"target_pos: got {opts.target_pos}; valid positions are 1…{probes.length}")
     check(opts.filler is None or vocab is None or opts.filler < vocab,
           f"filler: got {opts.filler}; the model's vocabulary is 0…{vocab - 1 if vocab else 0}")
     if on_start is not None:
@@ -270,7 +293,7 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
     own_query = getattr(model, "query_token", None)
     output_phase = own_query if own_query is not None and opts.filler is None else opts.filler
     model = model.to(device)
-    result = probe_stability(model, probes, opts.position, method=opts.method, chunk=opts.chunk, top_sv=opts.top_sv,
+    result = probe_stability(model, probes, opts.target_pos, method=opts.method, chunk=opts.batch_size, top_sv=opts.sv,
                              on_chunk=on_progress, output_phase=output_phase)
     path = Path(source) if source is not None else Path("<in memory>")
     if config is None:
@@ -316,36 +339,40 @@ def summarize(results: list[CheckpointResult], probes: Probes, kind: str = "defa
     return rows
 
 
-def stability(source: Any, probes: Any = None, *, position: int = 1, triplets: int = 64,
-              target_groups: tuple[str, ...] = (), disturbant_groups: tuple[str, ...] = (), seed: int = 0,
-              method: str = "auto", chunk: int = 32, top_sv: int = 64, device: str = "auto",
+def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets: int = 64,
+              target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (), seed: int = 0,
+              method: str = "auto", batch_size: int = 32, sv: int = 64, device: str = "auto",
               token_counts: str | Path | None = None, length: int | None = None, filler: int | None = None,
-              split: float = 0.5) -> xr.Dataset:
+              split: float = 0.5, **renamed: Any) -> xr.Dataset:
     """Gradient stability (SPEC §4) as an xarray Dataset with the variables of a stability store
-    (write it with ``ds.to_zarr`` or ``gradscope.store.write_store``).
+    (write it with ``gradscope.store.write_store``). Each option is named as its ``gradscope
+    stability`` flag (``target_pos`` is ``--target-pos``); the names before issue #24 (position,
+    chunk, top_sv, target_groups, disturbant_groups) still work, with a DeprecationWarning.
 
     source: a checkpoint file or run directory (or a list of them: every checkpoint, oldest first),
-    a :class:`~gradscope.files.checkpoint.Loaded`, or an in-memory model (``gradscope.wrap(...)`` or
-    ``gradscope.load(...).model``).
+    a :class:`~gradscope.files.checkpoint.Loaded` (not read again), or an in-memory model
+    (``gradscope.wrap(...)`` or ``gradscope.load(...).model``).
     probes: None (generated: ``triplets`` per condition of the checkpoint's task, or, for a wrapped
     model, from ``token_counts`` and ``length``), a path (.npy (n, 3, L) token ids, .npz, or a
     stability store), a :class:`~gradscope.tasks.probes.Probes`, or an integer tensor (n, 3, L).
-    position: the target position p (1-based). filler: a wrapped model's output-phase token (L
-    copies after each probe; None: no output phase). The other options are those of ``gradscope stability``.
+    target_pos: the target position p (1-based). filler: a wrapped model's output-phase token (L
+    copies after each probe; None: no output phase).
     """
     given = None
-    probes_file = None
+    probes_path = None
     if isinstance(probes, (str, Path)):
-        probes_file = Path(probes)
+        probes_path = Path(probes)
     elif isinstance(probes, (torch.Tensor, Probes)):
         if isinstance(probes, torch.Tensor) and probes.device.type not in ("cpu", "meta"):
             probes = probes.cpu()
         given = validate_probes(probes)
     else:
         check(probes is None, f"probes: got {type(probes).__name__}; expected a path, a Probes or a tensor (n, 3, L)")
-    opts = StabilityOptions(tuple(target_groups), tuple(disturbant_groups), position, triplets, probes_file, seed,
-                            method, chunk, top_sv, device, Path(token_counts) if token_counts is not None else None,
-                            length, filler, split)
+    unknown = sorted(set(renamed) - set(RENAMED_OPTIONS) - {"probes_file"})
+    check(not unknown, f"{unknown[0] if unknown else ''}: not an option of stability")
+    opts = StabilityOptions(tuple(target_freq), tuple(disturbant), target_pos, triplets, probes_path, seed,
+                            method, batch_size, sv, device, Path(token_counts) if token_counts is not None else None,
+                            length, filler, split, **{k: v for k, v in renamed.items() if k != "probes_file"})
     if isinstance(source, Loaded):
         if given is not None:
             check_probes_fit(given, source.config.task.vocab_size, source.config.task.length)
@@ -354,7 +381,4 @@ def stability(source: Any, probes: Any = None, *, position: int = 1, triplets: i
                                    config=config_attrs(source.config)).to_xarray()
     if isinstance(source, nn.Module):
         return run_model_stability(source, opts, probes=given).to_xarray()
-    paths = [source] if isinstance(source, (str, Path)) else list(source)
-    check(all(isinstance(p, (str, Path)) for p in paths),
-          f"source: got {type(source).__name__}; expected checkpoint path(s), a Loaded or a model")
-    return run_stability([Path(p) for p in paths], opts, probes=given).to_xarray()
+    return run_stability(checkpoint_sources(source), opts, probes=given).to_xarray()

@@ -9,14 +9,18 @@ narrower intervals that ignore between-seed variation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import xarray as xr
 
 from gradscope.analysis.bootstrap import (FEW_TRIALS, PermutationResult, confidence_interval,
                                           paired_permutation_test)
 from gradscope.errors import GradscopeError, check
 from gradscope.models.registry import core_options
 from gradscope.store.records import SummaryEntry, TrialRecord
+from gradscope.store.summary import expand_store_paths, summary_attrs, summary_dataset, trial_records
 
 # `--by` names of the shared fields; the registered cores' own settings add theirs (field_aliases)
 FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_combine", "vocab": "vocab_size",
@@ -54,7 +58,7 @@ def group_records(records: list[TrialRecord], by: tuple[str, ...]) -> dict[tuple
     check(len(kinds) == 1, f"stores: got a mix of {' and '.join(sorted(kinds))} stores; summarize each kind separately")
     tasks = {r.fields["task"] for r in records}
     check(len(tasks) == 1 or "task" in by,
-          f"stores: they come from different tasks ({', '.join(sorted(tasks))}); add task to `by`")
+          f"stores: they come from different tasks ({', '.join(sorted(tasks))}); add task to by (--by)")
     groups: dict[tuple[str, ...], list[TrialRecord]] = {}
     for r in records:
         lacking = [f for f in by if f not in r.fields]
@@ -111,7 +115,7 @@ def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[s
     """Paired permutation tests between the two values of ``field_name`` (e.g. pe: none vs sinusoidal),
     within each combination of the other grouping fields, pairing trials by seed. Effect = b − a."""
     field_name = field_aliases().get(field_name, field_name)
-    check(field_name in by, f"compare: got {field_name!r}; it must be one of the `by` fields ({', '.join(by)})")
+    check(field_name in by, f"compare: got {field_name!r}; it must be one of the by (--by) fields ({', '.join(by)})")
     index = by.index(field_name)
     values = sorted({k[index] for k in groups}, key=lambda v: (v != "none", v))
     check(len(values) == 2, f"compare: {field_name} takes {len(values)} value(s) here ({', '.join(values)}); "
@@ -140,3 +144,31 @@ def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[s
 
 def few_trials(entries: list[SummaryEntry]) -> bool:
     return any(e.interval.n < FEW_TRIALS for e in entries)
+
+
+def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...] = "model,pe,vocab",
+              unit: str = "trial", resamples: int = 10_000, ci: float = 0.95, method: str = "percentile",
+              score: str = "default", seed: int = 0) -> xr.Dataset:
+    """Seeds as trials: the mean and confidence interval of every metric per group of stores, as the
+    summary store's Dataset: ``mean``, ``low``, ``high``, ``n``, ``nan`` over (group, metric), the
+    per-seed ``values`` and ``seed``, and a ``label`` and one coordinate per ``by`` field on ``group``.
+    ``ds.to_dataframe()`` (or ``ds[["mean", "low", "high", "n"]].to_dataframe()``) is the table
+    ``gradscope summarize`` prints, from the same numbers. Options are named as its flags.
+
+    source: a store path, a sweep directory, a folder of stores or a quoted wildcard, or a list of
+    them; stores of one kind (accuracy or stability), or ``kind`` to pick one.
+    by: config fields to group by (comma-separated or a tuple: model, pe, vocab, task, hidden, …).
+    """
+    check(0 < ci < 1, f"ci: got {ci}; it must lie strictly between 0 and 1")
+    fields = parse_by(by if isinstance(by, str) else ",".join(by))
+    patterns = [str(source)] if isinstance(source, (str, Path)) else [str(s) for s in source]
+    paths = expand_store_paths(patterns, kind)
+    records = [r for p in paths for r in trial_records(p, score)]
+    kinds = sorted({r.kind for r in records})
+    check(len(kinds) == 1, f"kind: the stores are of kinds {' and '.join(kinds)}; pass kind= to summarize one")
+    groups = group_records(records, fields)
+    metrics = list(dict.fromkeys(m for r in records for m in r.metrics))
+    entries = summarize_groups(groups, fields, metrics, unit=unit, method=method, confidence=ci,
+                               resamples=resamples, seed=seed)
+    attrs = summary_attrs("", fields, unit, method, ci, resamples, [r.path for r in records], kinds[0])
+    return summary_dataset(entries, fields, attrs)

@@ -176,10 +176,10 @@ def _analyses(doc: dict[str, Any]) -> Analyses:
         check(isinstance(table, dict), "spec: stability must be a table ([stability])")
         _unknown("[stability]", table, STABILITY_KEYS)
         try:
-            stab = StabilityOptions(target_groups=_groups("stability", "target_freq", table.get("target_freq", [])),
-                                    disturbant_groups=_groups("stability", "disturbant", table.get("disturbant", [])),
+            stab = StabilityOptions(target_freq=_groups("stability", "target_freq", table.get("target_freq", [])),
+                                    disturbant=_groups("stability", "disturbant", table.get("disturbant", [])),
                                     triplets=_int("stability", "triplets", table.get("triplets", 16), 1),
-                                    position=_int("stability", "position", table.get("position", 1), 1),
+                                    target_pos=_int("stability", "position", table.get("position", 1), 1),
                                     seed=_int("stability", "seed", table.get("seed", 0), 0),
                                     device=_text("stability", "device", table.get("device", "auto")))
         except GradscopeError as exc:
@@ -266,11 +266,11 @@ def _check_point(point: SweepPoint, analyses: Analyses) -> None:
         check(cfg.task.name in probe_tasks(), f"spec: [stability] {name} trains on {cfg.task.name!r}; stability "
                                                 f"probes are defined for {', '.join(probe_tasks())}")
         try:
-            conditions_for(cfg.task, analyses.stability.target_groups, analyses.stability.disturbant_groups)
+            conditions_for(cfg.task, analyses.stability.target_freq, analyses.stability.disturbant)
         except GradscopeError as exc:
             raise GradscopeError(f"spec: [stability] {name}: {exc}") from None
-        check(1 <= analyses.stability.position <= cfg.task.length,
-              f"spec: [stability] position: got {analyses.stability.position}; {name} has positions 1…{cfg.task.length}")
+        check(1 <= analyses.stability.target_pos <= cfg.task.length,
+              f"spec: [stability] position: got {analyses.stability.target_pos}; {name} has positions 1…{cfg.task.length}")
     chosen = analyses.stability_checkpoints
     try:
         check_run_sizes(point.run, analyses.stability, None if chosen == "all" else 1 if chosen == "last" else len(chosen))
@@ -387,4 +387,4 @@ def check_existing(points: list[SweepPoint], layout: Layout) -> None:
     """Refuse to mix runs: a point whose run directory was started with another configuration."""
     clash = [p.name for p in points if is_run_dir(layout.run(p.run)) and read_run_config(layout.run(p.run)) != p.run.config]
     check(not clash, f"out: {layout.root} holds run(s) started with a different configuration than this spec "
-                     f"({', '.join(clash[:5])}{' …' if len(clash) > 5 else ''}); choose another `out` or restore the spec")
+                     f"({', '.join(clash[:5])}{' …' if len(clash) > 5 else ''}); choose another out (--out) or restore the spec")
