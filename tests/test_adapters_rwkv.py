@@ -81,7 +81,7 @@ def test_wrap_runs_on_the_model_itself(rwkv) -> None:  # noqa: ANN001
         assert float((wrapped(tokens(9)) - model(input_ids=tokens(9), use_cache=False).logits).abs().max()) < 1e-5
 
 
-@pytest.mark.parametrize("p,method", [(1, "vjp"), (3, "func"), (T - 1, "auto")])
+@pytest.mark.parametrize("p,method", [(1, "vjp"), (3, "func"), (T - 2, "auto")])
 def test_state_jacobian_matches_the_library(rwkv, p: int, method: str) -> None:  # noqa: ANN001
     model, wrapped, fam = rwkv
     check_state_jacobian(fam, wrapped, tokens(1), p, method, RTOL)
@@ -90,9 +90,9 @@ def test_state_jacobian_matches_the_library(rwkv, p: int, method: str) -> None: 
 def test_stability_gradient_flow_and_lyapunov_sum(rwkv) -> None:  # noqa: ANN001
     model, wrapped, fam = rwkv
     check_stability(fam, wrapped, L=5, p=2, rtol=1e-6)
-    check_gradient_flow(fam, wrapped, tokens(2, n=2), rtol=RTOL)
+    check_gradient_flow(fam, wrapped, tokens(2, n=1), rtol=RTOL)
     small = tiny(hidden=4)
-    check_lyapunov_sum(family(small), gradscope.wrap(small), tokens(3, n=2, length=9), warmup=2, atol=1e-6)
+    check_lyapunov_sum(family(small), gradscope.wrap(small), tokens(3, n=2, length=6), warmup=2, atol=1e-6)
 
 
 def test_the_librarys_one_token_batch_bug_is_caught_by_the_protocol_check() -> None:
