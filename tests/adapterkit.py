@@ -153,7 +153,7 @@ def check_state_jacobian(fam: Family, model: torch.nn.Module, tokens: Tensor, p:
 def check_stability(fam: Family, model: torch.nn.Module, L: int, p: int, rtol: float) -> None:
     """gradscope.stability's same-target and same-suffix scores equal SPEC §4's formula on the library's Jacobians."""
     tok = probes(fam.vocab, 2, L, p, seed=5)
-    ds = gradscope.stability(model, tok, position=p)
+    ds = gradscope.stability(model, probes=tok, target_pos=p)
     for i in range(tok.shape[0]):
         ref, _ = library_jacobian(fam, tok[i], p)
         for pair, member in (("same-target", 1), ("same-suffix", 2)):

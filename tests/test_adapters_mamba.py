@@ -140,7 +140,7 @@ def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> No
     assert result.exit_code == 0, result.stderr
     ds = xr.open_zarr(out, consolidated=False).load()
     loaded = transformers.MambaForCausalLM.from_pretrained(tmp_path / "mamba", local_files_only=True).eval()
-    ref = gradscope.stability(gradscope.wrap(loaded), tok, position=2)  # the Python API on the same files
+    ref = gradscope.stability(gradscope.wrap(loaded), probes=tok, target_pos=2)  # the Python API on the same files
     np.testing.assert_allclose(ds["score_default"].values, ref["score_default"].values, rtol=0, atol=1e-6)
     assert np.isfinite(ds["score_default"].values).all()
     assert "MambaForCausalLM" in ds.attrs["model_config"]

@@ -329,7 +329,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     loaded = load_source(files[0])
     first = loaded.path
     task, core_name = loaded.config.task, loaded.config.model.core
-    check(task.name in f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
+    check(task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
                                       f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
     conditions = conditions_for(task, target_freq, disturbant)
     core, query = loaded.model.core, loaded.model.query_token
