@@ -134,7 +134,7 @@ def test_figure5_draws_each_condition_in_one_panel_one_colour_per_configuration(
             assert colour[t.name] in (t.marker.color, t.line.color), (section, t.name)
     training = {t.name.rsplit(", seed", 1)[0]: t.line.color for t in sections["training"].data if t.mode == "lines"}
     assert all(training[name] == c for name, c in colour.items())
-    assert len(set(training.values())) == len(training) == 8  # eight runs, eight colours
+    assert len(set(training.values())) == len(training) == 12  # twelve sample runs, twelve colours
 
 
 def test_layout_rules_fit_titles_to_their_panels() -> None:

@@ -8,7 +8,10 @@ from typing import Any, Iterable
 import numpy as np
 import plotly.graph_objects as go
 
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+# D3's category20 without its reds (red marks Rare): the dark tones first, then their light ones, so up to
+# 16 configurations get distinct colours (the shipped samples alone are 12 runs).
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+           "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#9edae5", "#dbdb8d")
 GROUP_COLORS = {"frequent": "#1f77b4", "rare": "#d62728", "all": "#2ca02c"}  # target group → colour
 GROUP_DASH = {"frequent": "solid", "rare": "dash", "all": "dot"}  # disturbant group → line style
 FONT = dict(family="system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif", size=13)
