@@ -187,7 +187,7 @@ def dead_pid() -> int:
 
 
 def test_a_dead_writers_temporaries_are_removed_by_the_next_run(stopped: Path, tmp_path: Path) -> None:
-    from gradscope.guard import _HOST
+    from gradscope.files.publish import _HOST
     run = copy_run(stopped, tmp_path / "run")
     pid = dead_pid()
     for name in ("step-0000015.pt", "metrics.jsonl", "eval.json"):
