@@ -360,7 +360,7 @@ def test_a_bomb_is_judged_by_what_the_command_reads_not_by_memory(tmp_path: Path
     finally:
         tracemalloc.stop()
         del os.environ["GRADSCOPE_MEMORY_BUDGET"]
-    assert "before decompressing" in str(err.value) or "along axis 0" in str(err.value)
+    assert "before decompressing" in str(err.value)
     assert seconds < 1.0 and peak < 4 << 20, (seconds, peak)
     count("probes-npz")
 
@@ -731,10 +731,11 @@ def test_checkpoints_of_different_models_are_labelled_by_their_own_config(runs: 
 
 
 def test_checkpoints_are_loaded_one_at_a_time(runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradscope.workflows import common
     from gradscope.workflows import stability as workflow
     alive: list[weakref.ref] = []
     held = []
-    real = workflow.load_checkpoint
+    real = common.load_checkpoint  # what every workflow loads through (common.load_source)
 
     def load(path: Path):  # noqa: ANN202
         gc.collect()
@@ -743,7 +744,7 @@ def test_checkpoints_are_loaded_one_at_a_time(runs: dict[str, Path], monkeypatch
         alive.append(weakref.ref(loaded))
         return loaded
 
-    monkeypatch.setattr(workflow, "load_checkpoint", load)
+    monkeypatch.setattr(common, "load_checkpoint", load)
     run = workflow.run_stability([runs["gru"], runs["lstm"], runs["gru"]],
                                  workflow.StabilityOptions(triplets=1, target_freq=("rare",)))
     assert held == [0, 0, 0]  # nothing of the previous checkpoint (optimizer state included) is held

@@ -1,4 +1,4 @@
-"""Confidence intervals and permutation tests (scipy.stats, always seeded; SPEC §5).
+"""Confidence intervals and permutation tests (scipy.stats, always seeded; SPEC §5; imported on first use).
 
 The paper's unit is the training-test trial (five seeds), so samples are often tiny: with n = 5 a
 nominal 95% percentile-bootstrap interval covered the true mean only ~86% of the time in a
@@ -14,7 +14,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from gradscope.errors import check
 
@@ -75,6 +74,8 @@ def confidence_interval(values: np.ndarray, *, method: str = "percentile", confi
     All-equal values give [v, v] with a note (scipy would return NaN); fewer than two values give
     NaN bounds with a note.
     """
+    from scipy import stats  # on first use: scipy.stats costs ~0.75 s of start-up (issue #24)
+
     check(method in METHODS, f"method: got {method!r}; valid values are {', '.join(METHODS)}")
     check(0 < confidence < 1, f"confidence: got {confidence}; expected a level strictly between 0 and 1")
     check_resamples(resamples)
@@ -154,6 +155,8 @@ def _ratio(num: float, den: float) -> float:
 def _run(data: tuple[np.ndarray, np.ndarray], statistic, permutation_type: str, permutations: int,
          resamples: int, seed: int) -> tuple[float, bool, int, float, str]:
     """(pvalue, exact, size of the null distribution, min attainable p, note) from scipy."""
+    from scipy import stats  # on first use: scipy.stats costs ~0.75 s of start-up (issue #24)
+
     exact = permutations <= resamples
     res = stats.permutation_test(data, statistic, permutation_type=permutation_type, vectorized=True,
                                  n_resamples=resamples, alternative="two-sided", rng=np.random.default_rng(seed))

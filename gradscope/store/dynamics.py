@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
-from scipy import stats
 
 from gradscope.store.io import provenance, sha256_file
 
@@ -112,6 +111,8 @@ CLASSES = ("frequent", "rare", "query")
 
 def _t_interval(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Mean and 95% Student-t interval along ``axis`` (NaN-free input): (mean, low, high, n)."""
+    from scipy import stats  # on first use (reports): not every command needs scipy.stats
+
     n = values.shape[axis]
     mean = values.mean(axis)
     if n < 2:
@@ -198,6 +199,8 @@ def resolved_exponents(ds: xr.Dataset, c: int) -> np.ndarray:
 def _nan_t_interval(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """:func:`_t_interval` over axis 0 of values with NaN (unresolved) entries left out per column;
     n: the fewest values any column had."""
+    from scipy import stats  # on first use (reports): not every command needs scipy.stats
+
     counts = np.isfinite(values).sum(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns stay NaN

@@ -189,21 +189,23 @@ def _npy_header(fh: IO[bytes], what: str) -> tuple[tuple[int, ...], bool, np.dty
 
 
 def read_npy(fh: IO[bytes], present: float, what: str, kinds: str, ndim: int,
-             shape_limit: tuple[int | None, ...] | None = None) -> np.ndarray:
+             limit: tuple[tuple[int | None, ...], int | None] = ((), None)) -> np.ndarray:
     """One array from the .npy stream ``fh``, its header checked before any data is read: a plain
     dtype of the numpy ``kinds`` (never objects, so never a pickle), ``ndim`` dimensions, each at
-    most its entry of ``shape_limit`` (what the command needs; None: any), and a size that fits in
-    memory and that the ``present`` bytes on disk can plausibly hold (a deflate bomb declares
-    gigabytes in a few kilobytes). Then exactly that many bytes are read."""
+    most its entry of ``limit[0]`` and at most ``limit[1]`` bytes in all (what the command reads;
+    None: any), and a size that fits in memory and that the ``present`` bytes on disk can plausibly
+    hold (a deflate bomb declares gigabytes in a few kilobytes). Then exactly that many bytes are read."""
     shape, fortran, dtype = _npy_header(fh, what)
     wanted = "integers" if kinds == "iu" else "numbers" if "f" in kinds else "strings"
     check(not dtype.hasobject and dtype.fields is None and dtype.shape == () and dtype.kind in kinds,
           f"{what}: holds dtype {dtype.str!r}; expected {wanted}")
     check(len(shape) == ndim, f"{what}: has shape {shape}; expected {ndim} dimension(s)")
-    for axis, (size, most) in enumerate(zip(shape, shape_limit or ())):
-        check(most is None or size <= most, f"{what}: declares shape {shape}; this command reads at most {most} "
-                                            f"along axis {axis} (refused before decompressing)")
     nbytes = math.prod(shape) * dtype.itemsize
+    for axis, (size, most) in enumerate(zip(shape, limit[0])):
+        check(most is None or size <= most, f"{what}: declares shape {shape}; this command reads at most {most:,} "
+                                            f"along axis {axis} (refused before decompressing)")
+    check(limit[1] is None or nbytes <= limit[1], f"{what}: declares shape {shape}, {nbytes:,} bytes; this command "
+                                                  f"reads at most {limit[1]:,} (refused before decompressing)")
     check_bytes(min(nbytes, 1 << 100), what, present=present)
     try:
         data = fh.read(nbytes)
@@ -234,10 +236,10 @@ def _labels(values: np.ndarray | None, n: int, what: str) -> tuple[str, ...]:
 def _member_limits(length: int | None) -> dict[str, tuple[tuple[int | None, ...], int | None]]:
     """Per probe array: the largest shape the command reads, and the most bytes it can take
     uncompressed (None: unknown; the .npy header and the memory check then bound it)."""
-    n, header = MAX_PROBE_TRIPLETS, MAX_HEADER + 128
-    labels = n * MAX_LABEL * 4 + header  # unicode labels: 4 bytes a character
-    return {"tokens": ((n, 3, length), None if length is None else n * 3 * length * 8 + header),
-            "target_group": ((n,), labels), "disturbant_group": ((n,), labels)}
+    n = MAX_PROBE_TRIPLETS
+    labels = n * MAX_LABEL * 4  # unicode labels: 4 bytes a character
+    tokens = None if length is None else n * 3 * length * 8  # int64 ids (a wrong L is refused later, by name)
+    return {"tokens": ((n,), tokens), "target_group": ((n,), labels), "disturbant_group": ((n,), labels)}
 
 
 def _read_npz(path: Path, length: int | None = None) -> dict[str, np.ndarray]:
@@ -262,13 +264,13 @@ def _read_npz(path: Path, length: int | None = None) -> dict[str, np.ndarray]:
             check(not info.flag_bits & 0x1, f"{what}: its {key} array is encrypted")
             check(info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED),
                   f"{what}: its {key} array uses compression method {info.compress_type}; expected stored or deflated")
-            shape_limit, most = limits[key]
+            most = None if limits[key][1] is None else limits[key][1] + MAX_HEADER + 128  # data and its .npy header
             check(most is None or info.file_size <= most,
                   f"{what}: its {key} array declares {info.file_size:,} bytes uncompressed; this command reads at "
                   f"most {MAX_PROBE_TRIPLETS:,} triplets ({most:,} bytes; refused before decompressing)")
             try:
                 with archive.open(info) as fh:
-                    arrays[key] = read_npy(fh, info.compress_size, f"{what}: {key}", kinds, ndim, shape_limit)
+                    arrays[key] = read_npy(fh, info.compress_size, f"{what}: {key}", kinds, ndim, limits[key])
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
                 if isinstance(exc, GradscopeError):
                     raise
@@ -291,7 +293,7 @@ def read_probe_arrays(path: Path, length: int | None = None) -> Probes:
         with open(path, "rb") as fh:
             magic = fh.read(6)
             fh.seek(0)
-            npy = read_npy(fh, path.stat().st_size, what, "iu", 3, _member_limits(length)["tokens"][0]) \
+            npy = read_npy(fh, path.stat().st_size, what, "iu", 3, _member_limits(length)["tokens"]) \
                 if magic == NPY_MAGIC else None
     except OSError as exc:
         raise GradscopeError(f"{what}: cannot be read ({exc.strerror or type(exc).__name__})") from None
