@@ -126,7 +126,7 @@ def test_bad_probe_files_and_checkpoints(runner: CliRunner, trained_runs: dict, 
     np.save(tmp_path / "vocab.npy", np.full((4, 3, 4), 99, dtype=np.int64))
     np.save(tmp_path / "length.npy", np.zeros((4, 3, 6), dtype=np.int64))
     (tmp_path / "junk.npy").write_bytes(b"junk")
-    for name, message in [("shape", "expected (n, 3"), ("vocab", "vocabulary is 0…7"), ("length", "reads at most 4 along axis 2"),
+    for name, message in [("shape", "expected (n, 3"), ("vocab", "vocabulary is 0…7"), ("length", "L = 4"),
                           ("junk", "cannot read")]:
         result = _invoke(runner, ckpt, "--probes", tmp_path / f"{name}.npy", "-o", tmp_path / "s.zarr")
         assert result.exit_code == 2 and message in result.stderr, (name, result.stderr)
