@@ -40,3 +40,14 @@ def tiny_model(name: str, vocab: int, embed: int, hidden: int, layers: int = 1, 
         for block in model.core.recurrent_blocks().values():
             block.mul_(gain)
     return model
+
+
+def rolled_jacobian(step, x: torch.Tensor, z_start: torch.Tensor, start: int, output) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Brute force ∂output/∂z_start (B, H, D): roll ``step(x_t, z) → (out, z')`` from ``z_start`` over
+    x[:, start:], then one autograd.grad per row of ``output(out, z_T)`` (sequences are independent)."""
+    z0 = z_start.clone().requires_grad_(True)
+    out, z = None, z0
+    for t in range(start, x.shape[1]):
+        out, z = step(x[:, t], z)
+    y = output(out, z)
+    return torch.stack([torch.autograd.grad(y[:, i].sum(), z0, retain_graph=True)[0] for i in range(y.shape[1])], dim=1)

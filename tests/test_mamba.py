@@ -17,7 +17,7 @@ from gradscope.analysis.lyapunov import lyapunov_spectrum
 from gradscope.cli.app import app
 from gradscope.models.core import generic_step_jacobian
 
-from cores import tiny_core, tiny_model
+from cores import rolled_jacobian, tiny_core, tiny_model
 
 F64 = torch.float64
 IN, H = 4, 5
@@ -136,11 +136,7 @@ def test_vjp_engine_equals_the_brute_force_through_the_hand_step() -> None:
     with torch.no_grad():
         x = model.core_inputs(toks)
         zs = model.core.scan(x)[1]
-    z0 = zs[:, 2].clone().requires_grad_(True)
-    z = z0
-    for t in range(3, 8):
-        y, z = hand_step(model.core, x[:, t], z)
-    ref = torch.stack([torch.autograd.grad(y[:, i].sum(), z0, retain_graph=True)[0] for i in range(H)], dim=1)
+    ref = rolled_jacobian(lambda xt, z: hand_step(model.core, xt, z), x, zs[:, 2], 3, lambda out, z: out)
     res = state_jacobian(model, toks, 3)
     assert res.method == "vjp" and (res.jac - ref).abs().max() < 1e-12 and ref.abs().max() > 1e-3
 

@@ -12,7 +12,7 @@ from gradscope.analysis.jacobian import state_jacobian
 from gradscope.analysis.lyapunov import lyapunov_spectrum
 from gradscope.cli.app import app
 
-from cores import tiny_core, tiny_model
+from cores import rolled_jacobian, tiny_core, tiny_model
 
 F64 = torch.float64
 IN, H = 4, 5
@@ -84,12 +84,8 @@ def test_vjp_engine_with_structure_equals_the_brute_force() -> None:
     with torch.no_grad():
         x = model.core_inputs(toks)
         zs = model.core.scan(x)[1]
-    z0 = zs[:, 2].clone().requires_grad_(True)
-    z = z0
-    for t in range(3, 8):
-        z = hand_step(model.core, x[:, t], z)
-    y = z[:, H:]  # the top layer's h
-    ref = torch.stack([torch.autograd.grad(y[:, i].sum(), z0, retain_graph=True)[0] for i in range(H)], dim=1)
+    ref = rolled_jacobian(lambda xt, z: (None, hand_step(model.core, xt, z)), x, zs[:, 2], 3,
+                          lambda out, z: z[:, H:])  # the top layer's h
     res = state_jacobian(model, toks, 3)
     assert res.method == "vjp" and (res.jac - ref).abs().max() < 1e-12
 
