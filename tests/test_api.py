@@ -49,6 +49,8 @@ def test_old_option_names_still_work_with_a_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert StabilityOptions(target_pos=3).target_pos == 3
+    with pytest.warns(DeprecationWarning, match="probes="), pytest.raises(gradscope.GradscopeError, match="gone.npy"):
+        gradscope.stability(CKPT, probes_file=ROOT / "gone.npy")  # the old name is used, not dropped
 
 
 def test_a_loaded_checkpoint_is_not_read_again(tmp_path: Path) -> None:

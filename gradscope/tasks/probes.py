@@ -202,11 +202,12 @@ def read_npy(fh: IO[bytes], present: float, what: str, kinds: str, ndim: int,
     check(len(shape) == ndim, f"{what}: has shape {shape}; expected {ndim} dimension(s)")
     nbytes = math.prod(shape) * dtype.itemsize
     for axis, (size, most) in enumerate(zip(shape, limit[0])):
-        check(most is None or size <= most, f"{what}: declares shape {shape}; this command reads at most {most:,} "
-                                            f"along axis {axis} (refused before decompressing)")
-    if limit[1] is not None:  # (the message formats the limit: only when there is one)
-        check(nbytes <= limit[1], f"{what}: declares shape {shape}, {nbytes:,} bytes; this command "
-                                  f"reads at most {limit[1]:,} (refused before decompressing)")
+        if most is not None and size > most:
+            raise GradscopeError(f"{what}: declares shape {shape}; this command reads at most {most:,} along axis "
+                                 f"{axis} (refused before decompressing)")
+    if limit[1] is not None and nbytes > limit[1]:
+        raise GradscopeError(f"{what}: declares shape {shape}, {nbytes:,} bytes; this command reads at most "
+                             f"{limit[1]:,} (refused before decompressing)")
     check_bytes(min(nbytes, 1 << 100), what, present=present)
     try:
         data = fh.read(nbytes)

@@ -368,8 +368,11 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
         given = validate_probes(probes)
     else:
         check(probes is None, f"probes: got {type(probes).__name__}; expected a path, a Probes or a tensor (n, 3, L)")
-    unknown = sorted(set(renamed) - set(RENAMED_OPTIONS) - {"probes_file"})
+    unknown = sorted(set(renamed) - set(RENAMED_OPTIONS))
     check(not unknown, f"{unknown[0] if unknown else ''}: not an option of stability")
+    if "probes_file" in renamed:  # the old name of a probes path
+        warnings.warn("stability(probes_file=…) is now probes=…, as its flag", DeprecationWarning, stacklevel=2)
+        probes_path = Path(renamed["probes_file"])
     opts = StabilityOptions(tuple(target_freq), tuple(disturbant), target_pos, triplets, probes_path, seed,
                             method, batch_size, sv, device, Path(token_counts) if token_counts is not None else None,
                             length, filler, split, **{k: v for k, v in renamed.items() if k != "probes_file"})
