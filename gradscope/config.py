@@ -20,11 +20,12 @@ from gradscope.models.registry import CORES
 from gradscope.tasks.registry import TASKS
 
 DISTRIBUTIONS = ("uniform", "dual")
+DECODINGS = ("none", "teacher", "autoregressive")  # TrainConfig.decoding
 MAX_LENGTH = 2**20  # a task's L (and copy's hold phase): the held-out grid is built position by position
 MAX_COUNT = 2**62  # iterations and cadences
 MAX_SEED = 2**63 - 1
 DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
-__all__ = ["CORES", "DISTRIBUTIONS", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
+__all__ = ["CORES", "DECODINGS", "DISTRIBUTIONS", "ExtendConfig", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
            "TrainConfig", "from_dict"]
 
 
@@ -43,6 +44,13 @@ class TaskConfig:
     grid_per_cell: int = 16  # dual + reverse only: N sequences per (target, disturbant, position)
     hold_min: int = 60  # copy only
     hold_max: int = 100  # copy only
+    dim: int = 0  # reverse-continuous only: tokens are points of the unit sphere S^(dim−1)
+    # Vocabulary extension (paper §4.2): items 0 … old_items−1 are the pretrained ("old") ones and
+    # old_items … K−1 the new ones (0: no split). new_item_share: the probability that a position
+    # holds a new item (uniform within old and within new); None: uniform over all K items, as the
+    # paper did, i.e. a share of (K − old_items)/K.
+    old_items: int = 0
+    new_item_share: float | None = None
 
     def __post_init__(self) -> None:
         text("task", self.name, list(TASKS))
@@ -53,6 +61,16 @@ class TaskConfig:
             integer(name, getattr(self, name), low, MAX_LENGTH)
         check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
         real("rarity", self.rarity, 0.0, 1.0, above=True, below=True)
+        integer("dim", self.dim, 0, MAX_SIZE)
+        integer("old_items", self.old_items, 0, MAX_SIZE)
+        check(self.old_items < self.vocab_size,
+              f"old_items: got {self.old_items}; an extended vocabulary of {self.vocab_size} items needs fewer old ones")
+        if self.new_item_share is not None:
+            check(self.old_items > 0, "new_item_share: only an extended vocabulary (old_items > 0) has new items")
+            real("new_item_share", self.new_item_share, 0.0, 1.0)
+            check(self.distribution == "uniform",
+                  f"new_item_share: the {self.distribution} distribution has its own item frequencies; use "
+                  f"the uniform one to set the share of new items")
         TASKS[self.name].check_config(self)  # the settings only this task uses
 
 
@@ -72,6 +90,10 @@ class TrainConfig:
     seed: int = 111
     device: str = "auto"
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    # How the output phase is fed (paper App. B.2): none = query tokens (the standard model); teacher
+    # = the previous ground-truth token (a feedback model trained teacher-forced, as the paper did);
+    # autoregressive = the model's own previous prediction (free-running training).
+    decoding: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("iterations", "checkpoint_every", "log_every"):
@@ -90,6 +112,31 @@ class TrainConfig:
         object.__setattr__(self, "betas", tuple(self.betas))
         check(isinstance(self.device, str) and DEVICE.fullmatch(self.device) is not None,
               f"device: got {shown(self.device)}; use auto, cpu, cuda or cuda:N")
+        text("decoding", self.decoding, DECODINGS)
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """Provenance of a vocabulary-extension run (paper §4.2): the parent checkpoint (file name,
+    sha256 of its bytes, iterations it was trained for) and the parameters kept frozen, as names
+    (``core.*``-style full names, or ``name[a:b]`` for rows a … b−1 of a matrix)."""
+
+    parent: str
+    parent_sha256: str
+    parent_iteration: int
+    frozen: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.parent, str) and bool(self.parent), f"extend parent: got {shown(self.parent)}")
+        check(isinstance(self.parent_sha256, str) and SHA256.fullmatch(self.parent_sha256) is not None,
+              f"extend parent_sha256: got {shown(self.parent_sha256)}; expected 64 lowercase hex digits")
+        integer("parent_iteration", self.parent_iteration, 0, MAX_COUNT)
+        check(isinstance(self.frozen, (tuple, list)) and all(isinstance(f, str) for f in self.frozen),
+              "extend frozen: expected a list of parameter names")
+        object.__setattr__(self, "frozen", tuple(self.frozen))
 
 
 @dataclass(frozen=True)
@@ -99,11 +146,24 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    extend: ExtendConfig | None = None  # a vocabulary-extension run: its parent and frozen parameters
 
     def __post_init__(self) -> None:
         for name, kind in (("model", ModelConfig), ("task", TaskConfig), ("train", TrainConfig)):
             check(isinstance(getattr(self, name), kind),
                   f"run config: {name} is a {type(getattr(self, name)).__name__}; expected a {kind.__name__}")
+        check(self.extend is None or isinstance(self.extend, ExtendConfig),
+              f"run config: extend is a {type(self.extend).__name__}; expected an ExtendConfig or None")
+        feedback = self.train.decoding != "none"
+        check(self.model.feedback == feedback,
+              f"decoding: got {self.train.decoding!r}, but the model {'has' if self.model.feedback else 'has no'} "
+              f"feedback input; a feedback model (feedback=True) trains with decoding teacher or autoregressive")
+        if feedback:
+            check(TASKS[self.task.name].probes and self.model.inputs == "tokens",
+                  f"decoding: got {self.train.decoding!r}; feedback decoding needs a token task whose output phase "
+                  f"reads query tokens ({', '.join(n for n, c in TASKS.items() if c.probes and c.inputs == 'tokens')})")
+        check(self.extend is None or self.task.old_items > 0,
+              "extend: an extension run's task must state its old items (old_items > 0)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,10 +171,12 @@ class RunConfig:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> "RunConfig":
         try:
+            extend = data.get("extend")
             return RunConfig(
                 model=ModelConfig.from_dict(data["model"]),
                 task=from_dict(TaskConfig, data["task"]),
                 train=from_dict(TrainConfig, data["train"]),
+                extend=None if extend is None else from_dict(ExtendConfig, extend),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise GradscopeError(f"run config: malformed ({type(exc).__name__}: "

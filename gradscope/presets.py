@@ -77,11 +77,12 @@ FIELDS: dict[str, tuple[str, str]] = {
     "task": ("task", "name"), "vocab": ("task", "vocab_size"), "length": ("task", "length"),
     "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
     "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
-    "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"),
+    "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"), "dim": ("task", "dim"),
     "iterations": ("train", "iterations"), "batch_size": ("train", "batch_size"), "lr": ("train", "lr"),
     "warmup": ("train", "warmup"), "eps": ("train", "eps"), "clip": ("train", "clip"),
     "checkpoint_every": ("train", "checkpoint_every"), "log_every": ("train", "log_every"),
     "seed": ("train", "seed"), "device": ("train", "device"), "threads": ("train", "threads"),
+    "decoding": ("train", "decoding"),
 }
 
 
@@ -133,6 +134,8 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
                                            for k, b in (("beta1", b1), ("beta2", b2)))
     task = dataclasses.replace(base.task, **sections["task"])
     sections["model"].setdefault("vocab_size", make_task(task).num_classes)
+    sections["model"].setdefault("inputs", make_task(task).inputs)  # token ids or vectors (the continuous task)
+    sections["model"]["feedback"] = sections["train"].get("decoding", base.train.decoding) != "none"
     sections["model"].setdefault("max_len", max(base.model.max_len, make_task(task).total_len))
     sections["model"]["core_config"] = dataclasses.replace(own, **sections["core"])
     return RunConfig(model=dataclasses.replace(base.model, **sections["model"]), task=task,
