@@ -9,7 +9,7 @@ from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.models import core_class
 from gradscope.models.registry import CORES, core_options
-from gradscope.tasks import make_task
+from gradscope.tasks import TASKS, make_task
 
 PRESETS: dict[str, RunConfig] = {
     # About a minute on 2 CPU cores: dual-frequency reverse, small GRU.
@@ -132,6 +132,9 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
         b1, b2 = base.train.betas
         sections["train"]["betas"] = tuple(b if options.get(k) is None else _checked(k, options[k], b)
                                            for k, b in (("beta1", b1), ("beta2", b2)))
+    name = sections["task"].get("name", base.task.name)
+    if name in TASKS and TASKS[name].inputs == "vectors":  # one frequency class: the preset's dual does not apply
+        sections["task"].setdefault("distribution", "uniform")
     task = dataclasses.replace(base.task, **sections["task"])
     sections["model"].setdefault("vocab_size", make_task(task).num_classes)
     sections["model"].setdefault("inputs", make_task(task).inputs)  # token ids or vectors (the continuous task)
