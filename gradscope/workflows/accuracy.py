@@ -66,6 +66,7 @@ def decodings_for(loaded: Loaded, opts: AccuracyOptions) -> tuple[str, ...]:
 def evaluate_vectors(loaded: Loaded, opts: AccuracyOptions, device: torch.device) -> CosineResult:
     """Cosine similarity of point predictions and targets on the held-out set of a vector task,
     per sequence and time, with a bootstrap interval of its mean per scored time."""
+    decodings_for(loaded, opts)  # a vector model has no feedback input: no decoding to choose
     model = loaded.model.to(device)
     held = loaded.heldout.uniform
     cos = cosine_similarity(predict_vectors(model, held.inputs, opts.chunk), held.targets).numpy()  # (n, T)
