@@ -177,3 +177,34 @@ def test_continuous_bad_input_is_one_line_exit_2(tmp_path: Path, runner) -> None
         result = runner.invoke(app, [*args, "-q", "-o", str(tmp_path / "out")])
         assert result.exit_code == 2 and message in result.stderr, (args, result.output)
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_vector_probe_ids_read_the_table_and_the_query() -> None:
+    from gradscope.models.vector_probes import probe_table, vector_probe_model
+
+    torch.manual_seed(0)
+    model = SeqModel(ModelConfig(core="lstm", vocab_size=4, embed_size=6, hidden_size=8, pe="sinusoidal", max_len=8,
+                                 inputs="vectors"))
+    probe = vector_probe_model(model, seed=7)
+    table = probe_table(4, 7)
+    assert torch.equal(probe.table, table) and probe.query_token == table.shape[0]
+    torch.testing.assert_close(table.norm(dim=-1), torch.ones(table.shape[0]))
+    ids = torch.tensor([[5, 0, 17, probe.query_token, probe.query_token]])
+    by_hand = torch.zeros(1, 5, 5)
+    by_hand[0, :3, :4] = table[[5, 0, 17]]
+    by_hand[0, 3:, 4] = 1.0  # the query flag; its coordinates are zero
+    assert torch.equal(probe.core_inputs(ids), model.core_inputs(by_hand))
+    assert torch.equal(probe(ids), model(by_hand))
+
+
+def test_stability_takes_continuous_checkpoints(tmp_path: Path, runner) -> None:
+    train(_continuous(iterations=4), tmp_path / "c")
+    out = runner.invoke(app, ["stability", "-q", str(tmp_path / "c"), "--triplets", "4", "-o", str(tmp_path / "s.zarr")])
+    assert out.exit_code == 0, out.output
+    ds = xr.open_zarr(tmp_path / "s.zarr")
+    assert set(ds["condition"].values) == {"all/all"}
+    scores = ds["score_default"].values
+    assert np.isfinite(scores).all() and (np.abs(scores) <= 1 + 1e-9).all()
+    bad = runner.invoke(app, ["stability", "-q", str(tmp_path / "c"), "--target-groups", "rare", "-o",
+                              str(tmp_path / "t.zarr")])
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -30,6 +30,8 @@ from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_
 from gradscope.train.checkpoint import Loaded, load_checkpoint, resolve_checkpoints
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import probe_tasks
+from gradscope.tasks import make_task
+from gradscope.models.vector_probes import TABLE_SIZE, vector_probe_model
 
 MAX_SEED = 2**63 - 1
 MAX_COUNT = 2**31 - 1  # sizes, positions and counts of options: beyond this none fits in memory anyway
@@ -139,6 +141,12 @@ def expand_checkpoints(paths: list[Path]) -> list[Path]:
     return [c for p in paths for c in resolve_checkpoints(Path(p))]
 
 
+def probe_vocab(task: TaskConfig) -> int:
+    """How many probe token ids a task's models read: K, or for vector tokens the size of the
+    table of sphere points the ids index (:mod:`gradscope.models.vector_probes`)."""
+    return TABLE_SIZE if make_task(task).inputs == "vectors" else task.vocab_size
+
+
 def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) -> Probes:
     """The probes for ``first``'s task: read from ``opts.probes_file`` or generated, checked against
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
@@ -154,8 +162,8 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     else:
         conditions = conditions_for(task, opts.target_groups, opts.disturbant_groups)
         check_bytes(result_bytes(len(conditions) * opts.triplets, length, checkpoints, kept), "triplets")
-        probes = make_probes(opts.triplets, length, opts.position, task.vocab_size, conditions, opts.seed)
-    check_probes_fit(probes, task.vocab_size, length)
+        probes = make_probes(opts.triplets, length, opts.position, probe_vocab(task), conditions, opts.seed)
+    check_probes_fit(probes, probe_vocab(task), length)
     check_bytes(result_bytes(len(probes), length, checkpoints, kept), "probes_file")
     return probes
 
@@ -237,7 +245,7 @@ def run_stability(paths: list[Path], opts: StabilityOptions,
         probes = build_probes(loaded, opts, len(files))
     else:
         probes = validate_probes(probes)
-        check_probes_fit(probes, task.vocab_size, task.length)
+        check_probes_fit(probes, probe_vocab(task), task.length)
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files) * len(probes))
@@ -248,6 +256,8 @@ def run_stability(paths: list[Path], opts: StabilityOptions,
         check(loaded.config.task.vocab_size == task.vocab_size and loaded.config.task.length == task.length,
               f"checkpoint: {path} has a different vocabulary or length than {files[0]}; analyse it separately")
         model = loaded.model.to(device)
+        if loaded.config.model.inputs == "vectors":  # probe ids index a seeded table of sphere points
+            model = vector_probe_model(model, opts.seed)
         result = probe_stability(model, probes, opts.position, method=opts.method, chunk=opts.chunk,
                                  top_sv=opts.top_sv, on_chunk=on_progress)
         run = path.parent.name if path.parent != Path("") else ""
