@@ -205,6 +205,6 @@ def test_stability_takes_continuous_checkpoints(tmp_path: Path, runner) -> None:
     assert set(ds["condition"].values) == {"all/all"}
     scores = ds["score_default"].values
     assert np.isfinite(scores).all() and (np.abs(scores) <= 1 + 1e-9).all()
-    bad = runner.invoke(app, ["stability", "-q", str(tmp_path / "c"), "--target-groups", "rare", "-o",
+    bad = runner.invoke(app, ["stability", "-q", str(tmp_path / "c"), "--target-freq", "rare", "-o",
                               str(tmp_path / "t.zarr")])
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -152,3 +152,27 @@ def test_cli_extends_and_records(runner, tmp_path: Path, parent: Path) -> None:
     assert config["extend"]["parent_sha256"] == hashlib.sha256(load(parent).path.read_bytes()).hexdigest()
     assert config["task"]["new_item_share"] == 0.5 and config["train"]["iterations"] == 5
     assert "old items" in result.stdout and "new items" in result.stdout
+
+
+def test_extension_study_reuses_parents_and_tabulates(tmp_path: Path) -> None:
+    from gradscope.workflows.extension import ExtensionPlan, extension_table, run_extension, table_markdown
+
+    base = small_run("gru", iterations=6, distribution="dual")
+    plan = ExtensionPlan(base, K2, seeds=(7,), pes=("none",), extend_iterations=4, distribution="uniform")
+    events: list[str] = []
+    runs = run_extension(plan, tmp_path, on_event=lambda step, msg: events.append(step))
+    assert events == ["pretrain", "extension", "scratch"]
+    ext = load(runs / plan.name("extension", "none", 7))
+    assert ext.config.task.distribution == "uniform" and ext.config.train.iterations == 4
+    assert load(runs / plan.name("scratch", "none", 7)).config.task == dataclasses.replace(
+        ext.config.task, old_items=0)
+    again: list[str] = []
+    run_extension(plan, tmp_path, on_event=lambda step, msg: again.append(msg))
+    assert all(m.endswith("done earlier") for m in again)  # resumable: finished runs are skipped
+    rows = extension_table(plan, tmp_path)
+    assert [(r.kind, r.pe) for r in rows] == [("extension", "none"), ("scratch", "none"), ("pretrain", "none")]
+    assert rows[0].overall[0] == pytest.approx(json.loads((runs / plan.name("extension", "none", 7) / "eval.json")
+                                                          .read_text())["uniform"]["token_accuracy"])
+    text = table_markdown(rows, plan)
+    assert f"extended {K}→{K2}" in text and f"scratch at {K2}" in text
+

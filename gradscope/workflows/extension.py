@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from gradscope.train.checkpoint import load
 from gradscope.train.evaluate import item_accuracy, predict
 from gradscope.train.extend import extension_config
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
+
+if TYPE_CHECKING:
+    from gradscope.workflows.reproduce import Layout, PlannedRun
 
 KINDS = ("pretrain", "extension", "scratch")
 PES = ("none", "sinusoidal")
@@ -40,6 +43,7 @@ class ExtensionPlan:
     pes: tuple[str, ...] = PES
     extend_iterations: int | None = None  # None: as many as the pretraining
     new_item_share: float | None = None
+    distribution: str | None = None  # the K' data's (extension and scratch); None: the pretraining's
 
     def __post_init__(self) -> None:
         check(self.extended_vocab > self.base.task.vocab_size,
@@ -56,8 +60,9 @@ class ExtensionPlan:
         """The pretraining or scratch run's config (extension runs are configured from their parent)."""
         b = self.base
         vocab = b.task.vocab_size if kind == "pretrain" else self.extended_vocab
+        dist = b.task.distribution if kind == "pretrain" or self.distribution is None else self.distribution
         return RunConfig(model=dataclasses.replace(b.model, pe=pe, vocab_size=vocab),
-                         task=dataclasses.replace(b.task, vocab_size=vocab),
+                         task=dataclasses.replace(b.task, vocab_size=vocab, distribution=dist),
                          train=dataclasses.replace(b.train, seed=seed))
 
 
@@ -76,13 +81,15 @@ def _train(cfg: RunConfig, run_dir: Path, extend_from: Path | None = None) -> st
     return "resumed" if resume else "trained"
 
 
-def run_extension(plan: ExtensionPlan, root: Path, on_event: Callable[[str, str], None] | None = None) -> Path:
+def run_extension(plan: ExtensionPlan, root: Path, on_event: Callable[[str, str], None] | None = None,
+                  parents: dict[tuple[str, int], Path] | None = None) -> Path:
     """Train every run of ``plan`` under ``root``/runs (pretrain, then extension and scratch, per PE
-    and seed); returns the runs' directory."""
+    and seed); returns the runs' directory. ``parents``: (pe, seed) → a run directory trained
+    elsewhere with the pretraining config (e.g. a `gradscope reproduce` study's), used instead."""
     runs = Path(root) / "runs"
     for pe in plan.pes:
         for seed in plan.seeds:
-            parent = runs / plan.name("pretrain", pe, seed)
+            parent = (parents or {}).get((pe, seed), runs / plan.name("pretrain", pe, seed))
             done = _train(plan.config("pretrain", pe, seed), parent)
             if on_event:
                 on_event("pretrain", f"{parent.name}: {done}")
@@ -93,8 +100,9 @@ def run_extension(plan: ExtensionPlan, root: Path, on_event: Callable[[str, str]
                 train_opts.update(iterations=plan.extend_iterations, checkpoint_every=every,
                                   warmup=min(t.warmup, plan.extend_iterations // 10),
                                   log_every=max(1, min(t.log_every, every)))
+            task_opts = {} if plan.distribution is None else {"distribution": plan.distribution}
             ext_cfg = extension_config(parent, plan.extended_vocab, new_item_share=plan.new_item_share,
-                                       train=train_opts)
+                                       train=train_opts, task=task_opts)
             ext = runs / plan.name("extension", pe, seed)
             done = _train(ext_cfg, ext, extend_from=parent)
             if on_event:
@@ -133,13 +141,61 @@ def final_accuracy(run_dir: Path, old_items: int) -> tuple[float, float, float]:
     return float(token_accuracy(preds, held.targets)), items["old"], items["new"]
 
 
-def extension_table(plan: ExtensionPlan, root: Path) -> list[ExtensionRow]:
+def extension_table(plan: ExtensionPlan, root: Path, parents: dict[tuple[str, int], Path] | None = None
+                    ) -> list[ExtensionRow]:
     """The accuracy table of a finished :func:`run_extension`: (extension, scratch, pretrain) × PE."""
     runs = Path(root) / "runs"
     rows = []
     K = plan.base.task.vocab_size
     for kind in ("extension", "scratch", "pretrain"):
         for pe in plan.pes:
-            values = [final_accuracy(runs / plan.name(kind, pe, s), K) for s in plan.seeds]
+            dirs = [(parents or {}).get((pe, s), runs / plan.name(kind, pe, s)) if kind == "pretrain"
+                    else runs / plan.name(kind, pe, s) for s in plan.seeds]
+            values = [final_accuracy(d, K) for d in dirs]
             rows.append(ExtensionRow(kind, pe, tuple(plan.seeds), *(tuple(v[i] for v in values) for i in range(3))))
     return rows
+
+
+def table_markdown(rows: list[ExtensionRow], plan: ExtensionPlan) -> str:
+    """The table as Markdown: mean [95% bootstrap CI over seeds] of held-out token accuracy, overall
+    and on old (< K) and new items."""
+    K, K2 = plan.base.task.vocab_size, plan.extended_vocab
+    lines = [f"| run | PE | token accuracy | old items (< {K}) | new items (≥ {K}) |", "|---|---|---|---|---|"]
+    labels = {"extension": f"extended {K}→{K2}", "scratch": f"scratch at {K2}", "pretrain": f"pretrained at {K}"}
+    for r in rows:
+        cells = []
+        for which in ("overall", "old", "new"):
+            i = r.interval(which)
+            cells.append("—" if i.n == 0 else f"{i.mean:.3f} [{i.low:.3f}, {i.high:.3f}]")
+        lines.append(f"| {labels[r.kind]} | {r.pe} | " + " | ".join(cells) + " |")
+    seeds = ", ".join(map(str, plan.seeds))
+    lines.append(f"\nMeans over seeds {seeds} with 95% percentile-bootstrap intervals (10,000 resamples, trial "
+                 f"unit; with {len(plan.seeds)} trials these under-cover).")
+    return "\n".join(lines) + "\n"
+
+
+def study_extension(layout: "Layout", runs: list["PlannedRun"], extended_vocab: int, iterations: int | None = None,
+                    on_event: Callable[[str, str], None] | None = None) -> str:
+    """The extension step of `gradscope reproduce`: per core of the study, its vanilla and PE runs
+    (vocabulary K) are the pretrained parents; each is extended to ``extended_vocab`` items and a
+    model is trained from scratch at that size, both on uniform data. Writes (atomically) and
+    returns ``<study>/extension/table.md``."""
+    from gradscope.train.io import atomic_write_text
+
+    root = layout.root / "extension"
+    parts = []
+    for core in dict.fromkeys(r.config.model.core for r in runs):
+        mine = [r for r in runs if r.config.model.core == core]
+        base = mine[0].config
+        base = RunConfig(model=dataclasses.replace(base.model, pe="none"), task=base.task, train=base.train)
+        seeds = tuple(dict.fromkeys(r.config.train.seed for r in mine))
+        pes = tuple(dict.fromkeys(r.config.model.pe for r in mine))
+        plan = ExtensionPlan(base, extended_vocab, seeds=seeds, pes=pes, extend_iterations=iterations,
+                             distribution="uniform")
+        parents = {(r.config.model.pe, r.config.train.seed): layout.run(r) for r in mine}
+        run_extension(plan, root / core, on_event, parents)
+        parts.append(f"### {core}\n\n" + table_markdown(extension_table(plan, root / core, parents), plan))
+    text = "\n".join(parts)
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(root / "table.md", text)
+    return text
