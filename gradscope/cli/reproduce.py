@@ -150,7 +150,8 @@ def reproduce_command(
         from gradscope.workflows.extension import study_extension
 
         console.print(study_extension(layout, runs, extend_to, extend_iterations,
-                                      on_event=None if quiet else lambda s, m: console.print(f"{s}: {m}")))
+                                      on_event=None if quiet else lambda s, m: console.print(f"{s}: {m}", markup=False)),
+                      markup=False)  # "[low, high]" is text, not rich markup
 
 
 def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:
