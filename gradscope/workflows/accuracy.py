@@ -23,10 +23,10 @@ from gradscope.store.accuracy import accuracy_dataset
 from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.cosine import cosine_dataset
 from gradscope.store.records import AccuracyResult, CosineResult
-from gradscope.tasks import ReverseVariable, grid_batch, make_task
+from gradscope.tasks import Batch, ReverseVariable, grid_batch, make_task
 from gradscope.train.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
-from gradscope.train.evaluate import predict_decoded, predict_vectors
+from gradscope.train.evaluate import predict, predict_decoded, predict_vectors
 from gradscope.workflows.stability import config_attrs, expand_checkpoints
 
 
@@ -76,6 +76,11 @@ def evaluate_vectors(loaded: Loaded, opts: AccuracyOptions, device: torch.device
     return CosineResult(loaded.path, loaded.iteration, loaded.path.parent.name, cos, times, mean, low, high)
 
 
+def _predict(model: torch.nn.Module, batch: Batch, decoding: str, chunk: int) -> torch.Tensor:
+    """Argmax predictions (n, T): the standard model's :func:`predict`, a feedback model's decoded."""
+    return predict(model, batch.inputs, chunk) if decoding == "none" else predict_decoded(model, batch, decoding, chunk)
+
+
 def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.device) -> AccuracyResult:
     """Predictions on the uniform held-out set and (if present) the frequency grid; a feedback
     model's under each decoding of :func:`decodings_for` (the first is the main one); an extended
@@ -90,11 +95,11 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
               f"grids exist for dual-frequency reverse runs)")
     targets = held.uniform.targets
     main = decodings[0] if decodings else "none"
-    preds = predict_decoded(model, held.uniform, main, opts.chunk)
+    preds = _predict(model, held.uniform, main, opts.chunk)
     correct, scored = token_correct(preds, targets)
     extra: dict[str, Any] = {}
     if decodings:
-        counts = [token_correct(predict_decoded(model, held.uniform, d, opts.chunk) if d != main else preds, targets)
+        counts = [token_correct(_predict(model, held.uniform, d, opts.chunk) if d != main else preds, targets)
                   for d in decodings]
         extra.update(decodings=decodings, decoded_time_correct=np.stack([c.sum(0).numpy() for c, _ in counts]),
                      decoded_time_scored=np.stack([s.sum(0).numpy() for _, s in counts]))
@@ -109,7 +114,7 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
         lengths = (lc.numpy(), lt.numpy())
     grid = None
     if held.grid is not None and opts.grid is not False:
-        gpreds = predict_decoded(model, grid_batch(task, held.grid), main, opts.chunk)
+        gpreds = _predict(model, grid_batch(task, held.grid), main, opts.chunk)
         gpreds = gpreds.reshape(*held.grid.shape[:-1], -1)
         gc, gt = grid_counts(gpreds, held.grid)
         if old:
