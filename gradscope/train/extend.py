@@ -16,6 +16,7 @@ copied back into the model after each step, so checkpoints hold the whole model 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,15 @@ class NewRows(nn.Module):
         model.to_logits.bias[o:K].copy_(self.bias)
 
 
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, as 64 hex digits (the parent's provenance)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def parent_checkpoint(path: Path) -> Path:
     """A checkpoint file, or the last checkpoint of a run directory."""
     return resolve_checkpoints(Path(path))[-1]
@@ -86,8 +96,6 @@ def extension_config(parent: Path, vocab_size: int, *, new_item_share: float | N
     settings overridden by ``train`` (TrainConfig fields), its task settings by ``task`` (TaskConfig
     fields; ``name`` and ``dim`` must agree with the parent), and the data's share of new items
     (None: uniform over all items, as the paper did)."""
-    from gradscope.store.io import sha256_file
-
     path = parent_checkpoint(parent)
     loaded = load_checkpoint(path)
     cfg, what = loaded.config, f"extend_from: {path}"
@@ -130,8 +138,6 @@ def extended_model(cfg: RunConfig, parent: Path) -> SeqModel:
     """The model of the extension run ``cfg`` at iteration 0: the checkpoint ``parent`` (whose bytes
     must have the sha256 ``cfg`` records) with new rows initialised as a fresh model's, seeded by
     ``cfg.train.seed``. Every parameter has ``requires_grad`` False (train :class:`NewRows`)."""
-    from gradscope.store.io import sha256_file
-
     assert cfg.extend is not None
     path = parent_checkpoint(parent)
     digest = sha256_file(path)

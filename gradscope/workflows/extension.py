@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from gradscope.analysis.accuracy import token_accuracy
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
 from gradscope.config import RunConfig
 from gradscope.errors import check
@@ -22,6 +23,7 @@ from gradscope.guard import safe_component
 from gradscope.train.checkpoint import load
 from gradscope.train.evaluate import item_accuracy, predict
 from gradscope.train.extend import extension_config
+from gradscope.train.io import atomic_write_text
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 
 if TYPE_CHECKING:
@@ -132,8 +134,6 @@ class ExtensionRow:
 def final_accuracy(run_dir: Path, old_items: int) -> tuple[float, float, float]:
     """Held-out token accuracy of a run's last checkpoint: overall, on items < ``old_items`` and on
     the others (the uniform held-out set of that run; self-fed for a feedback model)."""
-    from gradscope.analysis.accuracy import token_accuracy
-
     loaded = load(run_dir)
     held = loaded.heldout.uniform
     preds = predict(loaded.model, held.inputs)
@@ -180,8 +180,6 @@ def study_extension(layout: "Layout", runs: list["PlannedRun"], extended_vocab: 
     (vocabulary K) are the pretrained parents; each is extended to ``extended_vocab`` items and a
     model is trained from scratch at that size, both on uniform data. Writes (atomically) and
     returns ``<study>/extension/table.md``."""
-    from gradscope.train.io import atomic_write_text
-
     root = layout.root / "extension"
     parts = []
     for core in dict.fromkeys(r.config.model.core for r in runs):
