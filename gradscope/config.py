@@ -14,17 +14,18 @@ from typing import Any
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import from_dict
-from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown
+from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown, text
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES
 from gradscope.tasks.config import DISTRIBUTIONS, TaskConfig
 from gradscope.tasks.registry import TASKS
 
 MAX_ITERATIONS = 2**62  # iterations and cadences (counts of options: workflows.common.MAX_COUNT)
+DECODINGS = ("none", "teacher", "autoregressive")  # TrainConfig.decoding
 MAX_SEED = 2**63 - 1
 DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
-__all__ = ["CORES", "DISTRIBUTIONS", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig", "RunConfig", "TaskConfig",
-           "TrainConfig", "from_dict"]
+__all__ = ["CORES", "DECODINGS", "DISTRIBUTIONS", "ExtendConfig", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig",
+           "RunConfig", "TaskConfig", "TrainConfig", "from_dict"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class TrainConfig:
     seed: int = 111
     device: str = "auto"
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    # How the output phase is fed (paper App. B.2): none = query tokens (the standard model); teacher
+    # = the previous ground-truth token (a feedback model trained teacher-forced, as the paper did);
+    # autoregressive = the model's own previous prediction (free-running training).
+    decoding: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("iterations", "checkpoint_every", "log_every"):
@@ -61,6 +66,31 @@ class TrainConfig:
         object.__setattr__(self, "betas", tuple(self.betas))
         check(isinstance(self.device, str) and DEVICE.fullmatch(self.device) is not None,
               f"device: got {shown(self.device)}; use auto, cpu, cuda or cuda:N")
+        text("decoding", self.decoding, DECODINGS)
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """Provenance of a vocabulary-extension run (paper §4.2): the parent checkpoint (file name,
+    sha256 of its bytes, iterations it was trained for) and the parameters kept frozen, as names
+    (``core.*``-style full names, or ``name[a:b]`` for rows a … b−1 of a matrix)."""
+
+    parent: str
+    parent_sha256: str
+    parent_iteration: int
+    frozen: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.parent, str) and bool(self.parent), f"extend parent: got {shown(self.parent)}")
+        check(isinstance(self.parent_sha256, str) and SHA256.fullmatch(self.parent_sha256) is not None,
+              f"extend parent_sha256: got {shown(self.parent_sha256)}; expected 64 lowercase hex digits")
+        integer("parent_iteration", self.parent_iteration, 0, MAX_ITERATIONS)
+        check(isinstance(self.frozen, (tuple, list)) and all(isinstance(f, str) for f in self.frozen),
+              "extend frozen: expected a list of parameter names")
+        object.__setattr__(self, "frozen", tuple(self.frozen))
 
 
 @dataclass(frozen=True)
@@ -70,11 +100,24 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    extend: ExtendConfig | None = None  # a vocabulary-extension run: its parent and frozen parameters
 
     def __post_init__(self) -> None:
         for name, kind in (("model", ModelConfig), ("task", TaskConfig), ("train", TrainConfig)):
             check(isinstance(getattr(self, name), kind),
                   f"run config: {name} is a {type(getattr(self, name)).__name__}; expected a {kind.__name__}")
+        check(self.extend is None or isinstance(self.extend, ExtendConfig),
+              f"run config: extend is a {type(self.extend).__name__}; expected an ExtendConfig or None")
+        feedback = self.train.decoding != "none"
+        check(self.model.feedback == feedback,
+              f"decoding: got {self.train.decoding!r}, but the model {'has' if self.model.feedback else 'has no'} "
+              f"feedback input; a feedback model (feedback=True) trains with decoding teacher or autoregressive")
+        if feedback:
+            check(TASKS[self.task.name].probes and self.model.inputs == "tokens",
+                  f"decoding: got {self.train.decoding!r}; feedback decoding needs a token task whose output phase "
+                  f"reads query tokens ({', '.join(n for n, c in TASKS.items() if c.probes and c.inputs == 'tokens')})")
+        check(self.extend is None or self.task.old_items > 0,
+              "extend: an extension run's task must state its old items (old_items > 0)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -82,10 +125,12 @@ class RunConfig:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> "RunConfig":
         try:
+            extend = data.get("extend")
             return RunConfig(
                 model=ModelConfig.from_dict(data["model"]),
                 task=from_dict(TaskConfig, data["task"]),
                 train=from_dict(TrainConfig, data["train"]),
+                extend=None if extend is None else from_dict(ExtendConfig, extend),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise GradscopeError(f"run config: malformed ({type(exc).__name__}: "

@@ -26,7 +26,7 @@ CASES = {"gru-none-s1": [SAMPLES / "gru-none-s1"],
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_stability_store_numbers_are_unchanged(name: str) -> None:
-    ds = run_stability(CASES[name], StabilityOptions(triplets=3, seed=5, top_sv=16)).to_xarray()
+    ds = run_stability(CASES[name], StabilityOptions(triplets=3, seed=5, sv=16)).to_xarray()
     keys = sorted(k.split("/", 1)[1] for k in REFERENCE.files if k.startswith(name + "/"))
     assert len(keys) >= 17  # every score, statistic, the singular values and the probes
     for key in keys:

@@ -116,6 +116,20 @@ def grid_counts(preds: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, 
     return correct, torch.full_like(correct, grid.shape[2])
 
 
+def grid_item_counts(preds: torch.Tensor, grid: torch.Tensor, old_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`grid_counts` split by the target item of an extended vocabulary: old (< old_items) or new.
+    Returns (correct, total), each (2 target group, 2 disturbant group, 2 item [old, new], L) int64."""
+    _check_grid(preds, grid)
+    length = grid.shape[-1]
+    p = torch.arange(length, device=grid.device)
+    truth = grid[..., p, p]  # (2, 2, N, L)
+    right = preds[..., p, 2 * length - 1 - p] == truth
+    new = truth >= old_items
+    correct = torch.stack([(right & ~new).sum(2), (right & new).sum(2)], dim=2)
+    total = torch.stack([(~new).sum(2), new.sum(2)], dim=2)
+    return correct, total
+
+
 def grid_target_accuracy(preds: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     """Accuracy of the target token only, on the dual-frequency grid of the reverse task.
 

@@ -16,7 +16,7 @@ from .progress import make_progress
 
 if TYPE_CHECKING:
     from rich.table import Table
-    from gradscope.store.records import AccuracyResult
+    from gradscope.store.records import AccuracyResult, CosineResult
 
 console = make_console()
 Opt = typer.Option
@@ -72,6 +72,38 @@ def grid_table(r: AccuracyResult, bins: int | tuple[int, ...]) -> Table:
     return table
 
 
+def cosine_table(r: CosineResult) -> Table:
+    """Mean cosine similarity per output position with its bootstrap interval (vector tasks)."""
+    from rich.table import Table
+
+    table = Table(title=f"held-out cosine similarity at iteration {r.iteration} (mean over all scored positions "
+                        f"{r.cosine_similarity:.4f}; 95% bootstrap CI over {r.cosine.shape[0]} sequences)",
+                  title_justify="left")
+    for col in ("time", "mean cosine", "95% CI"):
+        table.add_column(col, justify="right")
+    for t, m, lo, hi in zip(r.times, r.position_mean, r.position_low, r.position_high):
+        table.add_row(str(int(t) + 1), f"{m:.4f}", f"[{lo:.4f}, {hi:.4f}]")
+    return table
+
+
+def side_table(r: AccuracyResult) -> Table:
+    """Token accuracy per decoding (a feedback model) and per old/new item (an extended vocabulary)."""
+    from rich.table import Table
+
+    table = Table(title=f"held-out token accuracy at iteration {r.iteration}", title_justify="left")
+    for col in ("evaluated as", "token accuracy", "scored tokens"):
+        table.add_column(col, justify="right")
+    if r.decoded_time_correct is not None and r.decoded_time_scored is not None:
+        names = {"autoregressive": "self-fed (autoregressive)", "teacher": "ground truth fed (teacher)"}
+        for d, c, n in zip(r.decodings, r.decoded_time_correct, r.decoded_time_scored):
+            table.add_row(names[d], f"{c.sum() / max(n.sum(), 1):.4f}", str(int(n.sum())))
+    if r.item_time_correct is not None and r.item_time_scored is not None:
+        for item, c, n in zip(("old items", "new items"), r.item_time_correct, r.item_time_scored):
+            table.add_row(item + (f" ({r.decodings[0]})" if r.decodings else ""),
+                          f"{c.sum() / n.sum():.4f}" if n.sum() else "nan", str(int(n.sum())))
+    return table
+
+
 @user_errors
 def accuracy_command(
     ctx: typer.Context,
@@ -82,15 +114,19 @@ def accuracy_command(
     grid: Annotated[Optional[bool], Opt("--grid/--no-grid", help="Require (or skip) the frequency grid. Default: evaluate it when the checkpoint has one.")] = None,
     device: Annotated[str, Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = "auto",
     batch_size: Annotated[int, Opt(help="Sequences per forward pass.")] = 1024,
+    decoding: Annotated[str, Opt(help="Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.")] = "both",
+    resamples: Annotated[int, Opt(help="reverse-continuous: bootstrap resamples of the per-position cosine-similarity CIs.")] = 10_000,
+    seed: Annotated[int, Opt(help="reverse-continuous: seed of the bootstrap resamples.")] = 0,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (SPEC §5)."""
     from gradscope.store.io import write_store
+    from gradscope.store.records import AccuracyResult, CosineResult
     from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
 
     if batch_size < 1:
         raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
-    opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size)
+    opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size, decoding, resamples, seed)
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
     with make_progress(console) as progress:
@@ -98,8 +134,16 @@ def accuracy_command(
         run = run_accuracy(checkpoints, opts, on_start=lambda n: progress.update(bar, total=n),
                            on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
     results = run.results
-    console.print(overview_table(results))
+    if isinstance(results[0], CosineResult):
+        console.print(cosine_table(results[-1]))  # type: ignore[arg-type]
+        write_store(run.to_xarray(), out_path, overwrite=overwrite)
+        console.print(escape(f"wrote {out_path}"))
+        return
+    console.print(overview_table(results))  # type: ignore[arg-type]
     last = results[-1]
+    assert isinstance(last, AccuracyResult)
+    if last.decodings or last.item_time_correct is not None:
+        console.print(side_table(last))
     if last.grid_bin_correct is not None:
         console.print(grid_table(last, opts.bins))
     if last.length_total is not None:

@@ -94,8 +94,11 @@ def reproduce_command(
     dry_run: Annotated[bool, Opt("--dry-run", help="Print the plan and estimated compute; run nothing.")] = False,
     measure: Annotated[bool, Opt(help="With --dry-run: time a few training steps per model to estimate CPU time.")] = True,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
+    extend_to: Annotated[Optional[int], Opt(help="Also run the vocabulary-extension experiment (paper §4.2): extend each study run (vocabulary K) to this K' (only the new rows train, on uniform data over K' items) and train from scratch at K'; writes extension/table.md.")] = None,
+    extend_iterations: Annotated[Optional[int], Opt(help="Training iterations of each extension (default: as many as the study's runs).")] = None,
 ) -> None:
-    """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report."""
+    """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report;
+    with --extend-to, the vocabulary-extension experiment too."""
     from gradscope.store.io import write_store
     from gradscope.store.summary import summary_attrs, summary_dataset, trial_records
     from gradscope.workflows.reproduce import (accuracy_step, check_run_sizes, Layout, plan_runs, stability_step,
@@ -143,6 +146,12 @@ def reproduce_command(
         console.print(summary_table([e for e in entries if e.metric in shown], 0.95, "percentile", "trial"))
     report = write_report(layout, runs, command)
     console.print(f"study in {out}: runs/, stores/, summary-accuracy.zarr, summary-stability.zarr, {report.name}")
+    if extend_to is not None:
+        from gradscope.workflows.extension import study_extension
+
+        console.print(study_extension(layout, runs, extend_to, extend_iterations,
+                                      on_event=None if quiet else lambda s, m: console.print(f"{s}: {m}", markup=False)),
+                      markup=False)  # "[low, high]" is text, not rich markup
 
 
 def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:

@@ -38,9 +38,19 @@ def print_result(result: dict[str, Any], run_dir: Path) -> None:
     table.add_column("set")
     table.add_column("token accuracy", justify="right")
     table.add_column("sequence accuracy", justify="right")
-    if "uniform" in result:
-        u = result["uniform"]
-        table.add_row(f"uniform (n={u['n']})", f"{u['token_accuracy']:.4f}", f"{u['sequence_accuracy']:.4f}")
+    u = result.get("uniform", {})
+    if "cosine_similarity" in u:
+        console.print(f"held-out mean cosine similarity after {result['iteration']} iterations (n={u['n']}): "
+                      f"{u['cosine_similarity']:.4f}\nrun directory: {run_dir}")
+        return
+    for key, label in (("uniform", "uniform"), ("uniform_teacher", "uniform, ground truth fed")):
+        if key in result:
+            u = result[key]
+            name = f"{label} (n={u['n']})" if "uniform_teacher" not in result or key != "uniform" else \
+                f"uniform, self-fed (n={u['n']})"
+            table.add_row(name, f"{u['token_accuracy']:.4f}", f"{u['sequence_accuracy']:.4f}")
+    for item, acc in result.get("items", {}).items():
+        table.add_row(f"uniform, {item} items", f"{acc:.4f}", "")
     for cell, acc in result.get("grid", {}).items():
         table.add_row(f"grid {cell} (target/disturbant)", f"{acc:.4f}", "")
     console.print(table)
@@ -115,6 +125,27 @@ class TrainCommand(TyperCommand):
         return super().invoke(ctx)
 
 
+def extension_run_config(parent: Path, options: dict[str, Any], new_item_share: float | None) -> RunConfig:
+    """The config of `gradscope train --extend-from PARENT --vocab K'`: the parent's model (no model
+    option may be given), its task with task options given applied, and its training settings
+    with the training options given applied."""
+    from gradscope.presets import FIELDS
+    from gradscope.train.extend import extension_config
+
+    given = {k: v for k, v in options.items() if v is not None}
+    fixed = sorted(k for k in given if FIELDS.get(k, ("core", ""))[0] in ("model", "core"))
+    if fixed:
+        raise GradscopeError(f"--extend-from: the extended model keeps its parent's architecture; remove "
+                             f"{', '.join('--' + k.replace('_', '-') for k in fixed)}")
+    if "vocab" not in given:
+        raise GradscopeError("--vocab: give the extended vocabulary size K' (larger than the checkpoint's)")
+    task = {FIELDS[k][1]: v for k, v in given.items() if k in FIELDS and FIELDS[k][0] == "task" and k != "vocab"}
+    train = {FIELDS[k][1]: v for k, v in given.items() if k in FIELDS and FIELDS[k][0] == "train"}
+    if "beta1" in given or "beta2" in given:
+        raise GradscopeError("--beta1/--beta2: an extension keeps its parent's Adam betas")
+    return extension_config(parent, given["vocab"], new_item_share=new_item_share, train=train, task=task)
+
+
 @user_errors
 def train_command(
     ctx: typer.Context,
@@ -138,6 +169,10 @@ def train_command(
     grid_per_cell: Annotated[Optional[int], Opt(help="dual reverse: held-out sequences per (target, disturbant, position).", parser=_int, metavar="<int>")] = None,
     hold_min: Annotated[Optional[int], Opt(help="copy: fewest blanks in the hold phase.", parser=_int, metavar="<int>")] = None,
     hold_max: Annotated[Optional[int], Opt(help="copy: most blanks in the hold phase.", parser=_int, metavar="<int>")] = None,
+    dim: Annotated[Optional[int], Opt(help="reverse-continuous: tokens are points of the unit sphere S^(dim−1).", parser=_int, metavar="<int>")] = None,
+    decoding: Annotated[Optional[str], Opt(help="Output-phase input: none (query tokens), or a feedback model fed the previous token: teacher (ground truth, as the paper trained) or autoregressive (its own prediction).")] = None,
+    extend_from: Annotated[Optional[Path], Opt(help="Vocabulary extension (paper §4.2): a checkpoint or run directory to extend to --vocab items; only the new rows train, everything pretrained is frozen.")] = None,
+    new_item_share: Annotated[Optional[float], Opt(help="--extend-from: probability that a position holds a new item (default: uniform over all items, as the paper did).", parser=_float, metavar="<float>")] = None,
     iterations: Annotated[Optional[int], Opt(help="Training iterations.", parser=_int, metavar="<int>")] = None,
     batch_size: Annotated[Optional[int], Opt(help="Sequences per batch.", parser=_int, metavar="<int>")] = None,
     lr: Annotated[Optional[float], Opt(help="Peak learning rate (linear warm-up, then cosine to 0).", parser=_float, metavar="<float>")] = None,
@@ -162,14 +197,20 @@ def train_command(
     options = {k: v for k, v in locals().items() if k in FIELDS or k in ("beta1", "beta2")}
     options.update(ctx.meta.get(CORE_OPTIONS, {}))
     if resume is not None:
-        given = sorted(k for k, v in options.items() if v is not None)
+        given = sorted(k for k, v in {**options, "extend_from": extend_from, "new_item_share": new_item_share}.items()
+                       if v is not None)
         if given or out is not None:
             raise GradscopeError(f"--resume: a resumed run keeps its own configuration; remove "
                                  f"{', '.join('--' + g.replace('_', '-') for g in given) or '--out'}")
         if not is_run_dir(resume):
             raise GradscopeError(f"--resume: {resume} is not a gradscope run directory (no config.json)")
         cfg, run_dir = read_run_config(resume), resume
+    elif extend_from is not None:
+        cfg = extension_run_config(extend_from, options, new_item_share)
+        run_dir = out if out is not None else default_run_dir(cfg, "extend")
     else:
+        if new_item_share is not None:
+            raise GradscopeError("--new-item-share: only an extension (--extend-from) has new items")
         if preset not in PRESETS:
             raise GradscopeError(f"--preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
         cfg = build_config(preset, options)
@@ -186,7 +227,8 @@ def train_command(
             else:
                 progress.update(bar, completed=iteration, loss=f"{log['loss']:.3f}", acc=f"{log['accuracy']:.3f}")
 
-        result = train(cfg, run_dir, resume=resume is not None, stop_after=stop_after, on_step=on_step, command=command)
+        result = train(cfg, run_dir, resume=resume is not None, stop_after=stop_after, on_step=on_step, command=command,
+                       extend_from=extend_from if resume is None else None)
     if result:
         print_result(result, run_dir)
     else:

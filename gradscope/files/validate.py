@@ -134,6 +134,8 @@ def check_heldout(inputs: Any, targets: Any, grid: Any, task: Task, what: str, r
     query token included), and an optional raw frequency grid (2, 2, N, L, L) of vocabulary tokens
     (dual-frequency reverse only). ``rows``/``grid_rows``: the n and N the config declares."""
     T, K = task.total_len, task.num_classes
+    if task.inputs == "vectors":
+        return _vector_heldout(inputs, targets, grid, task, what, rows)
     x = check_tensor(inputs, f"{what}: held-out inputs", kind="int", shape=(rows, T))
     y = check_tensor(targets, f"{what}: held-out targets", kind="int", shape=(x.shape[0], T))
     check_ids(x, f"{what}: held-out inputs", K + 1)  # id K is the query token
@@ -146,6 +148,20 @@ def check_heldout(inputs: Any, targets: Any, grid: Any, task: Task, what: str, r
         check_ids(g, f"{what}: held-out grid", task.cfg.vocab_size)
         grid = g.long()
     return HeldOut(Batch(x.long(), y.long()), grid)
+
+
+def _vector_heldout(inputs: Any, targets: Any, grid: Any, task: Task, what: str, rows: int | None) -> HeldOut:
+    """The held-out data of a vector task: inputs (n, T, d + 1) and targets (n, T, d), finite except
+    the targets of unscored positions, which are NaN in every coordinate; no grid."""
+    T, d = task.total_len, task.num_classes
+    x = check_tensor(inputs, f"{what}: held-out inputs", kind="float", shape=(rows, T, d + 1))
+    y = check_tensor(targets, f"{what}: held-out targets", kind="float", shape=(x.shape[0], T, d))
+    check(grid is None, f"{what}: holds a frequency grid, but its task ({task.cfg.name}) has one frequency class")
+    check(bool(x.isfinite().all()), f"{what}: held-out inputs hold NaN or infinite values")
+    unscored = y.isnan()
+    check(bool((unscored.all(-1) | ~unscored.any(-1)).all()) and bool(y[~unscored].isfinite().all()),
+          f"{what}: held-out targets must be finite vectors, or NaN in every coordinate where unscored")
+    return HeldOut(Batch(x.float(), y.float()), None)
 
 
 def check_training_memory(cfg: RunConfig, task: Task, device: torch.device, what: str = "train") -> None:

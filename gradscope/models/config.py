@@ -16,6 +16,7 @@ from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES, core_class
 
 PE_COMBINE = ("concat", "add")
+INPUTS = ("tokens", "vectors")
 MAX_SIZE = 2**31 - 1  # sizes and counts a tensor dimension can hold; memory is checked separately
 MAX_LAYERS = 1024  # layers are built one Python module at a time
 
@@ -56,6 +57,12 @@ class ModelConfig:
     """A sequence model: embedding (K+1 rows, row K = query token) → PE → core → Linear(H, K).
 
     ``core_config`` is the core's own config; None (or a plain dict of its fields) is converted to it.
+    ``inputs="vectors"`` (the continuous task, paper App. B.3): the tokens are vectors of width
+    d = ``vocab_size``, read by a linear projection ``Linear(d + 1, E)`` whose last input is the
+    query flag (its column is the learned query vector), and ``Linear(H, d)`` is a point prediction.
+    ``feedback=True`` (the autoregressive model, paper App. B.2): the output phase also reads the
+    previous token through the same embedding, as id K + 1 + token, and a learned phase vector
+    (input or output phase) of width E is concatenated to every input.
     """
 
     core: str = "gru"
@@ -67,6 +74,8 @@ class ModelConfig:
     pe_combine: str = "concat"
     max_len: int = 128  # positions a learnable/random PE covers (>= total sequence length)
     core_config: Any = None
+    inputs: str = "tokens"
+    feedback: bool = False
 
     def __post_init__(self) -> None:
         text("core", self.core, list(CORES))
@@ -80,6 +89,10 @@ class ModelConfig:
               f"core_config: got {type(self.core_config).__name__}; the {self.core!r} core takes {cls.Config.__name__}")
         text("pe", self.pe, list(PE_TYPES))
         text("pe_combine", self.pe_combine, PE_COMBINE)
+        text("inputs", self.inputs, INPUTS)
+        check(isinstance(self.feedback, bool), f"feedback: got {shown(self.feedback)}; expected True or False")
+        check(not (self.feedback and self.inputs == "vectors"),
+              "feedback: the vector-input model has no token embedding to feed predictions back through")
         for name in ("vocab_size", "embed_size", "hidden_size", "max_len"):
             integer(name, getattr(self, name), 1, MAX_SIZE)
         integer("num_layers", self.num_layers, 1, MAX_LAYERS)
@@ -91,9 +104,8 @@ class ModelConfig:
     @property
     def core_input_size(self) -> int:
         """Width of the vector fed to the core at each step."""
-        if self.pe != "none" and self.pe_combine == "concat":
-            return 2 * self.embed_size
-        return self.embed_size
+        width = 2 * self.embed_size if self.pe != "none" and self.pe_combine == "concat" else self.embed_size
+        return width + self.embed_size if self.feedback else width
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> "ModelConfig":

@@ -14,6 +14,8 @@ from gradscope.store.io import provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES
 from gradscope.store.records import AccuracyResult
 
+ITEM_NAMES = ("old", "new")  # an extended vocabulary's pretrained items and the items added to it
+
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -62,6 +64,22 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, options: 
         data["length_accuracy"] = (("checkpoint", "length"),
                                    _ratio(stack("length_correct"), stack("length_total"))[:, lengths])
         coords["length"] = lengths
+    if first.decodings:  # a feedback model: every decoding evaluated, side by side
+        correct, scored = stack("decoded_time_correct"), stack("decoded_time_scored")  # (C, D, T)
+        data["decoded_token_accuracy"] = (("checkpoint", "decoding"), _ratio(correct.sum(-1), scored.sum(-1)))
+        data["decoded_position_accuracy"] = (("checkpoint", "decoding", "time"), _ratio(correct, scored)[..., scored_times])
+        coords["decoding"] = np.asarray(first.decodings, dtype=object)
+    if first.item_time_correct is not None:  # an extended vocabulary: old and new target items
+        correct, scored = stack("item_time_correct"), stack("item_time_scored")  # (C, 2, T)
+        data["item_accuracy"] = (("checkpoint", "item"), _ratio(correct.sum(-1), scored.sum(-1)))
+        data["item_position_accuracy"] = (("checkpoint", "item", "time"), _ratio(correct, scored)[..., scored_times])
+        data["item_n"] = ("item", scored[0].sum(-1))
+        coords["item"] = np.asarray(ITEM_NAMES, dtype=object)
+        if first.grid_item_correct is not None:
+            edges = bin_edges(first.grid_item_correct.shape[-1], options["bins"])
+            binned = lambda x: np.stack([x[..., a - 1:b].sum(-1) for a, b in edges], axis=-1)  # noqa: E731
+            data["grid_item_bin_accuracy"] = (("checkpoint", "target_group", "disturbant_group", "item", "bin"),
+                                              _ratio(binned(stack("grid_item_correct")), binned(stack("grid_item_total"))))
     checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run,
                     "sha256": sha256_file(r.path) if r.path.is_file() else ""} for r in results]
     coords["sha256"] = ("checkpoint", np.asarray([c["sha256"] for c in checkpoints], dtype=object))

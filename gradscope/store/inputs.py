@@ -141,9 +141,22 @@ def load_inputs(paths: list[Path]) -> list[Input]:
     return out
 
 
+# Fields added after stores were first written, with the value a store without them had: a
+# configuration without the field and one with this value are the same configuration.
+ADDED_DEFAULTS = {"model": {"inputs": "tokens", "feedback": False}, "train": {"decoding": "none"},
+                  "task": {"dim": 0, "old_items": 0, "new_item_share": None}}
+
+
+def _filled(section: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the fields of :data:`ADDED_DEFAULTS` it lacks (a gradscope config only)."""
+    if section == "model" and "core" not in config or section != "model" and not config:
+        return config  # a wrapped model's description, or nothing recorded
+    return {**ADDED_DEFAULTS[section], **config}
+
+
 def _config_key(item: Input) -> str:
-    train = {k: v for k, v in item.train.items() if k not in NOT_CONFIG}
-    return json.dumps([item.model, item.task, train], sort_keys=True)
+    train = {k: v for k, v in _filled("train", item.train).items() if k not in NOT_CONFIG}
+    return json.dumps([_filled("model", item.model), _filled("task", item.task), train], sort_keys=True)
 
 
 # Fields that make a different configuration but not one a reader compares: never in a short label.
@@ -165,6 +178,7 @@ def _value_text(name: str, value: Any) -> str:
 
 
 def _flat(model: dict[str, Any], task: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
+    model, task, train = _filled("model", model), _filled("task", task), _filled("train", train)
     return {**{f"model.{k}": v for k, v in model.items()}, **{f"task.{k}": v for k, v in task.items()},
             **{f"train.{k}": v for k, v in train.items() if k not in NOT_CONFIG}}
 

@@ -46,6 +46,17 @@ class AccuracyResult:
     grid_bin_total: np.ndarray | None
     length_correct: np.ndarray | None
     length_total: np.ndarray | None
+    # a feedback model (paper App. B.2): the decodings evaluated, the first being the one above, and
+    # per decoding the counts per time (len(decodings), T)
+    decodings: tuple[str, ...] = ()
+    decoded_time_correct: np.ndarray | None = None
+    decoded_time_scored: np.ndarray | None = None
+    # an extended vocabulary (paper §4.2): counts per time for old and new target items (2, T), and
+    # on the grid per (target group, disturbant group, item, target position) (2, 2, 2, L)
+    item_time_correct: np.ndarray | None = None
+    item_time_scored: np.ndarray | None = None
+    grid_item_correct: np.ndarray | None = None
+    grid_item_total: np.ndarray | None = None
 
     @property
     def token_accuracy(self) -> float:
@@ -62,6 +73,36 @@ class AccuracyResult:
     @property
     def dl_distance(self) -> float:
         return float(self.sequence_dl.mean()) if self.sequence_dl.size else float("nan")
+
+
+@dataclass(frozen=True)
+class CosineResult:
+    """One checkpoint's evaluation on a vector task (paper App. B.3): the cosine similarity of
+    prediction and target per held-out sequence and time, ``cosine`` (n, T) float64, NaN where
+    unscored; per scored time (``times``, 0-based) its mean over sequences and a bootstrap interval
+    (``position_low``/``position_high``, resampling sequences)."""
+
+    path: Path
+    iteration: int
+    run: str
+    cosine: np.ndarray
+    times: np.ndarray
+    position_mean: np.ndarray
+    position_low: np.ndarray
+    position_high: np.ndarray
+
+    @property
+    def cosine_similarity(self) -> float:
+        """Mean over every scored position."""
+        values = self.cosine[np.isfinite(self.cosine)]
+        return float(values.mean()) if values.size else float("nan")
+
+    @property
+    def sequence_cosine(self) -> np.ndarray:
+        """Mean over each sequence's scored positions (n,)."""
+        scored = np.isfinite(self.cosine)
+        with np.errstate(invalid="ignore"):
+            return np.where(scored, self.cosine, 0.0).sum(1) / scored.sum(1)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,16 @@ LAYOUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                  "grid_bin_accuracy": (("checkpoint", *_GRID, "bin"), FLOAT),
                  "grid_n": ((*_GRID, "bin"), COUNT), "grid_total": ((*_GRID, "target_position"), COUNT),
                  "length_accuracy": (("checkpoint", "length"), FLOAT),
+                 "decoded_token_accuracy": (("checkpoint", "decoding"), FLOAT),
+                 "decoded_position_accuracy": (("checkpoint", "decoding", "time"), FLOAT),
+                 "item_accuracy": (("checkpoint", "item"), FLOAT), "item_n": (("item",), COUNT),
+                 "item_position_accuracy": (("checkpoint", "item", "time"), FLOAT),
+                 "grid_item_bin_accuracy": (("checkpoint", *_GRID, "item", "bin"), FLOAT),
+                 "decoding": (("decoding",), STR), "item": (("item",), STR),
+                 "cosine_similarity": (("checkpoint",), FLOAT), "position_cosine": (("checkpoint", "time"), FLOAT),
+                 "position_cosine_low": (("checkpoint", "time"), FLOAT),
+                 "position_cosine_high": (("checkpoint", "time"), FLOAT),
+                 "sequence_cosine": (("checkpoint", "sequence"), FLOAT),
                  "sequence": (("sequence",), INT), "time": (("time",), INT),
                  "target_group": (("target_group",), STR), "disturbant_group": (("disturbant_group",), STR),
                  "target_position": (("target_position",), INT), "bin": (("bin",), INT),
@@ -83,7 +93,7 @@ NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
     "summary": {"group": ("label",), "metric": ("metric",)},
 }
 REQUIRED = {"summary": ("mean", "low", "high", "n", "metric")}  # what every reader of the kind takes
-LABELS = ("pair", "member", "target_group", "disturbant_group", "gate", "block", "metric")  # unique values
+LABELS = ("pair", "member", "target_group", "disturbant_group", "gate", "block", "metric", "decoding", "item")  # unique values
 CONFIGS = ("model_config", "task_config", "train_config")
 
 

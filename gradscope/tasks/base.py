@@ -46,6 +46,7 @@ class Task:
 
     name: ClassVar[str] = "task"
     probes: ClassVar[bool] = False
+    inputs: ClassVar[str] = "tokens"  # what a position holds: token ids, or vectors (the continuous task)
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:
@@ -76,8 +77,16 @@ class Task:
         raise NotImplementedError
 
     def tokens(self, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-        """Tokens from this task's vocabulary distribution."""
-        return sample_tokens(shape, self.cfg.vocab_size, self.cfg.distribution, self.cfg.rarity, gen)
+        """Tokens from this task's vocabulary distribution (with ``new_item_share`` set: new items
+        [old_items, K) with that probability, else old ones [0, old_items), uniform within each)."""
+        cfg = self.cfg
+        share = cfg.new_item_share
+        if share is None:
+            return sample_tokens(shape, cfg.vocab_size, cfg.distribution, cfg.rarity, gen)
+        new = torch.rand(shape, generator=gen, device=gen.device) < share
+        old_tok = torch.randint(0, cfg.old_items, shape, generator=gen, device=gen.device)
+        new_tok = torch.randint(cfg.old_items, cfg.vocab_size, shape, generator=gen, device=gen.device)
+        return torch.where(new, new_tok, old_tok)
 
     def full(self, n: int, length: int, value: int, like: torch.Tensor) -> torch.Tensor:
         return torch.full((n, length), value, dtype=torch.long, device=like.device)

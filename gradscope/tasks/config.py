@@ -28,6 +28,13 @@ class TaskConfig:
     grid_per_cell: int = 16  # dual + reverse only: N sequences per (target, disturbant, position)
     hold_min: int = 60  # copy only
     hold_max: int = 100  # copy only
+    dim: int = 0  # reverse-continuous only: tokens are points of the unit sphere S^(dim−1)
+    # Vocabulary extension (paper §4.2): items 0 … old_items−1 are the pretrained ("old") ones and
+    # old_items … K−1 the new ones (0: no split). new_item_share: the probability that a position
+    # holds a new item (uniform within old and within new); None: uniform over all K items, as the
+    # paper did, i.e. a share of (K − old_items)/K.
+    old_items: int = 0
+    new_item_share: float | None = None
 
     def __post_init__(self) -> None:
         text("task", self.name, list(TASKS))
@@ -38,4 +45,14 @@ class TaskConfig:
             integer(name, getattr(self, name), low, MAX_LENGTH)
         check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
         real("rarity", self.rarity, 0.0, 1.0, above=True, below=True)
+        integer("dim", self.dim, 0, MAX_SIZE)
+        integer("old_items", self.old_items, 0, MAX_SIZE)
+        check(self.old_items < self.vocab_size,
+              f"old_items: got {self.old_items}; an extended vocabulary of {self.vocab_size} items needs fewer old ones")
+        if self.new_item_share is not None:
+            check(self.old_items > 0, "new_item_share: only an extended vocabulary (old_items > 0) has new items")
+            real("new_item_share", self.new_item_share, 0.0, 1.0)
+            check(self.distribution == "uniform",
+                  f"new_item_share: the {self.distribution} distribution has its own item frequencies; use "
+                  f"the uniform one to set the share of new items")
         TASKS[self.name].check_config(self)  # the settings only this task uses

@@ -138,6 +138,8 @@ class HeldOut:
     grid: torch.Tensor | None
 
     def exclusion_rows(self, task: Task) -> torch.Tensor:
+        if self.uniform.inputs.is_floating_point():  # vector tokens: a repeat has probability 0
+            return torch.empty(0, 0, dtype=torch.long)
         rows = [self.uniform.inputs]
         if self.grid is not None:
             rows.append(grid_batch(task, self.grid).inputs)
@@ -162,8 +164,10 @@ def check_heldout_capacity(task: Task) -> None:
 
 def build_heldout(task: Task, seed: int) -> HeldOut:
     """Held-out data drawn on the CPU from ``seed`` (so it does not depend on the device)."""
-    check_heldout_capacity(task)
     gen = torch.Generator().manual_seed(seed)
+    if task.inputs == "vectors":  # continuous draws: distinct with probability 1, no grid
+        return HeldOut(task.sample(task.cfg.heldout_size, gen), None)
+    check_heldout_capacity(task)
     uniform = sample_unique(lambda k: task.sample(k, gen), task.cfg.heldout_size)
     grid = build_grid(task, gen) if supports_grid(task) else None
     return HeldOut(uniform, grid)

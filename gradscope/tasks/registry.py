@@ -10,6 +10,7 @@ from gradscope.tasks.copy import Copy
 from gradscope.tasks.delayed_sum import DelayedSum
 from gradscope.tasks.predecessor import Predecessor
 from gradscope.tasks.reverse import Reverse
+from gradscope.tasks.reverse_continuous import ReverseContinuous
 from gradscope.tasks.reverse_variable import ReverseVariable
 from gradscope.tasks.sort import Sort
 
@@ -20,6 +21,7 @@ TASKS: dict[str, type[Task]] = {
     "delayed-sum": DelayedSum,
     "predecessor": Predecessor,
     "copy": Copy,
+    "reverse-continuous": ReverseContinuous,
 }
 
 

@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
-from gradscope.analysis.accuracy import grid_target_accuracy, sequence_accuracy, token_accuracy
+from gradscope.analysis.accuracy import grid_target_accuracy, sequence_accuracy, token_accuracy, token_correct
 from gradscope.models import SeqModel
-from gradscope.tasks import GROUP_NAMES, HeldOut, Task, grid_batch
+from gradscope.tasks.decoding import decode
+from gradscope.tasks import GROUP_NAMES, Batch, HeldOut, Task, grid_batch
 
 
 @torch.no_grad()
@@ -19,19 +20,58 @@ def predict(model: SeqModel, inputs: torch.Tensor, chunk: int = 1024) -> torch.T
     return torch.cat(out) if out else inputs.new_empty(inputs.shape)
 
 
+@torch.no_grad()
+def predict_vectors(model: SeqModel, inputs: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Point predictions (n, T, d) for vector inputs (n, T, d + 1), ``chunk`` rows at a time."""
+    device = next(model.parameters()).device
+    out = [model(inputs[i:i + chunk].to(device)).cpu() for i in range(0, inputs.shape[0], chunk)]
+    return torch.cat(out) if out else inputs.new_empty(*inputs.shape[:2], model.config.vocab_size)
+
+
+def predict_decoded(model: SeqModel, batch: Batch, decoding: str, chunk: int = 1024) -> torch.Tensor:
+    """Argmax predictions (n, T): a feedback model's output phase fed by ``decoding`` (teacher or
+    autoregressive, :mod:`gradscope.tasks.decoding`); a standard model ignores ``decoding``."""
+    if not model.config.feedback:
+        return predict(model, batch.inputs, chunk)
+    return decode(model, batch.inputs, batch.targets, decoding, chunk)
+
+
+def item_accuracy(preds: torch.Tensor, targets: torch.Tensor, old_items: int) -> dict[str, float]:
+    """Token accuracy over scored positions whose target is an old item (< old_items) or a new one."""
+    correct, scored = token_correct(preds, targets)
+    new = targets >= old_items
+    return {name: float(correct[scored & m].float().mean()) for name, m in (("old", ~new), ("new", new))}
+
+
 def evaluate_heldout(model: SeqModel, task: Task, heldout: HeldOut) -> dict[str, Any]:
-    """Token and sequence accuracy on the uniform held-out set; target accuracy per grid cell."""
+    """Token and sequence accuracy on the uniform held-out set; target accuracy per grid cell. A
+    feedback model: ``uniform`` self-fed (autoregressive), ``uniform_teacher`` ground-truth fed, the
+    grid self-fed. An extended vocabulary: ``items``, the accuracy on old and new items. Vector
+    tokens: the mean cosine similarity of prediction and target."""
     was_training = model.training
     model.eval()
     result: dict[str, Any] = {}
-    if heldout.uniform.inputs.shape[0]:
-        preds = predict(model, heldout.uniform.inputs)
-        result["uniform"] = {"n": int(heldout.uniform.inputs.shape[0]),
-                             "token_accuracy": float(token_accuracy(preds, heldout.uniform.targets)),
-                             "sequence_accuracy": float(sequence_accuracy(preds, heldout.uniform.targets))}
+    held = heldout.uniform
+    if held.targets.is_floating_point():
+        scored = ~held.targets[..., 0].isnan()
+        cos = torch.nn.functional.cosine_similarity(predict_vectors(model, held.inputs)[scored], held.targets[scored],
+                                                    dim=-1)
+        result["uniform"] = {"n": int(held.inputs.shape[0]), "cosine_similarity": float(cos.double().mean())}
+        model.train(was_training)
+        return result
+    if held.inputs.shape[0]:
+        for key, decoding in (("uniform", "autoregressive"), ("uniform_teacher", "teacher")):
+            if key == "uniform_teacher" and not model.config.feedback:
+                continue
+            preds = predict_decoded(model, held, decoding)
+            result[key] = {"n": int(held.inputs.shape[0]),
+                           "token_accuracy": float(token_accuracy(preds, held.targets)),
+                           "sequence_accuracy": float(sequence_accuracy(preds, held.targets))}
+            if task.cfg.old_items and key == "uniform":
+                result["items"] = item_accuracy(preds, held.targets, task.cfg.old_items)
     if heldout.grid is not None:
         batch = grid_batch(task, heldout.grid)
-        preds = predict(model, batch.inputs).reshape(*heldout.grid.shape[:-1], -1)
+        preds = predict_decoded(model, batch, "autoregressive").reshape(*heldout.grid.shape[:-1], -1)
         acc = grid_target_accuracy(preds, heldout.grid)  # (2, 2, L)
         result["grid"] = {f"{GROUP_NAMES[t]}/{GROUP_NAMES[d]}": float(acc[t, d].mean())
                           for t in (0, 1) for d in (0, 1)}

@@ -27,6 +27,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.guard import as_int
 from gradscope.files.publish import WRITE_ERRORS, disk_error, remove_stale_temporaries
 from gradscope.models import SeqModel
+from gradscope.tasks.decoding import decode_logits, teacher_inputs
 from gradscope.tasks import Batch, Excluder, HeldOut, Task, build_heldout, make_task, sample_excluding
 from gradscope.tasks.base import IGNORE
 from gradscope.files.checkpoint import (FORMAT, FORMAT_VERSION, checkpoint_name, heldout_to_dict, list_checkpoints,
@@ -37,6 +38,7 @@ from gradscope.files.io import atomic_save, atomic_write_text
 from gradscope.files.lock import run_lock
 from gradscope.files.rundir import (CONFIG_FILE, EVAL_FILE, METRICS_FILE, RUN_FORMAT, check_resume_state,
                                     is_run_dir, read_evaluation, read_log, read_run_config, relative_command)
+from gradscope.train.extend import NewRows, check_extension, extended_model
 from gradscope.train.schedule import lr_at
 from gradscope.files.validate import check_fits, check_training_memory
 from gradscope.version import __version__
@@ -59,6 +61,11 @@ class TrainState:
     window: torch.Tensor  # (3,) loss sum, correct, scored since the last log line
     window_steps: int
     metrics: dict[str, float]  # loss and accuracy of the last log line ({} before the first)
+    rows: NewRows | None = None  # an extension run's trainable rows (the model itself is frozen)
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """What the optimizer holds: the new rows of an extension run, else every parameter."""
+        return list((self.rows if self.rows is not None else self.model).parameters())
 
 
 def resumable(run_dir: Path) -> bool:
@@ -80,18 +87,25 @@ def discard_unstarted(run_dir: Path) -> None:
             p.unlink()
 
 
-def _fresh_state(cfg: RunConfig, device: torch.device) -> TrainState:
+def _fresh_state(cfg: RunConfig, device: torch.device, parent: Path | None = None) -> TrainState:
     heldout = build_heldout(make_task(cfg.task), cfg.train.seed)
-    torch.manual_seed(cfg.train.seed)  # model initialisation is seeded
-    model = SeqModel(cfg.model).to(device)
-    optimizer = _optimizer(cfg, model)
+    rows = None
+    if cfg.extend is not None:
+        check(parent is not None, "extend_from: an extension run starts from its parent checkpoint; give its path")
+        assert parent is not None
+        model = extended_model(cfg, parent).to(device)
+        rows = NewRows(model, cfg.task.old_items)
+    else:
+        torch.manual_seed(cfg.train.seed)  # model initialisation is seeded
+        model = SeqModel(cfg.model).to(device)
+    optimizer = _optimizer(cfg, list((rows if rows is not None else model).parameters()))
     gen = torch.Generator(device=device).manual_seed(cfg.train.seed + 1)
-    return TrainState(model, optimizer, gen, heldout, 0, torch.zeros(3, device=device), 0, {})
+    return TrainState(model, optimizer, gen, heldout, 0, torch.zeros(3, device=device), 0, {}, rows)
 
 
-def _optimizer(cfg: RunConfig, model: SeqModel) -> torch.optim.Adam:
+def _optimizer(cfg: RunConfig, params: list[torch.nn.Parameter]) -> torch.optim.Adam:
     t = cfg.train
-    return torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=0.0)
+    return torch.optim.Adam(params, lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=0.0)
 
 
 def _checkpoint(cfg: RunConfig, state: TrainState) -> dict[str, Any]:
@@ -119,9 +133,13 @@ def _resumed_state(cfg: RunConfig, run_dir: Path, device: torch.device) -> tuple
     what = f"resume: {found[-1]}"
     check(loaded.config == cfg, f"{what} was written with another configuration than {run_dir / CONFIG_FILE}")
     model = loaded.model.to(device).train()
-    optimizer = _optimizer(cfg, model)
-    resume = check_resume_state(loaded.raw, cfg, loaded.iteration, optimizer.state_dict(), list(model.parameters()),
-                                device, what)
+    rows = None
+    if cfg.extend is not None:
+        check_extension(cfg, model)
+        rows = NewRows(model.requires_grad_(False), cfg.task.old_items)
+    params = list((rows if rows is not None else model).parameters())
+    optimizer = _optimizer(cfg, params)
+    resume = check_resume_state(loaded.raw, cfg, loaded.iteration, optimizer.state_dict(), params, device, what)
     log = read_log(run_dir, cfg, loaded.iteration)
     evaluation = read_evaluation(run_dir)
     check(evaluation is None or evaluation["iteration"] == loaded.iteration == cfg.train.iterations,
@@ -132,13 +150,29 @@ def _resumed_state(cfg: RunConfig, run_dir: Path, device: torch.device) -> tuple
     gen.set_state(resume.data_rng)
     torch.set_rng_state(resume.torch_rng)
     state = TrainState(model, optimizer, gen, loaded.heldout, loaded.iteration, resume.window.to(device),
-                       resume.window_steps, resume.metrics)
+                       resume.window_steps, resume.metrics, rows)
     return state, log
 
 
-def loss_and_correct(model: SeqModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training objective on one batch: (mean cross-entropy over scored positions, # right, # scored)."""
-    logits = model(batch.inputs)  # (B, T, K)
+def loss_and_correct(model: SeqModel, batch: Batch, decoding: str = "none",
+                     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training objective on one batch: (mean cross-entropy over scored positions, # right, # scored).
+    Vector targets (B, T, d) (the continuous task; NaN where unscored): (mean 1 − cosine similarity,
+    sum of cosine similarities, # scored). ``decoding``: how a feedback model's output phase is fed
+    (:mod:`gradscope.tasks.decoding`); ``forward``: the model's map inputs → logits (default: the
+    model itself; an extension run splices its trainable rows in)."""
+    forward = model if forward is None else forward
+    if batch.targets.is_floating_point():
+        scored = ~batch.targets[..., 0].isnan()  # (B, T)
+        cos = torch.nn.functional.cosine_similarity(forward(batch.inputs)[scored], batch.targets[scored], dim=-1)
+        return (1 - cos).mean(), cos.detach().sum(), scored.sum()
+    if decoding == "teacher":
+        logits = forward(teacher_inputs(batch.inputs, batch.targets, model.config.vocab_size))  # (B, T, K)
+    elif decoding == "autoregressive":
+        logits = decode_logits(model, batch.inputs, batch.targets, "autoregressive")
+    else:
+        logits = forward(batch.inputs)  # (B, T, K)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
     scored = batch.targets != IGNORE
     correct = ((logits.argmax(-1) == batch.targets) & scored).sum()
@@ -146,10 +180,12 @@ def loss_and_correct(model: SeqModel, batch: Batch) -> tuple[torch.Tensor, torch
 
 
 def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: int | None = None,
-          on_step: StepCallback | None = None, command: str = "") -> dict[str, Any]:
+          on_step: StepCallback | None = None, command: str = "", extend_from: Path | None = None) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the held-out evaluation when finished
     (an empty dict if ``stop_after`` stopped it early). ``on_step(iteration, log)`` is called after
     every iteration, with the logged metrics on logging iterations and None otherwise.
+    ``extend_from``: the parent checkpoint of an extension run (``cfg.extend``; see
+    :func:`gradscope.train.extend.extension_config`), needed to start it, not to resume it.
 
     Everything is checked before the directory is touched: the device, that the model fits the
     task, that model, optimizer, batch and held-out data fit in memory, and on resume every file
@@ -176,16 +212,17 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
             state, log = _resumed_state(cfg, run_dir, device)
             atomic_write_text(run_dir / METRICS_FILE, log, what="resume")  # the redone iterations' lines go
         else:
-            state = _started_state(cfg, run_dir, device, command)
+            state = _started_state(cfg, run_dir, device, command, extend_from)
         return _run(cfg, task, run_dir, state, stop_after, on_step, device)
 
 
-def _started_state(cfg: RunConfig, run_dir: Path, device: torch.device, command: str) -> TrainState:
+def _started_state(cfg: RunConfig, run_dir: Path, device: torch.device, command: str,
+                   parent: Path | None = None) -> TrainState:
     """A fresh run: the state at iteration 0, in a new (or empty) directory holding its config."""
     if run_dir.is_dir() and any(run_dir.iterdir()):
         raise GradscopeError(f"run directory: {run_dir} already exists and is not empty; pass --resume "
                              f"to continue it, or choose a new directory")
-    state = _fresh_state(cfg, device)
+    state = _fresh_state(cfg, device, parent)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -229,6 +266,8 @@ def _run(cfg: RunConfig, task: Task, run_dir: Path, state: TrainState, stop_afte
     t = cfg.train
     end = t.iterations if stop_after is None else min(t.iterations, state.iteration + stop_after)
     model, opt = state.model.train(), state.optimizer
+    trainable = state.trainable()
+    forward = state.rows.forward_fn(model) if state.rows is not None else None
     tic, tic_steps = time.perf_counter(), 0
     log_path = run_dir / METRICS_FILE
     # enable_grad: never inherit a caller's (or an earlier task on this worker thread's) no_grad
@@ -238,12 +277,14 @@ def _run(cfg: RunConfig, task: Task, run_dir: Path, state: TrainState, stop_afte
             for group in opt.param_groups:
                 group["lr"] = lr
             batch = sample_excluding(task, t.batch_size, state.data_gen, excluder)
-            loss, correct, scored = loss_and_correct(model, batch)
+            loss, correct, scored = loss_and_correct(model, batch, t.decoding, forward)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if t.clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
+                torch.nn.utils.clip_grad_norm_(trainable, t.clip)
             opt.step()
+            if state.rows is not None:
+                state.rows.write_back(model)
             state.iteration += 1
             state.window += torch.stack([loss.detach(), correct.float(), scored.float()])
             state.window_steps += 1

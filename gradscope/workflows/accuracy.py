@@ -11,31 +11,44 @@ import numpy as np
 import torch
 import xarray as xr
 
-from gradscope.analysis.accuracy import (bins_arg, binned_counts, grid_counts, length_counts,
+from gradscope.analysis.accuracy import (bins_arg, binned_counts, grid_counts, grid_item_counts, length_counts,
                                          token_correct)
+from gradscope.analysis.bootstrap import MAX_RESAMPLES
+from gradscope.analysis.cosine import cosine_similarity, position_mean_ci
 from gradscope.analysis.distance import sequence_dl_distances
 from gradscope.errors import check
+from gradscope.fields import one_of
+from gradscope.guard import as_int
 from gradscope.config import RunConfig
 from gradscope.store.accuracy import accuracy_dataset
 from gradscope.store.parts import record_checkpoint_configs
-from gradscope.store.records import AccuracyResult
-from gradscope.tasks import ReverseVariable, grid_batch, make_task
+from gradscope.store.cosine import cosine_dataset
+from gradscope.store.records import AccuracyResult, CosineResult
+from gradscope.tasks import Batch, ReverseVariable, grid_batch, make_task
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
-from gradscope.train.evaluate import predict
+from gradscope.train.evaluate import predict, predict_decoded, predict_vectors
 from gradscope.workflows.common import (MAX_COUNT, as_count, checkpoint_sources, config_attrs, expand_checkpoints,
                                         load_source)
+
+DECODING_CHOICES = ("both", "autoregressive", "teacher")
 
 
 @dataclass(frozen=True)
 class AccuracyOptions:
     """Each field is named as its ``gradscope accuracy`` flag. ``grid``: None = evaluate the grid when
-    the checkpoint has one; True = require it, False = skip it. ``batch_size``: sequences per forward pass."""
+    the checkpoint has one; True = require it, False = skip it. ``batch_size``: sequences per forward pass.
+    ``decoding`` (feedback models, paper App. B.2): both = self-fed (autoregressive, the main
+    figures) and ground-truth fed (teacher) side by side, or one of them. ``resamples``: bootstrap
+    resamples of the per-position cosine-similarity intervals (vector tasks), seeded by ``seed``."""
 
     bins: int | tuple[int, ...] = 4
     grid: bool | None = None
     device: str = "auto"
     batch_size: int = 1024
+    decoding: str = "both"
+    resamples: int = 10_000
+    seed: int = 0
     chunk: InitVar[int | None] = None  # batch_size's name before issue #24 (a keyword only; read batch_size)
 
     def __post_init__(self, chunk: int | None) -> None:
@@ -43,28 +56,77 @@ class AccuracyOptions:
             warnings.warn("AccuracyOptions(chunk=…) is now batch_size=…, as its flag", DeprecationWarning, stacklevel=3)
             object.__setattr__(self, "batch_size", chunk)
         object.__setattr__(self, "batch_size", as_count(self.batch_size, "batch_size", 1, MAX_COUNT))
+        one_of("decoding", self.decoding, DECODING_CHOICES)
+        as_int(self.resamples, "resamples", 1, MAX_RESAMPLES)
+        as_int(self.seed, "seed", 0, 2**63 - 1)
+
+
+def decodings_for(loaded: Loaded, opts: AccuracyOptions) -> tuple[str, ...]:
+    """The decodings to evaluate: () for a standard model (``decoding`` must then be both)."""
+    if not loaded.model.config.feedback:
+        check(opts.decoding == "both", f"decoding: got {opts.decoding!r}, but {loaded.path} is a standard model "
+                                       f"(no feedback input); decoding applies to models trained with --decoding")
+        return ()
+    return ("autoregressive", "teacher") if opts.decoding == "both" else (opts.decoding,)
+
+
+def evaluate_vectors(loaded: Loaded, opts: AccuracyOptions, device: torch.device) -> CosineResult:
+    """Cosine similarity of point predictions and targets on the held-out set of a vector task,
+    per sequence and time, with a bootstrap interval of its mean per scored time."""
+    decodings_for(loaded, opts)  # a vector model has no feedback input: no decoding to choose
+    model = loaded.model.to(device)
+    held = loaded.heldout.uniform
+    cos = cosine_similarity(predict_vectors(model, held.inputs, opts.batch_size), held.targets).numpy()  # (n, T)
+    model.to("cpu")
+    times = np.flatnonzero(np.isfinite(cos).any(0))
+    mean, low, high = position_mean_ci(cos[:, times], resamples=opts.resamples, seed=opts.seed)
+    return CosineResult(loaded.path, loaded.iteration, loaded.path.parent.name, cos, times, mean, low, high)
+
+
+def _predict(model: torch.nn.Module, batch: Batch, decoding: str, chunk: int) -> torch.Tensor:
+    """Argmax predictions (n, T): the standard model's :func:`predict`, a feedback model's decoded."""
+    return predict(model, batch.inputs, chunk) if decoding == "none" else predict_decoded(model, batch, decoding, chunk)
 
 
 def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.device) -> AccuracyResult:
-    """Predictions on the uniform held-out set and (if present) the frequency grid."""
+    """Predictions on the uniform held-out set and (if present) the frequency grid; a feedback
+    model's under each decoding of :func:`decodings_for` (the first is the main one); an extended
+    vocabulary's also per old and new target item."""
     task = make_task(loaded.config.task)
+    decodings = decodings_for(loaded, opts)
     model = loaded.model.to(device)
     held = loaded.heldout
     if opts.grid:
         check(held.grid is not None,
               f"grid: {loaded.path} has no frequency grid (its vocabulary is {loaded.config.task.distribution}; "
               f"grids exist for dual-frequency reverse runs)")
-    inputs, targets = held.uniform.inputs, held.uniform.targets
-    preds = predict(model, inputs, opts.batch_size)
+    targets = held.uniform.targets
+    main = decodings[0] if decodings else "none"
+    preds = _predict(model, held.uniform, main, opts.batch_size)
     correct, scored = token_correct(preds, targets)
+    extra: dict[str, Any] = {}
+    if decodings:
+        counts = [token_correct(_predict(model, held.uniform, d, opts.batch_size) if d != main else preds, targets)
+                  for d in decodings]
+        extra.update(decodings=decodings, decoded_time_correct=np.stack([c.sum(0).numpy() for c, _ in counts]),
+                     decoded_time_scored=np.stack([s.sum(0).numpy() for _, s in counts]))
+    old = loaded.config.task.old_items
+    if old:
+        new = targets >= old
+        extra.update(item_time_correct=np.stack([(correct & m).sum(0).numpy() for m in (~new, new)]),
+                     item_time_scored=np.stack([(scored & m).sum(0).numpy() for m in (~new, new)]))
     lengths = None
     if isinstance(task, ReverseVariable):
         lc, lt = length_counts(preds, targets)
         lengths = (lc.numpy(), lt.numpy())
     grid = None
     if held.grid is not None and opts.grid is not False:
-        gpreds = predict(model, grid_batch(task, held.grid).inputs, opts.batch_size).reshape(*held.grid.shape[:-1], -1)
+        gpreds = _predict(model, grid_batch(task, held.grid), main, opts.batch_size)
+        gpreds = gpreds.reshape(*held.grid.shape[:-1], -1)
         gc, gt = grid_counts(gpreds, held.grid)
+        if old:
+            ic, it = grid_item_counts(gpreds, held.grid, old)
+            extra.update(grid_item_correct=ic.numpy(), grid_item_total=it.numpy())
         bc, bt = binned_counts(gc, gt, bins_arg(opts.bins))
         grid = (gc.numpy(), gt.numpy(), bc.numpy(), bt.numpy())
     model.to("cpu")
@@ -73,7 +135,7 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
         correct.sum(1).numpy(), scored.sum(1).numpy(), sequence_dl_distances(preds, targets).astype(np.float64),
         correct.sum(0).numpy(), scored.sum(0).numpy(),
         *(grid if grid is not None else (None,) * 4),
-        *(lengths if lengths is not None else (None, None)),
+        *(lengths if lengths is not None else (None, None)), **extra,
     )
 
 
@@ -82,15 +144,19 @@ class AccuracyRun:
     """A finished accuracy evaluation over checkpoints; :meth:`to_xarray` gives the accuracy store's dataset."""
 
     config: RunConfig  # of the first checkpoint
-    results: list[AccuracyResult]
+    results: list[AccuracyResult] | list[CosineResult]
     options: AccuracyOptions
     command: str = ""
     device: str = "cpu"
     configs: tuple[dict[str, Any], ...] = ()  # each checkpoint's config attributes (config_attrs)
 
     def to_xarray(self) -> xr.Dataset:
-        options = {"bins": bins_arg(self.options.bins), "grid": self.options.grid}
-        ds = accuracy_dataset(self.results, self.config, options, self.command, self.device)
+        options = {"bins": bins_arg(self.options.bins), "grid": self.options.grid, "decoding": self.options.decoding}
+        if self.results and isinstance(self.results[0], CosineResult):
+            options = {"resamples": self.options.resamples, "seed": self.options.seed}
+            ds = cosine_dataset(self.results, self.config, options, self.command, self.device)  # type: ignore[arg-type]
+        else:
+            ds = accuracy_dataset(self.results, self.config, options, self.command, self.device)  # type: ignore[arg-type]
         return record_checkpoint_configs(ds, self.configs)
 
 
@@ -111,7 +177,8 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
             check(loaded.config.task == config.task,
                   f"checkpoint: {loaded.path} was trained on a different task than the first; evaluate it separately")
         config = config or loaded.config
-        results.append(evaluate_checkpoint(loaded, opts, device))
+        vectors = loaded.config.model.inputs == "vectors"
+        results.append(evaluate_vectors(loaded, opts, device) if vectors else evaluate_checkpoint(loaded, opts, device))
         configs.append(config_attrs(loaded.config))
         del loaded
         if on_progress is not None:
@@ -122,7 +189,7 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
 
 
 def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None = None, device: str = "auto",
-             batch_size: int = 1024) -> xr.Dataset:
+             batch_size: int = 1024, decoding: str = "both", resamples: int = 10_000, seed: int = 0) -> xr.Dataset:
     """Accuracy on the held-out sets (SPEC §5) as an xarray Dataset with the variables of an accuracy
     store: token, sequence and Damerau–Levenshtein accuracy per checkpoint, and the frequency grid
     by target position when the checkpoint has one. Options are named as ``gradscope accuracy``'s flags.
@@ -131,5 +198,8 @@ def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None 
     or a :class:`~gradscope.files.checkpoint.Loaded` (not read again). A model of your own has no
     held-out set: evaluate it in your own code.
     bins: the grid's target-position bins, a count (4 = quarters) or 0-based edges.
+    decoding: a feedback model's decodings (both, autoregressive, teacher). A vector task's store holds
+    cosine similarity per position with bootstrap CIs (resamples, seed).
     """
-    return run_accuracy(checkpoint_sources(source), AccuracyOptions(bins, grid, device, batch_size)).to_xarray()
+    opts = AccuracyOptions(bins, grid, device, batch_size, decoding, resamples, seed)
+    return run_accuracy(checkpoint_sources(source), opts).to_xarray()

@@ -31,6 +31,9 @@ from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import probe_tasks
 from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
+from gradscope.tasks import make_task
+from gradscope.tasks.config import TaskConfig
+from gradscope.tasks.vector_probes import TABLE_SIZE, vector_probe_model
 
 # Names the options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
 RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
@@ -121,6 +124,12 @@ def result_bytes(triplets: int, length: int, checkpoints: int, top_sv: int) -> i
     return triplets * (2 * 3 * 2 * length * 8 + 2 * checkpoints * (2 * values + 3 * top_sv) * 8)
 
 
+def probe_vocab(task: TaskConfig) -> int:
+    """How many probe token ids a task's models read: K, or for vector tokens the size of the
+    table of sphere points the ids index (:mod:`gradscope.tasks.vector_probes`)."""
+    return TABLE_SIZE if make_task(task).inputs == "vectors" else task.vocab_size
+
+
 def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) -> Probes:
     """The probes for ``first``'s task: read from ``opts.probes`` or generated, checked against
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
@@ -136,8 +145,8 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     else:
         conditions = conditions_for(task, opts.target_freq, opts.disturbant)
         check_bytes(result_bytes(len(conditions) * opts.triplets, length, checkpoints, kept), "triplets")
-        probes = make_probes(opts.triplets, length, opts.target_pos, task.vocab_size, conditions, opts.seed)
-    check_probes_fit(probes, task.vocab_size, length)
+        probes = make_probes(opts.triplets, length, opts.target_pos, probe_vocab(task), conditions, opts.seed)
+    check_probes_fit(probes, probe_vocab(task), length)
     check_bytes(result_bytes(len(probes), length, checkpoints, kept), "probes")
     return probes
 
@@ -213,7 +222,7 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
         probes = build_probes(loaded, opts, len(files))
     else:
         probes = validate_probes(probes)
-        check_probes_fit(probes, task.vocab_size, task.length)
+        check_probes_fit(probes, probe_vocab(task), task.length)
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files) * len(probes))
@@ -225,6 +234,8 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
         check(loaded.config.task.vocab_size == task.vocab_size and loaded.config.task.length == task.length,
               f"checkpoint: {path} has a different vocabulary or length than {first}; analyse it separately")
         model = loaded.model.to(device)
+        if loaded.config.model.inputs == "vectors":  # probe ids index a seeded table of sphere points
+            model = vector_probe_model(model, opts.seed)
         result = probe_stability(model, probes, opts.target_pos, method=opts.method, chunk=opts.batch_size,
                                  top_sv=opts.sv, on_chunk=on_progress)
         run = path.parent.name if path.parent != Path("") else ""
