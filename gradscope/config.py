@@ -43,6 +43,8 @@ class TaskConfig:
     grid_per_cell: int = 16  # dual + reverse only: N sequences per (target, disturbant, position)
     hold_min: int = 60  # copy only
     hold_max: int = 100  # copy only
+    corpus: str = ""  # lm only: the corpus directory (gradscope corpus prepare)
+    corpus_sha256: str = ""  # lm only: the sha256 of that corpus's manifest (its identity)
 
     def __post_init__(self) -> None:
         text("task", self.name, list(TASKS))
@@ -53,6 +55,8 @@ class TaskConfig:
             integer(name, getattr(self, name), low, MAX_LENGTH)
         check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
         real("rarity", self.rarity, 0.0, 1.0, above=True, below=True)
+        for name in ("corpus", "corpus_sha256"):
+            check(isinstance(getattr(self, name), str), f"{name}: got {shown(getattr(self, name))}; expected text")
         TASKS[self.name].check_config(self)  # the settings only this task uses
 
 

@@ -9,7 +9,7 @@ from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.models import core_class
 from gradscope.models.registry import CORES, core_options
-from gradscope.tasks import make_task
+from gradscope.tasks import TASKS, make_task
 
 PRESETS: dict[str, RunConfig] = {
     # About a minute on 2 CPU cores: dual-frequency reverse, small GRU.
@@ -77,7 +77,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "task": ("task", "name"), "vocab": ("task", "vocab_size"), "length": ("task", "length"),
     "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
     "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
-    "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"),
+    "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"), "corpus": ("task", "corpus"),
     "iterations": ("train", "iterations"), "batch_size": ("train", "batch_size"), "lr": ("train", "lr"),
     "warmup": ("train", "warmup"), "eps": ("train", "eps"), "clip": ("train", "clip"),
     "checkpoint_every": ("train", "checkpoint_every"), "log_every": ("train", "log_every"),
@@ -131,7 +131,15 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
         b1, b2 = base.train.betas
         sections["train"]["betas"] = tuple(b if options.get(k) is None else _checked(k, options[k], b)
                                            for k, b in (("beta1", b1), ("beta2", b2)))
+    name = sections["task"].get("name", base.task.name)
+    if name in TASKS and TASKS[name].default_length is not None:
+        sections["task"].setdefault("length", TASKS[name].default_length)
     task = dataclasses.replace(base.task, **sections["task"])
+    if task.name in TASKS:
+        given = sections["task"].get("vocab_size")
+        task = TASKS[task.name].resolve(task)
+        check(given is None or given == task.vocab_size,
+              f"vocab: got {given}; the {task.name} task's corpus has {task.vocab_size} tokens (leave --vocab out)")
     sections["model"].setdefault("vocab_size", make_task(task).num_classes)
     sections["model"].setdefault("max_len", max(base.model.max_len, make_task(task).total_len))
     sections["model"]["core_config"] = dataclasses.replace(own, **sections["core"])

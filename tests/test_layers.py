@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"gradscope": ROOT / "gradscope"}  # cli/ and reports/ live under it, as they install
 # layer rank: a module may import only from its own layer or lower ones
 RANK = {"cli": 6, "reports": 6, "workflows": 5, "store": 4, "train": 4, "analysis": 3, "presets": 2,
-        "models": 1, "tasks": 1, "config": 1, "fields": 0, "guard": 0, "errors": 0, "version": 0}
+        "models": 1, "tasks": 1, "corpus": 1, "config": 1, "fields": 0, "guard": 0, "errors": 0, "version": 0}
 
 
 PACKAGE_NAMES: set[str] = set()

@@ -138,6 +138,8 @@ class HeldOut:
     grid: torch.Tensor | None
 
     def exclusion_rows(self, task: Task) -> torch.Tensor:
+        if task.disjoint_heldout:
+            return self.uniform.inputs[:0]
         rows = [self.uniform.inputs]
         if self.grid is not None:
             rows.append(grid_batch(task, self.grid).inputs)
@@ -161,7 +163,11 @@ def check_heldout_capacity(task: Task) -> None:
 
 
 def build_heldout(task: Task, seed: int) -> HeldOut:
-    """Held-out data drawn on the CPU from ``seed`` (so it does not depend on the device)."""
+    """Held-out data drawn on the CPU from ``seed`` (so it does not depend on the device), or the
+    task's own fixed held-out set."""
+    fixed = task.heldout_batch()
+    if fixed is not None:
+        return HeldOut(fixed, None)
     check_heldout_capacity(task)
     gen = torch.Generator().manual_seed(seed)
     uniform = sample_unique(lambda k: task.sample(k, gen), task.cfg.heldout_size)

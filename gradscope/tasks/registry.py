@@ -8,6 +8,7 @@ from __future__ import annotations
 from gradscope.tasks.base import Task
 from gradscope.tasks.copy import Copy
 from gradscope.tasks.delayed_sum import DelayedSum
+from gradscope.tasks.lm import LanguageModel
 from gradscope.tasks.predecessor import Predecessor
 from gradscope.tasks.reverse import Reverse
 from gradscope.tasks.reverse_variable import ReverseVariable
@@ -20,6 +21,7 @@ TASKS: dict[str, type[Task]] = {
     "delayed-sum": DelayedSum,
     "predecessor": Predecessor,
     "copy": Copy,
+    "lm": LanguageModel,
 }
 
 
