@@ -22,6 +22,8 @@ from gradscope.tasks import ReverseVariable, grid_batch, make_task
 from gradscope.train.checkpoint import Loaded, load_checkpoint
 from gradscope.train.device import resolve_device
 from gradscope.train.evaluate import predict
+from gradscope.tasks.lm import LanguageModel
+from gradscope.workflows.lm import evaluate_lm_checkpoint
 from gradscope.workflows.stability import config_attrs, expand_checkpoints
 
 
@@ -33,11 +35,14 @@ class AccuracyOptions:
     grid: bool | None = None
     device: str = "auto"
     chunk: int = 1024
+    corpus: str | None = None  # lm checkpoints: read this corpus directory instead of the recorded one
 
 
 def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.device) -> AccuracyResult:
     """Predictions on the uniform held-out set and (if present) the frequency grid."""
     task = make_task(loaded.config.task)
+    if isinstance(task, LanguageModel):  # perplexity on the corpus's test split
+        return evaluate_lm_checkpoint(loaded, device, opts.corpus)
     model = loaded.model.to(device)
     held = loaded.heldout
     if opts.grid:
