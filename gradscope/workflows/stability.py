@@ -29,7 +29,8 @@ from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_
                                     read_probe_arrays, validate_probes)
 from gradscope.train.checkpoint import Loaded, load_checkpoint, resolve_checkpoints
 from gradscope.train.device import resolve_device
-from gradscope.tasks.registry import probe_tasks
+from gradscope.tasks.registry import TASKS, probe_tasks
+from gradscope.workflows.lm import PROBE_GROUPS, TEXT, lm_probes, lm_task
 
 MAX_SEED = 2**63 - 1
 MAX_COUNT = 2**31 - 1  # sizes, positions and counts of options: beyond this none fits in memory anyway
@@ -143,6 +144,18 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     """The probes for ``first``'s task: read from ``opts.probes_file`` or generated, checked against
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
     task = first.config.task
+    if TASKS[task.name].corpus_probes:  # lm: triplets of real text from the corpus's test split
+        check(opts.probes_file is None, "probes_file: lm checkpoints draw their probes from their corpus")
+        check(set(opts.disturbant_groups) <= {TEXT},
+              f"disturbant_groups: got {', '.join(opts.disturbant_groups)}; on lm checkpoints the disturbants are "
+              f"the corpus's own text ({TEXT})")
+        lm = lm_task(first)
+        length = opts.length or task.length
+        groups = opts.target_groups or PROBE_GROUPS
+        check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
+        return lm_probes(lm, opts.triplets, opts.position, length, groups, opts.seed)
+    check(opts.length is None, "length: sets the probe length of lm checkpoints (or with token_counts, of your "
+                               "own model); other gradscope checkpoints use their task's L")
     check(task.name in probe_tasks(),
           f"checkpoint: its task is {task.name!r}; stability probes are defined for "
           f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
@@ -233,11 +246,13 @@ def run_stability(paths: list[Path], opts: StabilityOptions,
     device = resolve_device(opts.device)
     loaded = load_checkpoint(files[0])
     task = loaded.config.task
+    text = TASKS[task.name].corpus_probes  # lm: probe rows start with the start token; no output phase
     if probes is None:
         probes = build_probes(loaded, opts, len(files))
     else:
         probes = validate_probes(probes)
-        check_probes_fit(probes, task.vocab_size, task.length)
+        check_probes_fit(probes, task.vocab_size + text, probes.length if text else task.length)
+    position, output_phase = (opts.position + 1, None) if text else (opts.position, "query")
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files) * len(probes))
@@ -248,8 +263,8 @@ def run_stability(paths: list[Path], opts: StabilityOptions,
         check(loaded.config.task.vocab_size == task.vocab_size and loaded.config.task.length == task.length,
               f"checkpoint: {path} has a different vocabulary or length than {files[0]}; analyse it separately")
         model = loaded.model.to(device)
-        result = probe_stability(model, probes, opts.position, method=opts.method, chunk=opts.chunk,
-                                 top_sv=opts.top_sv, on_chunk=on_progress)
+        result = probe_stability(model, probes, position, method=opts.method, chunk=opts.chunk,
+                                 top_sv=opts.top_sv, on_chunk=on_progress, output_phase=output_phase)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(CheckpointResult(path, loaded.iteration, run, result))
         configs.append(config_attrs(loaded.config))
