@@ -135,3 +135,46 @@ def lm_probes(task: LanguageModel, n: int, position: int, length: int, groups: t
         labels += [g] * n
     return Probes(torch.cat(out), tuple(labels), (TEXT,) * len(labels))
 
+
+
+def lm_sequences(task: LanguageModel, n: int, seed: int) -> torch.Tensor:
+    """``n`` model input rows (n, L) of test paragraphs with at least L − 1 tokens (the start token,
+    then the paragraph), drawn without replacement (with, if fewer exist) by ``default_rng(seed)``:
+    the dynamics workflow's probe sequences on an lm checkpoint."""
+    test = task.corpus.splits["test"]
+    length = task.cfg.length
+    eligible = np.flatnonzero(test.lengths >= length - 1)
+    check(eligible.size >= 1, f"sequences: the test split has no paragraph of at least {length - 1} tokens")
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(eligible, n, replace=eligible.size < n)
+    return task.rows("test", pick, width=length).inputs
+
+
+def lm_token_classes(tokens: torch.Tensor, task: LanguageModel) -> np.ndarray:
+    """'frequent' / 'rare' (halves of the token types by train count) or 'start' per token id."""
+    klass = _class_of(task.corpus)
+    t = tokens.numpy()
+    out = np.where(klass[np.minimum(t, task.num_classes - 1)] == 0, "frequent", "rare").astype(object)
+    out[t == task.query] = "start"
+    return out
+
+
+@torch.no_grad()
+def lm_trajectories(model: torch.nn.Module, task: LanguageModel, steps: int, n: int, seed: int) -> torch.Tensor:
+    """Core inputs (n, steps, in) of long trajectories on real text: consecutive test paragraphs
+    (each its start token then its first L − 1 tokens, PE restarting with each) back to back, from
+    a start paragraph drawn by ``default_rng(seed)``, wrapping round the split."""
+    test = task.corpus.splits["test"]
+    device = next(model.parameters()).device
+    rng = np.random.default_rng(seed)
+    out = []
+    for start in rng.integers(0, len(test), n):
+        parts, have, i = [], 0, int(start)
+        while have < steps:
+            batch = task.rows("test", np.array([i % len(test)]))
+            x = model.core_inputs(batch.inputs.to(device))[0]  # (m, in): every column is a real token
+            parts.append(x)
+            have += x.shape[0]
+            i += 1
+        out.append(torch.cat(parts)[:steps])
+    return torch.stack(out)
