@@ -72,7 +72,7 @@ class Split:
         return np.diff(self.offsets)
 
     def paragraph(self, i: int) -> np.ndarray:
-        return np.asarray(self.tokens[self.offsets[i]:self.offsets[i + 1]])
+        return np.array(self.tokens[self.offsets[i]:self.offsets[i + 1]])  # a copy, not a view of the map
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _checked_split(path: Path, name: str, info: Any, vocab: int) -> Split:
 
 
 @functools.lru_cache(maxsize=8)
-def _open(path: Path, stamp: tuple[int, int]) -> Corpus:
+def _open(path: Path, stamp: tuple[tuple[str, int, int, int], ...]) -> Corpus:
     manifest, sha = _manifest(path)
     vocab = manifest.get("vocab_size")
     check(isinstance(vocab, int) and vocab >= 2, f"corpus: {path / MANIFEST} has no valid vocab_size")
@@ -161,15 +161,20 @@ def _open(path: Path, stamp: tuple[int, int]) -> Corpus:
 
 
 def open_corpus(path: str | Path) -> Corpus:
-    """Open and validate a corpus directory (cached per path and manifest modification time)."""
+    """Open and validate a corpus directory. Opened corpora are cached per path and the (inode,
+    size, modification time) of every file in it, so a changed file is validated afresh. (A file
+    truncated in place while a corpus object that maps it is alive cannot be detected: memory maps
+    share the file.)"""
     path = Path(path).resolve()
-    manifest = path / MANIFEST
-    try:
-        st = manifest.stat()
-        stamp = (st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = (0, 0)
-    return _open(path, stamp)
+    stamp: list[tuple[str, int, int, int]] = []
+    if path.is_dir():
+        for p in sorted(path.iterdir()):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            stamp.append((p.name, st.st_ino, st.st_size, st.st_mtime_ns))
+    return _open(path, tuple(stamp))
 
 
 def frequency_ranks(counts: np.ndarray) -> np.ndarray:
