@@ -14,7 +14,7 @@ import torch
 
 from gradscope.analysis.lm import FREQ_LABELS, position_edges
 from gradscope.cli.app import app
-from gradscope.config import ModelConfig, RunConfig, TrainConfig
+from gradscope.config import RunConfig
 from gradscope.corpus import (CorpusSettings, decode_ids, encode_text, frequency_bins, is_heading, open_corpus,
                               paragraphs, prepare_corpus)
 from gradscope.errors import GradscopeError
@@ -196,6 +196,9 @@ def test_cli_train_accuracy_summarize_stability(corpus_dir: Path, tmp_path: Path
                             "acc-sinusoidal-2.zarr", "--by", "pe", "--compare", "pe"])
     assert r.exit_code == 0, r.stderr
     assert "perplexity/rare" in r.stdout and "perplexity/frequent" in r.stdout
+    r = runner.invoke(app, ["report", "acc-none-1.zarr", "acc-sinusoidal-1.zarr", "-o", "report.html"])
+    assert r.exit_code == 0, r.stderr
+    assert "Language model: perplexity by token frequency and position" in Path("report.html").read_text()
     r = runner.invoke(app, ["stability", "run-none-1", "--target-pos", "2", "--length", "8", "--triplets", "3",
                             "-o", "st.zarr", "-q"])
     assert r.exit_code == 0, r.stderr
