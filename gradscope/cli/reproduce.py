@@ -90,7 +90,7 @@ def reproduce_command(
     corpus_text: Annotated[Optional[Path], Opt(help="--study lm --scale paper: your WikiText-103 wiki.train.raw (nothing is downloaded).")] = None,
     valid_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.valid.raw.")] = None,
     test_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.test.raw.")] = None,
-    target_pos: Annotated[int, Opt("--target-pos", help="--study lm: the stability probes' target position (paragraph token, 1-based).")] = 8,
+    target_pos: Annotated[int, Opt("--target-pos", help="--study lm: the stability probes' target position (paragraph token, 1-based).")] = 16,
     probe_length: Annotated[int, Opt(help="--study lm: the stability probe rows' length (start token included).")] = 32,
     models: Annotated[str, Opt(help="Comma-separated cores (names in the core registry; the study of the docs ran gru, lstm, s4d, mingru and mamba).")] = "gru,lstm,s4d",
     seeds: Annotated[Optional[str], Opt(help="Comma-separated training seeds (trials). Default: 1,2,3 (lm: 111,222,333 tiny, 111–555 paper).")] = None,
