@@ -203,6 +203,13 @@ def test_cli_train_accuracy_summarize_stability(corpus_dir: Path, tmp_path: Path
                             "-o", "st.zarr", "-q"])
     assert r.exit_code == 0, r.stderr
     assert "frequent/text" in r.stdout and "rare/text" in r.stdout
+    r = runner.invoke(app, ["dynamics", "run-sinusoidal-1", "--sequences", "2", "--steps", "20", "--trajectories", "1",
+                            "-o", "dyn.zarr", "-q"])
+    assert r.exit_code == 0, r.stderr
+    dyn = xr.open_zarr("dyn.zarr", consolidated=False)
+    classes = set(np.asarray(dyn["token_class"].values).ravel())
+    assert {"start", "frequent"} <= classes <= {"start", "frequent", "rare"}
+    assert dyn.sizes["step"] == 16  # the rows themselves: no output phase on a language model
 
 
 def test_probes_on_real_text_share_what_they_should(corpus_dir: Path) -> None:
