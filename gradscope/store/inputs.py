@@ -256,7 +256,13 @@ def _value_text(name: str, value: Any) -> str:
     return f"{field_name(name)}={value}"
 
 
+# Task fields added after stores were first written: the empty default and a missing field are the same
+# configuration (a store of an older gradscope has neither)
+LATER_TASK_FIELDS = {"corpus": "", "corpus_sha256": ""}
+
+
 def _flat(model: dict[str, Any], task: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
+    task = {k: v for k, v in task.items() if not (k in LATER_TASK_FIELDS and v == LATER_TASK_FIELDS[k])}
     return {**{f"model.{k}": v for k, v in model.items()}, **{f"task.{k}": v for k, v in task.items()},
             **{f"train.{k}": v for k, v in train.items() if k not in NOT_CONFIG}}
 
