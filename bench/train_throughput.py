@@ -18,6 +18,12 @@ What is timed (time.perf_counter; CUDA synchronised before every clock read):
   (up to 5 per pipeline) and the median block rate is reported, so that load from other processes
   on a shared machine skews one block rather than one pipeline.
 * Table 2 -- data generation alone, in batches/s, for the same two sources.
+* Table 3 -- the language-model task (``--task lm``, issue #27): the tiny lm study's configuration
+  (corpus from CPython's pydoc_data/topics.py, SentencePiece 1,024, first 128 tokens per paragraph,
+  LSTM E=64, H=128, batch 32), vanilla and sinusoidal PE. Whole training steps as above; the
+  baseline batch source reads one paragraph at a time from the memory-mapped split and pads the
+  batch with ``pad_sequence``; gradscope's is ``LanguageModel.sample`` (one vectorised gather).
+  tokens/s counts the real (scored) paragraph tokens, the mean per batch measured on 200 batches.
 * A roofline line: float32 2048x2048 matmul GFLOP/s with the threads in use, measured in this run.
 
 Configs: "tiny" = the ``tiny`` preset (K=16, L=8, E=32, H=64, batch 64, dual-frequency reverse);
@@ -39,6 +45,7 @@ from rich.table import Table
 from torch.utils.data import DataLoader, IterableDataset
 
 from gradscope.models import SeqModel
+from gradscope.workflows.lm_study import lm_base, prepare_study_corpus
 from gradscope.presets import PRESETS
 from gradscope.tasks import Batch, Excluder, build_heldout, make_task, sample_excluding
 from gradscope.tasks.base import IGNORE
@@ -154,6 +161,47 @@ def device_name(device: torch.device) -> str:
     return names[0] if names else platform.processor() or "unknown CPU"
 
 
+def lm_sources(cfg, device: torch.device):
+    """(baseline, gradscope) batch makers for the lm task: paragraphs drawn uniformly from train."""
+    task = make_task(cfg.task)
+    split, length, query, batch = task.corpus.splits["train"], cfg.task.length, task.query, cfg.train.batch_size
+    rng = random.Random(SEED)
+
+    def baseline() -> Batch:
+        inputs, targets = [], []
+        for _ in range(batch):
+            words = torch.tensor(split.paragraph(rng.randrange(len(split)))[:length], dtype=torch.long)
+            inputs.append(torch.cat([torch.tensor([query]), words[:-1]]))
+            targets.append(words)
+        pad = torch.nn.utils.rnn.pad_sequence
+        return Batch(pad(inputs, batch_first=True, padding_value=query).to(device),
+                     pad(targets, batch_first=True, padding_value=IGNORE).to(device))
+
+    gen = torch.Generator(device=device).manual_seed(SEED + 1)
+    return baseline, lambda: task.sample(batch, gen)
+
+
+def lm_table(device: torch.device, warmup: int, steps: int) -> Table:
+    import tempfile
+    from pathlib import Path
+
+    table = Table(title="Language model (--task lm, tiny study): training steps, real tokens/s")
+    for col in ("model", "B", "tokens/batch", "steps (warm-up)", "baseline tok/s", "gradscope tok/s", "speed-up"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    with tempfile.TemporaryDirectory() as tmp:
+        base_cfg = lm_base("tiny", prepare_study_corpus("tiny", Path(tmp)))
+        for pe in ("none", "sinusoidal"):
+            cfg = dataclasses.replace(base_cfg, model=dataclasses.replace(base_cfg.model, pe=pe))
+            sources = lm_sources(cfg, device)
+            probe = lm_sources(cfg, device)[1]
+            per_batch = sum(int((probe().targets != IGNORE).sum()) for _ in range(200)) / 200
+            fns = [make_step(cfg, src, device) for src in sources]
+            base, fast = (per_batch * r for r in interleaved_rates(fns, device, warmup, steps, min(steps, 5)))
+            table.add_row(f"LSTM {'vanilla' if pe == 'none' else 'PE'}", str(cfg.train.batch_size), f"{per_batch:.0f}",
+                          f"{steps} ({warmup})", f"{base:,.0f}", f"{fast:,.0f}", f"{fast / base:.2f}×")
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="very short run (checks the script works)")
@@ -200,6 +248,7 @@ def main() -> None:
         base, fast = interleaved_rates(batch_sources(cfg, device), device, 2, n, min(n, 5))
         gen_table.add_row(name, str(cfg.train.batch_size), f"{base:,.1f}", f"{fast:,.1f}", f"{fast / base:.1f}×")
     console.print(gen_table)
+    console.print(lm_table(device, *((2, 10) if args.quick else (5, 60))))
 
 
 if __name__ == "__main__":

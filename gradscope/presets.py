@@ -78,6 +78,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
     "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
     "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"), "dim": ("task", "dim"),
+    "corpus": ("task", "corpus"),
     "iterations": ("train", "iterations"), "batch_size": ("train", "batch_size"), "lr": ("train", "lr"),
     "warmup": ("train", "warmup"), "eps": ("train", "eps"), "clip": ("train", "clip"),
     "checkpoint_every": ("train", "checkpoint_every"), "log_every": ("train", "log_every"),
@@ -145,7 +146,14 @@ def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:
     name = sections["task"].get("name", base.task.name)
     if name in TASKS and TASKS[name].inputs == "vectors":  # one frequency class: the preset's dual does not apply
         sections["task"].setdefault("distribution", "uniform")
+    if name in TASKS and TASKS[name].default_length is not None:
+        sections["task"].setdefault("length", TASKS[name].default_length)
     task = dataclasses.replace(base.task, **sections["task"])
+    if task.name in TASKS:
+        given = sections["task"].get("vocab_size")
+        task = TASKS[task.name].resolve(task)
+        check(given is None or given == task.vocab_size,
+              f"vocab: got {given}; the {task.name} task's corpus has {task.vocab_size} tokens (leave --vocab out)")
     sections["model"].setdefault("vocab_size", make_task(task).num_classes)
     sections["model"].setdefault("inputs", make_task(task).inputs)  # token ids or vectors (the continuous task)
     sections["model"]["feedback"] = sections["train"].get("decoding", base.train.decoding) != "none"

@@ -12,8 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"gradscope": ROOT / "gradscope"}  # cli/ and reports/ live under it, as they install
 # layer rank, one per package: a module may import only from its own layer or lower ones
-RANK = {"cli": 14, "reports": 13, "workflows": 12, "store": 11, "train": 10, "files": 9, "analysis": 8, "presets": 7,
-        "config": 6, "tasks": 5, "models": 4, "guard": 3, "fields": 2, "version": 1, "errors": 0}
+RANK = {"cli": 15, "reports": 14, "workflows": 13, "store": 12, "train": 11, "files": 10, "analysis": 9, "presets": 8,
+        "config": 7, "tasks": 6, "corpus": 5, "models": 4, "guard": 3, "fields": 2, "version": 1, "errors": 0}
 
 
 # packages whose ranks differ but which import neither each other: both stand on files/ alone

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.markup import escape  # paths are text, never markup
@@ -105,6 +105,27 @@ def side_table(r: AccuracyResult) -> Table:
 
 
 @user_errors
+def lm_table(result: Any) -> Any:
+    """Test perplexity and token accuracy of an lm checkpoint: overall, by frequency and position bin."""
+    from rich.table import Table
+
+    from gradscope.analysis.lm import FREQ_LABELS, perplexity
+
+    lm = result.lm
+    table = Table(title=f"test split ({lm.n} tokens) after {result.iteration} iterations", title_justify="left")
+    for col in ("tokens", "n", "perplexity", "token accuracy"):
+        table.add_column(col, justify="right" if col != "tokens" else "left")
+    rows = [("all", lm.n, lm.perplexity, lm.accuracy)]
+    rows += [(label, n, perplexity(nll, n), c / n if n else float("nan"))
+             for label, nll, n, c in zip(FREQ_LABELS, lm.freq_nll, lm.freq_n, lm.freq_correct)]
+    rows += [(f"positions {a}–{b}", n, perplexity(nll, n), c / n if n else float("nan"))
+             for (a, b), nll, n, c in zip(lm.edges, lm.pos_nll, lm.pos_n, lm.pos_correct)]
+    for label, n, ppl, acc in rows:
+        table.add_row(label, str(int(n)), f"{ppl:.2f}", f"{acc:.4f}")
+    return table
+
+
+@user_errors
 def accuracy_command(
     ctx: typer.Context,
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint, oldest first).", show_default=False)],
@@ -117,6 +138,7 @@ def accuracy_command(
     decoding: Annotated[str, Opt(help="Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.")] = "both",
     resamples: Annotated[int, Opt(help="reverse-continuous: bootstrap resamples of the per-position cosine-similarity CIs.")] = 10_000,
     seed: Annotated[int, Opt(help="reverse-continuous: seed of the bootstrap resamples.")] = 0,
+    corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (SPEC §5)."""
@@ -126,7 +148,8 @@ def accuracy_command(
 
     if batch_size < 1:
         raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
-    opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size, decoding, resamples, seed)
+    opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size, decoding, resamples, seed,
+                           None if corpus is None else str(corpus))
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
     with make_progress(console) as progress:
@@ -146,6 +169,8 @@ def accuracy_command(
         console.print(side_table(last))
     if last.grid_bin_correct is not None:
         console.print(grid_table(last, opts.bins))
+    if last.lm is not None:
+        console.print(lm_table(last))
     if last.length_total is not None:
         lengths = [(n, c / t) for n, (c, t) in enumerate(zip(last.length_correct, last.length_total)) if t]
         console.print("token accuracy by sequence length: " + ", ".join(f"L={n}: {a:.3f}" for n, a in lengths))

@@ -8,6 +8,7 @@ import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
 from .accuracy import accuracy_command
+from .corpus import corpus_app
 from .dynamics import dynamics_command
 from .errors import err_console
 from .report import report_command
@@ -69,6 +70,7 @@ app.command("summarize")(summarize_command)
 app.command("report")(report_command)
 app.command("reproduce")(reproduce_command)
 app.command("sweep")(sweep_command)
+app.add_typer(corpus_app)
 
 
 @app.callback()

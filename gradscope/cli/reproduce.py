@@ -85,9 +85,15 @@ def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
 @user_errors
 def reproduce_command(
     ctx: typer.Context,
-    scale: Annotated[str, Opt(help="tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: SPEC §3, for a GPU.")] = "tiny",
+    study: Annotated[str, Opt(help="reverse: the synthetic study (SPEC §3); lm: the language-modelling appendix (LSTM vanilla vs PE on a text corpus, docs/lm.md).")] = "reverse",
+    scale: Annotated[str, Opt(help="tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: SPEC §3, for a GPU (lm: WikiText-103, SentencePiece 32,768, first 1,024 tokens per paragraph, 5 seeds).")] = "tiny",
+    corpus_text: Annotated[Optional[Path], Opt(help="--study lm --scale paper: your WikiText-103 wiki.train.raw (nothing is downloaded).")] = None,
+    valid_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.valid.raw.")] = None,
+    test_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.test.raw.")] = None,
+    target_pos: Annotated[int, Opt("--target-pos", help="--study lm: the stability probes' target position (paragraph token, 1-based).")] = 16,
+    probe_length: Annotated[int, Opt(help="--study lm: the stability probe rows' length (start token included).")] = 32,
     models: Annotated[str, Opt(help="Comma-separated cores (names in the core registry; the study of the docs ran gru, lstm, s4d, mingru and mamba).")] = "gru,lstm,s4d",
-    seeds: Annotated[str, Opt(help="Comma-separated training seeds (trials).")] = "1,2,3",
+    seeds: Annotated[Optional[str], Opt(help="Comma-separated training seeds (trials). Default: 1,2,3 (lm: 111,222,333 tiny, 111–555 paper).")] = None,
     out: Annotated[Path, Opt("--out", "-o", help="Study directory (re-running it skips finished steps).")] = Path("study"),
     iterations: Annotated[Optional[int], Opt(help="Override the scale's training iterations (for a quick look).")] = None,
     triplets: Annotated[int, Opt(help="Stability probe triplets per condition.")] = 64,
@@ -106,8 +112,21 @@ def reproduce_command(
     from gradscope.workflows.stability import StabilityOptions
     from gradscope.workflows.summarize import group_records, summarize_groups
 
-    stability_opts = StabilityOptions(triplets=triplets)
-    runs = plan_runs(scale, [m.strip() for m in models.split(",") if m.strip()], _ints(seeds, "--seeds"), iterations)
+    if study not in ("reverse", "lm"):
+        raise GradscopeError(f"--study: got {study!r}; valid studies are reverse, lm")
+    if study == "lm":
+        from gradscope.workflows.lm_study import PAPER_SEEDS, plan_lm_runs, prepare_study_corpus
+
+        default_seeds = "111,222,333" if scale == "tiny" else ",".join(map(str, PAPER_SEEDS))
+        stability_opts = StabilityOptions(triplets=triplets, position=target_pos, length=probe_length)
+        corpus = prepare_study_corpus(scale, out, corpus_text, valid_file, test_file)
+        runs = plan_lm_runs(scale, corpus, _ints(seeds or default_seeds, "--seeds"), iterations)
+    else:
+        if corpus_text is not None or valid_file is not None or test_file is not None:
+            raise GradscopeError("--corpus-text/--valid-file/--test-file: they belong to --study lm")
+        stability_opts = StabilityOptions(triplets=triplets)
+        runs = plan_runs(scale, [m.strip() for m in models.split(",") if m.strip()], _ints(seeds or "1,2,3", "--seeds"),
+                         iterations)
     for r in runs:  # before anything runs: every run's training and stability must fit in memory
         check_run_sizes(r, stability_opts)
     if dry_run:

@@ -80,7 +80,7 @@ def stability_command(
     model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) (runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="With --model-factory hf:CLASS and a weights file: the model's config.json.")] = None,
     token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.")] = None,
-    length: Annotated[Optional[int], Opt(help="With --token-counts: the probe length L.")] = None,
+    length: Annotated[Optional[int], Opt(help="With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length).")] = None,
     filler: Annotated[Optional[int], Opt(help="With --model-factory: output phase of L copies of this token id after each probe (default: none).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -98,8 +98,8 @@ def stability_command(
     check_resamples(resamples)
     if model_factory is None and config is not None:
         raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
-    if model_factory is None and (token_counts is not None or length is not None or filler is not None):
-        raise GradscopeError("--token-counts/--length/--filler: they describe probes for --model-factory models; "
+    if model_factory is None and (token_counts is not None or filler is not None):
+        raise GradscopeError("--token-counts/--filler: they describe probes for --model-factory models; "
                              "gradscope checkpoints generate their own")
     opts = StabilityOptions(tuple(target_freq or ()), tuple(disturbant or ()), target_pos, triplets, probes, seed,
                             method, batch_size, sv, device, token_counts, length, filler)

@@ -162,6 +162,8 @@ def train_command(
     task: Annotated[Optional[str], Opt(help="Task: a name in gradscope's task registry (reverse, reverse-variable, sort, delayed-sum, predecessor and copy are built in; an unknown name lists them all).")] = None,
     vocab: Annotated[Optional[int], Opt(help="Vocabulary size K (copy: data tokens; blank and delimiter are added).", parser=_int, metavar="<int>")] = None,
     length: Annotated[Optional[int], Opt(help="Sequence length L (reverse-variable: the maximum).", parser=_int, metavar="<int>")] = None,
+    max_length: Annotated[Optional[int], Opt(help="lm: the first N tokens of each paragraph (the same as --length; default 1024, as the paper).", parser=_int, metavar="<int>")] = None,
+    corpus: Annotated[Optional[str], Opt(help="lm: the corpus directory made by `gradscope corpus prepare` (its vocabulary sets K).")] = None,
     min_length: Annotated[Optional[int], Opt(help="reverse-variable: the minimum L.", parser=_int, metavar="<int>")] = None,
     distribution: Annotated[Optional[str], Opt(help="Token distribution: uniform or dual (Frequent/Rare halves).")] = None,
     rarity: Annotated[Optional[float], Opt(help="dual: probability that a position holds a Rare token.", parser=_float, metavar="<float>")] = None,
@@ -195,6 +197,10 @@ def train_command(
     from gradscope.train.loop import is_run_dir, read_run_config, train
 
     options = {k: v for k, v in locals().items() if k in FIELDS or k in ("beta1", "beta2")}
+    if max_length is not None:
+        if length is not None and length != max_length:
+            raise GradscopeError(f"--max-length: got {max_length} and --length {length}; they name the same setting")
+        options["length"] = max_length
     options.update(ctx.meta.get(CORE_OPTIONS, {}))
     if resume is not None:
         given = sorted(k for k, v in {**options, "extend_from": extend_from, "new_item_share": new_item_share}.items()

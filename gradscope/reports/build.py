@@ -15,6 +15,7 @@ from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapu
 from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
+from .lm_figures import lm_figure
 from .dynamics_figures import flow_figure, gate_figure, grid_figure, lyapunov_figure, radius_figure
 from .html import Section, provenance_html, public_command, public_path, render_page
 from .style import colors
@@ -65,6 +66,10 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
     if not grids and (fig := grid_figure_accuracy(accuracy, opts.iteration, palette)) is not None:
         out.append(Section("grid", "Frequency grid", f"From accuracy stores (grid_bin_accuracy at the {where}); a "
                                                      "single store has no CI — summarize several seeds for one.", fig))
+    if (fig := lm_figure(accuracy, opts.iteration, palette)) is not None:
+        out.append(Section("lm", "Language model: perplexity by token frequency and position",
+                           f"From lm accuracy stores (freq_perplexity, pos_perplexity at the {where}) on the corpus's "
+                           "test split. Lines: mean over seeds; bars: lowest to highest seed (docs/lm.md).", fig))
     if stability:
         points = stability_curves(stability, opts.score, opts.resamples, opts.seed)
         out.append(Section("stability", "Gradient stability over training",

@@ -9,6 +9,7 @@ import numpy as np
 import xarray as xr
 
 from gradscope.analysis.accuracy import bin_edges
+from gradscope.analysis.lm import FREQ_LABELS, perplexity
 from gradscope.config import RunConfig
 from gradscope.store.io import provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES
@@ -22,9 +23,36 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
 
+def lm_variables(results: list[AccuracyResult]) -> dict[str, Any]:
+    """Perplexity and accuracy of lm checkpoints: overall, by frequency bin and by position bin."""
+    lms = [r.lm for r in results]
+    assert all(m is not None for m in lms)
+    stack = lambda name: np.stack([getattr(m, name) for m in lms])  # noqa: E731
+    first = lms[0]
+    return {
+        "perplexity": ("checkpoint", np.array([m.perplexity for m in lms])),
+        "cross_entropy": ("checkpoint", np.array([m.nll / m.n if m.n else np.nan for m in lms])),
+        "freq_perplexity": (("checkpoint", "freq_bin"), perplexity(stack("freq_nll"), stack("freq_n"))),
+        "freq_accuracy": (("checkpoint", "freq_bin"), _ratio(stack("freq_correct"), stack("freq_n"))),
+        "freq_n": ("freq_bin", first.freq_n),
+        "pos_perplexity": (("checkpoint", "pos_bin"), perplexity(stack("pos_nll"), stack("pos_n"))),
+        "pos_accuracy": (("checkpoint", "pos_bin"), _ratio(stack("pos_correct"), stack("pos_n"))),
+        "pos_n": ("pos_bin", first.pos_n),
+    }
+
+
+def lm_coords(first: AccuracyResult) -> dict[str, Any]:
+    assert first.lm is not None and first.freq_types is not None
+    edges = first.lm.edges
+    return {"freq_bin": np.asarray(FREQ_LABELS, dtype=object), "freq_types": ("freq_bin", first.freq_types),
+            "pos_bin": np.arange(len(edges)), "pos_start": ("pos_bin", np.array([a for a, _ in edges])),
+            "pos_end": ("pos_bin", np.array([b for _, b in edges]))}
+
+
 def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, options: dict[str, Any], command: str,
                      device: str) -> xr.Dataset:
-    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin, length.
+    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin, length;
+    for lm checkpoints also freq_bin and pos_bin.
     ``options``: ``bins`` (a count or a list of edges) and ``grid``, recorded as given."""
     first = results[0]
     stack = lambda name: np.stack([getattr(r, name) for r in results])  # noqa: E731
@@ -80,6 +108,9 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, options: 
             binned = lambda x: np.stack([x[..., a - 1:b].sum(-1) for a, b in edges], axis=-1)  # noqa: E731
             data["grid_item_bin_accuracy"] = (("checkpoint", "target_group", "disturbant_group", "item", "bin"),
                                               _ratio(binned(stack("grid_item_correct")), binned(stack("grid_item_total"))))
+    if first.lm is not None:
+        data.update(lm_variables(results))
+        coords.update(lm_coords(first))
     checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run,
                     "sha256": sha256_file(r.path) if r.path.is_file() else ""} for r in results]
     coords["sha256"] = ("checkpoint", np.asarray([c["sha256"] for c in checkpoints], dtype=object))

@@ -144,7 +144,8 @@ def load_inputs(paths: list[Path]) -> list[Input]:
 # Fields added after stores were first written, with the value a store without them had: a
 # configuration without the field and one with this value are the same configuration.
 ADDED_DEFAULTS = {"model": {"inputs": "tokens", "feedback": False}, "train": {"decoding": "none"},
-                  "task": {"dim": 0, "old_items": 0, "new_item_share": None}}
+                  "task": {"dim": 0, "old_items": 0, "new_item_share": None, "corpus": "",
+                           "corpus_sha256": ""}}
 
 
 def _filled(section: str, config: dict[str, Any]) -> dict[str, Any]:

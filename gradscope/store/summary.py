@@ -115,6 +115,14 @@ def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[
                 units[f"grid/{tg}/{dg}"] = np.repeat([1.0, 0.0], [right, n - right])
                 for b in range(ds.sizes["bin"]):
                     metrics[f"grid/{tg}/{dg}/bin{b + 1}"] = float(last["grid_bin_accuracy"].values[t, d, b])
+    if "perplexity" in ds:  # lm: per-seed values only (a perplexity has no per-token unit)
+        _require(ds, path, ["freq_perplexity", "freq_accuracy", "pos_perplexity", "pos_accuracy"])
+        metrics["perplexity"] = float(last["perplexity"])
+        for label, ppl, acc in zip(ds["freq_bin"].values, last["freq_perplexity"].values,
+                                   last["freq_accuracy"].values):
+            metrics[f"perplexity/{label}"], metrics[f"token_accuracy/{label}"] = float(ppl), float(acc)
+        for a, b, ppl in zip(ds["pos_start"].values, ds["pos_end"].values, last["pos_perplexity"].values):
+            metrics[f"perplexity/t{a}-{b}"] = float(ppl)
     return metrics, units
 
 

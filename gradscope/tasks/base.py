@@ -47,11 +47,19 @@ class Task:
     name: ClassVar[str] = "task"
     probes: ClassVar[bool] = False
     inputs: ClassVar[str] = "tokens"  # what a position holds: token ids, or vectors (the continuous task)
+    corpus_probes: ClassVar[bool] = False  # probes drawn from a text corpus (lm), not from ``probes``'s phases
+    disjoint_heldout: ClassVar[bool] = False  # held-out rows come from their own split: nothing to exclude
+    default_length: ClassVar[int | None] = None  # L when none is given (None: the preset's)
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:
         """Refuse (GradscopeError) settings this task cannot run with; the shared fields are checked
         by TaskConfig itself."""
+
+    @classmethod
+    def resolve(cls, cfg: "TaskConfig") -> "TaskConfig":
+        """``cfg`` completed from what the task reads (a corpus's vocabulary); most tasks: as it is."""
+        return cfg
 
     def __init__(self, cfg: "TaskConfig") -> None:
         self.cfg = cfg
@@ -75,6 +83,10 @@ class Task:
 
     def sample(self, n: int, gen: torch.Generator) -> Batch:
         raise NotImplementedError
+
+    def heldout_batch(self) -> Batch | None:
+        """A fixed held-out set of the task's own (lm: valid paragraphs), or None to draw one."""
+        return None
 
     def tokens(self, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
         """Tokens from this task's vocabulary distribution (with ``new_item_share`` set: new items

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradscope.errors import check
-from gradscope.models.config import MAX_SIZE, integer, real, text
+from gradscope.models.config import MAX_SIZE, integer, real, shown, text
 from gradscope.tasks.registry import TASKS
 
 DISTRIBUTIONS = ("uniform", "dual")
@@ -35,6 +35,8 @@ class TaskConfig:
     # paper did, i.e. a share of (K − old_items)/K.
     old_items: int = 0
     new_item_share: float | None = None
+    corpus: str = ""  # lm only: the corpus directory (gradscope corpus prepare)
+    corpus_sha256: str = ""  # lm only: the sha256 of that corpus's manifest (its identity)
 
     def __post_init__(self) -> None:
         text("task", self.name, list(TASKS))
@@ -55,4 +57,6 @@ class TaskConfig:
             check(self.distribution == "uniform",
                   f"new_item_share: the {self.distribution} distribution has its own item frequencies; use "
                   f"the uniform one to set the share of new items")
+        for name in ("corpus", "corpus_sha256"):
+            check(isinstance(getattr(self, name), str), f"{name}: got {shown(getattr(self, name))}; expected text")
         TASKS[self.name].check_config(self)  # the settings only this task uses

@@ -138,6 +138,8 @@ class HeldOut:
     grid: torch.Tensor | None
 
     def exclusion_rows(self, task: Task) -> torch.Tensor:
+        if task.disjoint_heldout:
+            return self.uniform.inputs[:0]
         if self.uniform.inputs.is_floating_point():  # vector tokens: a repeat has probability 0
             return torch.empty(0, 0, dtype=torch.long)
         rows = [self.uniform.inputs]
@@ -163,7 +165,11 @@ def check_heldout_capacity(task: Task) -> None:
 
 
 def build_heldout(task: Task, seed: int) -> HeldOut:
-    """Held-out data drawn on the CPU from ``seed`` (so it does not depend on the device)."""
+    """Held-out data drawn on the CPU from ``seed`` (so it does not depend on the device), or the
+    task's own fixed held-out set."""
+    fixed = task.heldout_batch()
+    if fixed is not None:
+        return HeldOut(fixed, None)
     gen = torch.Generator().manual_seed(seed)
     if task.inputs == "vectors":  # continuous draws: distinct with probability 1, no grid
         return HeldOut(task.sample(task.cfg.heldout_size, gen), None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from gradscope.tasks.base import Task
 from gradscope.tasks.copy import Copy
 from gradscope.tasks.delayed_sum import DelayedSum
+from gradscope.tasks.lm import LanguageModel
 from gradscope.tasks.predecessor import Predecessor
 from gradscope.tasks.reverse import Reverse
 from gradscope.tasks.reverse_continuous import ReverseContinuous
@@ -22,6 +23,7 @@ TASKS: dict[str, type[Task]] = {
     "predecessor": Predecessor,
     "copy": Copy,
     "reverse-continuous": ReverseContinuous,
+    "lm": LanguageModel,
 }
 
 

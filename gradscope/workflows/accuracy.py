@@ -30,6 +30,8 @@ from gradscope.train.device import resolve_device
 from gradscope.train.evaluate import predict, predict_decoded, predict_vectors
 from gradscope.workflows.common import (MAX_COUNT, as_count, checkpoint_sources, config_attrs, expand_checkpoints,
                                         load_source)
+from gradscope.tasks.lm import LanguageModel
+from gradscope.workflows.lm import evaluate_lm_checkpoint
 
 DECODING_CHOICES = ("both", "autoregressive", "teacher")
 
@@ -49,6 +51,7 @@ class AccuracyOptions:
     decoding: str = "both"
     resamples: int = 10_000
     seed: int = 0
+    corpus: str | None = None  # lm checkpoints: read this corpus directory instead of the recorded one
     chunk: InitVar[int | None] = None  # batch_size's name before issue #24 (a keyword only; read batch_size)
 
     def __post_init__(self, chunk: int | None) -> None:
@@ -93,6 +96,8 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
     model's under each decoding of :func:`decodings_for` (the first is the main one); an extended
     vocabulary's also per old and new target item."""
     task = make_task(loaded.config.task)
+    if isinstance(task, LanguageModel):  # perplexity on the corpus's test split
+        return evaluate_lm_checkpoint(loaded, device, opts.corpus)
     decodings = decodings_for(loaded, opts)
     model = loaded.model.to(device)
     held = loaded.heldout
@@ -189,7 +194,8 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
 
 
 def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None = None, device: str = "auto",
-             batch_size: int = 1024, decoding: str = "both", resamples: int = 10_000, seed: int = 0) -> xr.Dataset:
+             batch_size: int = 1024, decoding: str = "both", resamples: int = 10_000, seed: int = 0,
+             corpus: str | Path | None = None) -> xr.Dataset:
     """Accuracy on the held-out sets (SPEC §5) as an xarray Dataset with the variables of an accuracy
     store: token, sequence and Damerau–Levenshtein accuracy per checkpoint, and the frequency grid
     by target position when the checkpoint has one. Options are named as ``gradscope accuracy``'s flags.
@@ -199,7 +205,9 @@ def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None 
     held-out set: evaluate it in your own code.
     bins: the grid's target-position bins, a count (4 = quarters) or 0-based edges.
     decoding: a feedback model's decodings (both, autoregressive, teacher). A vector task's store holds
-    cosine similarity per position with bootstrap CIs (resamples, seed).
+    cosine similarity per position with bootstrap CIs (resamples, seed). An lm checkpoint's holds
+    perplexity on its corpus's test split; ``corpus`` names that corpus's directory if it moved.
     """
-    opts = AccuracyOptions(bins, grid, device, batch_size, decoding, resamples, seed)
+    opts = AccuracyOptions(bins, grid, device, batch_size, decoding, resamples, seed,
+                           None if corpus is None else str(corpus))
     return run_accuracy(checkpoint_sources(source), opts).to_xarray()

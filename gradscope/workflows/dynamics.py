@@ -39,7 +39,8 @@ from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
-from gradscope.tasks.registry import probe_tasks
+from gradscope.tasks.registry import TASKS, probe_tasks
+from gradscope.workflows.lm import TEXT, lm_sequences, lm_task, lm_token_classes, lm_trajectories
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
@@ -329,19 +330,30 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     loaded = load_source(files[0])
     first = loaded.path
     task, core_name = loaded.config.task, loaded.config.model.core
-    check(task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined for "
-                                      f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
-    conditions = conditions_for(task, target_freq, disturbant)
+    text = TASKS[task.name].corpus_probes  # lm: test paragraphs, no output phase
+    check(text or task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined "
+                                              f"for {', '.join(probe_tasks())} (an input phase followed by query "
+                                              f"tokens) and lm")
+    check(not text or not (target_freq or disturbant),
+          "target_freq/disturbant: lm checkpoints are probed on test paragraphs; each step is classed "
+          "frequent or rare by the corpus's train counts")
+    conditions = [(TEXT, TEXT)] if text else conditions_for(task, target_freq, disturbant)
     core, query = loaded.model.core, loaded.model.query_token
     width = loaded.model.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
-    n, T = len(conditions) * opts.sequences, 2 * task.length
+    n, T = len(conditions) * opts.sequences, (1 if text else 2) * task.length
     plan = plan_core(core, opts, n, T)
     check_bytes(dynamics_bytes(opts, n, T, core.state_dim, core.out_dim, width, len(files), structure=structure_of(core),
                                gates=len(getattr(core, "gate_names", ("step",))), exponents=plan.exponents),
                 "sequences/grid_sequences/trajectories/steps/exponents")
-    probes = make_probes(opts.sequences, task.length, 1, task.vocab_size, conditions, opts.seed)
-    tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], query)], dim=1)
-    classes = token_classes(tokens, task.vocab_size, query)
+    if text:
+        lm = lm_task(loaded)
+        tokens = lm_sequences(lm, opts.sequences, opts.seed)
+        probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), (TEXT,) * n, (TEXT,) * n)
+        classes = lm_token_classes(tokens, lm)
+    else:
+        probes = make_probes(opts.sequences, task.length, 1, task.vocab_size, conditions, opts.seed)
+        tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], query)], dim=1)
+        classes = token_classes(tokens, task.vocab_size, query)
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files))
@@ -353,8 +365,9 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
         check(loaded.config.task == task and loaded.config.model.core == core_name,
               f"checkpoint: {path} has another task or core than {first}; analyse it separately")
         model = loaded.model.to(device)
-        traj = task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1) \
-            if "lyapunov" in opts.parts else None
+        traj = None if "lyapunov" not in opts.parts else \
+            lm_trajectories(model, lm, opts.steps, opts.trajectories, opts.seed + 1) if text else \
+            task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1)
         parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))

@@ -28,7 +28,8 @@ from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_
                                     read_probe_arrays, validate_probes)
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
-from gradscope.tasks.registry import probe_tasks
+from gradscope.tasks.registry import TASKS, probe_tasks
+from gradscope.workflows.lm import PROBE_GROUPS, TEXT, lm_probes, lm_task
 from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
 from gradscope.tasks import make_task
@@ -134,6 +135,18 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     """The probes for ``first``'s task: read from ``opts.probes`` or generated, checked against
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
     task = first.config.task
+    if TASKS[task.name].corpus_probes:  # lm: triplets of real text from the corpus's test split
+        check(opts.probes is None, "probes: lm checkpoints draw their probes from their corpus")
+        check(set(opts.disturbant) <= {TEXT},
+              f"disturbant: got {', '.join(opts.disturbant)}; on lm checkpoints the disturbants are "
+              f"the corpus's own text ({TEXT})")
+        lm = lm_task(first)
+        length = opts.length or task.length
+        groups = opts.target_freq or PROBE_GROUPS
+        check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
+        return lm_probes(lm, opts.triplets, opts.target_pos, length, groups, opts.seed)
+    check(opts.length is None, "length: sets the probe length of lm checkpoints (or with token_counts, of your "
+                               "own model); other gradscope checkpoints use their task's L")
     check(task.name in probe_tasks(),
           f"checkpoint: its task is {task.name!r}; stability probes are defined for "
           f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
@@ -218,11 +231,13 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
     loaded = load_source(files[0])
     first = loaded.path
     task = loaded.config.task
+    text = TASKS[task.name].corpus_probes  # lm: probe rows start with the start token; no output phase
     if probes is None:
         probes = build_probes(loaded, opts, len(files))
     else:
         probes = validate_probes(probes)
-        check_probes_fit(probes, probe_vocab(task), task.length)
+        check_probes_fit(probes, probe_vocab(task) + text, probes.length if text else task.length)
+    position, output_phase = (opts.target_pos + 1, None) if text else (opts.target_pos, "query")
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files) * len(probes))
@@ -236,8 +251,8 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
         model = loaded.model.to(device)
         if loaded.config.model.inputs == "vectors":  # probe ids index a seeded table of sphere points
             model = vector_probe_model(model, opts.seed)
-        result = probe_stability(model, probes, opts.target_pos, method=opts.method, chunk=opts.batch_size,
-                                 top_sv=opts.sv, on_chunk=on_progress)
+        result = probe_stability(model, probes, position, method=opts.method, chunk=opts.batch_size,
+                                 top_sv=opts.sv, on_chunk=on_progress, output_phase=output_phase)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(CheckpointResult(path, loaded.iteration, run, result))
         configs.append(config_attrs(loaded.config))

@@ -1,0 +1,45 @@
+"""`gradscope corpus prepare`: raw text → tokenised, memory-mapped corpus (gradscope.corpus)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from .common import make_console
+from .errors import user_errors
+
+console = make_console()
+Opt = typer.Option
+corpus_app = typer.Typer(name="corpus", help="Text corpora for language modelling (--task lm).", no_args_is_help=True,
+                         add_completion=False, rich_markup_mode=None)
+
+
+@corpus_app.command("prepare")
+@user_errors
+def prepare_command(
+    raw: Annotated[Path, typer.Argument(help="UTF-8 text, one paragraph per line (e.g. WikiText-103's wiki.train.raw); WikiText headings and blank lines are dropped.", show_default=False)],
+    out: Annotated[Path, Opt("--out", "-o", help="Corpus directory to create (must not exist).")],
+    vocab: Annotated[int, Opt(help="SentencePiece pieces K (the paper: 32768).")] = 32_768,
+    model_type: Annotated[str, Opt(help="SentencePiece model type: unigram (SentencePiece's and torchtext's default), bpe, char or word.")] = "unigram",
+    character_coverage: Annotated[float, Opt(help="Share of characters the pieces must cover (the rest map to <unk>).")] = 0.9995,
+    valid_file: Annotated[Optional[Path], Opt(help="Separate valid split (with --test-file), e.g. wiki.valid.raw.")] = None,
+    test_file: Annotated[Optional[Path], Opt(help="Separate test split (with --valid-file), e.g. wiki.test.raw.")] = None,
+    valid: Annotated[float, Opt(help="Without split files: fraction of paragraphs held out for valid.")] = 0.05,
+    test: Annotated[float, Opt(help="Without split files: fraction of paragraphs held out for test.")] = 0.05,
+    split_seed: Annotated[int, Opt(help="Without split files: seed of the paragraph permutation.")] = 0,
+) -> None:
+    """Strip headings and blank lines, train a SentencePiece tokenizer on the train split, and write
+    the splits as memory-mapped token arrays with counts and a manifest."""
+    from gradscope.workflows.corpus import CorpusSettings, prepare_corpus
+
+    settings = CorpusSettings(vocab_size=vocab, model_type=model_type, character_coverage=character_coverage,
+                              valid=valid, test=test, split_seed=split_seed)
+    corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file)
+    for name, info in corpus.manifest["splits"].items():
+        console.print(f"{name}: {info['paragraphs']} paragraphs, {info['tokens']} tokens")
+    seen = int((corpus.counts > 0).sum())
+    console.print(f"vocabulary: {corpus.vocab_size} pieces, {seen} seen in train; manifest sha256 {corpus.sha256[:16]}…")
+    console.print(escape(f"wrote {out}"))

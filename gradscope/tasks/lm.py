@@ -1,0 +1,102 @@
+"""``lm``: language modelling on a prepared text corpus (issue #27; paper appendix E).
+
+One row is one paragraph of the corpus, truncated to its first L tokens (``length``; the paper used
+L = 1,024 on WikiText-103), so the positional encoding restarts at t = 0 with every paragraph:
+
+    inputs  = [q, w_1, …, w_{m−1}, q, …, q]      q = the query token K, read as "start of paragraph"
+    targets = [w_1, …, w_m, ·, …, ·]             · = unscored (padding), m = min(L, paragraph length)
+
+so every token of the paragraph is predicted, the first one from the start token alone. Training
+rows are paragraphs of the train split drawn uniformly with replacement from the run's generator,
+padded to the batch's longest row; the held-out rows stored in checkpoints are the first
+``heldout_size`` paragraphs of the valid split, padded to L. Test perplexity uses the test split
+(:mod:`gradscope.workflows.lm`). The splits are disjoint by paragraph, so no training row is
+compared against the held-out set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import torch
+
+from gradscope.corpus.store import Corpus, Split, open_corpus
+from gradscope.errors import check
+from gradscope.tasks.base import IGNORE, Batch, Task
+
+if TYPE_CHECKING:
+    from gradscope.tasks.config import TaskConfig
+
+
+def paragraph_rows(split: Split, index: np.ndarray, length: int, start: int, width: int | None = None) -> Batch:
+    """Rows for paragraphs ``index`` (n,) of ``split``: the first ``length`` tokens of each, as
+    start-token-prefixed inputs and next-token targets (module docstring), padded with ``start``
+    (inputs) and IGNORE (targets) to ``width`` columns (default: the longest row). Vectorised: one
+    gather from the memory-mapped token array."""
+    index = np.asarray(index, dtype=np.int64)
+    m = np.minimum(split.lengths[index], length)  # (n,)
+    width = int(m.max(initial=1)) if width is None else width
+    col = np.arange(width)[None, :]  # (1, W)
+    inside = col < m[:, None]  # (n, W)
+    pos = np.where(inside, split.offsets[index][:, None] + col, 0)
+    words = torch.from_numpy(np.asarray(split.tokens[pos.ravel()], dtype=np.int64).reshape(pos.shape))
+    inside_t = torch.from_numpy(inside)
+    targets = torch.where(inside_t, words, IGNORE)
+    shifted = torch.cat([torch.full((len(index), 1), start, dtype=torch.long), words[:, :-1]], dim=1)
+    inputs = torch.where(inside_t, shifted, start)  # (n, W): the start token, then the paragraph
+    return Batch(inputs, targets)
+
+
+class LanguageModel(Task):
+    name: ClassVar[str] = "lm"
+    corpus_probes: ClassVar[bool] = True  # stability/dynamics probes come from the held-out text
+    disjoint_heldout: ClassVar[bool] = True
+    default_length: ClassVar[int | None] = 1024  # the paper's first 1,024 tokens of each paragraph
+
+    @classmethod
+    def check_config(cls, cfg: "TaskConfig") -> None:
+        check(bool(cfg.corpus), "corpus: the lm task needs a corpus directory (make one with "
+                                "`gradscope corpus prepare RAW.txt -o DIR`, then pass --corpus DIR)")
+
+    @classmethod
+    def resolve(cls, cfg: "TaskConfig") -> "TaskConfig":
+        """``cfg`` with the corpus path made absolute, the vocabulary size and corpus sha256 read
+        from its manifest, and ``heldout_size`` capped at the valid split's paragraph count."""
+        corpus = open_corpus(cfg.corpus)
+        return dataclasses.replace(cfg, corpus=str(corpus.path), vocab_size=corpus.vocab_size,
+                                   corpus_sha256=corpus.sha256, distribution="uniform",
+                                   heldout_size=min(cfg.heldout_size, len(corpus.splits["valid"])))
+
+    @property
+    def corpus(self) -> Corpus:
+        corpus = open_corpus(self.cfg.corpus)
+        check(corpus.vocab_size == self.cfg.vocab_size,
+              f"corpus: {corpus.path} has {corpus.vocab_size} tokens; this run's vocabulary is {self.cfg.vocab_size}")
+        check(not self.cfg.corpus_sha256 or corpus.sha256 == self.cfg.corpus_sha256,
+              f"corpus: {corpus.path} is not the corpus this run was made with (its manifest's sha256 differs); "
+              f"give the original corpus")
+        return corpus
+
+    @property
+    def total_len(self) -> int:
+        return self.cfg.length
+
+    def n_patterns(self) -> int:
+        return len(self.corpus.splits["train"])
+
+    def rows(self, split: str, index: np.ndarray, width: int | None = None) -> Batch:
+        """Rows for paragraphs ``index`` of ``split`` (train, valid or test)."""
+        return paragraph_rows(self.corpus.splits[split], index, self.cfg.length, self.query, width)
+
+    def sample(self, n: int, gen: torch.Generator) -> Batch:
+        count = len(self.corpus.splits["train"])
+        index = torch.randint(0, count, (n,), generator=gen, device=gen.device).cpu().numpy()
+        return self.rows("train", index).to(gen.device)
+
+    def heldout_batch(self) -> Batch | None:
+        valid = self.corpus.splits["valid"]
+        check(self.cfg.heldout_size <= len(valid),
+              f"heldout_size: got {self.cfg.heldout_size}; the corpus's valid split has {len(valid)} paragraphs")
+        return self.rows("valid", np.arange(self.cfg.heldout_size), width=self.cfg.length)

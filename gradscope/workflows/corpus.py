@@ -1,0 +1,177 @@
+"""`gradscope corpus prepare`: raw text → SentencePiece tokenizer → tokenised, memory-mapped corpus.
+
+Tokenizer (the study used SentencePiece through torchtext's ``generate_sp_model``, whose defaults
+are SentencePiece's own): a ``unigram`` model of ``vocab_size`` pieces, ``character_coverage``
+0.9995, trained on the train split's paragraphs only (one paragraph per training sentence), with
+no BOS/EOS/PAD pieces (``<unk>`` is id 0), ``num_threads`` 1 (so that the same text gives the same
+model) and ``max_sentence_length`` large enough that no paragraph is skipped. The whole corpus is
+written to a temporary directory beside ``out`` and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradscope.corpus.store import (COUNTS, FORMAT, FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER, offsets_file,
+                                    open_corpus, sha256_bytes, sha256_path, tokens_file, Corpus)
+from gradscope.corpus.text import paragraphs, read_text, split_paragraphs
+from gradscope.errors import GradscopeError, check
+from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
+from gradscope.version import __version__
+
+MODEL_TYPES = ("unigram", "bpe", "char", "word")
+
+
+@dataclass(frozen=True)
+class CorpusSettings:
+    """How a corpus is made. ``valid``/``test``: fractions of the paragraphs held out when one file
+    is given (a seeded permutation, :func:`~gradscope.corpus.text.split_paragraphs`); ignored when
+    separate valid and test files are given."""
+
+    vocab_size: int = 32_768
+    model_type: str = "unigram"
+    character_coverage: float = 0.9995
+    valid: float = 0.05
+    test: float = 0.05
+    split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool) and self.vocab_size >= 4,
+              f"vocab_size: got {self.vocab_size!r}; need an integer >= 4")
+        check(self.model_type in MODEL_TYPES, f"model_type: got {self.model_type!r}; valid values are "
+                                              f"{', '.join(MODEL_TYPES)}")
+        check(0.9 <= self.character_coverage <= 1.0,
+              f"character_coverage: got {self.character_coverage}; need a value in [0.9, 1]")
+        check(isinstance(self.split_seed, int) and self.split_seed >= 0, f"split_seed: got {self.split_seed!r}")
+
+
+def _train_tokenizer(texts: list[str], s: CorpusSettings) -> bytes:
+    import sentencepiece as spm  # only corpus preparation needs it (start-up stays cheap)
+
+    longest = max((len(t.encode("utf-8")) for t in texts), default=1)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model, vocab_size=s.vocab_size, model_type=s.model_type,
+            character_coverage=s.character_coverage, bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, num_threads=1,
+            max_sentence_length=max(4192, longest + 1), input_sentence_size=0, shuffle_input_sentence=False,
+            minloglevel=2)
+    except RuntimeError as exc:
+        msg = " ".join(str(exc).split())
+        m = re.search(r"value <= (\d+)", msg)
+        if m:
+            raise GradscopeError(f"vocab: got {s.vocab_size}; this corpus's train split supports at most "
+                                 f"{m.group(1)} pieces ({s.model_type} model)") from None
+        m = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", msg)
+        if m:
+            raise GradscopeError(f"vocab: got {s.vocab_size}; the train split has {m.group(2)} distinct characters, "
+                                 f"so the vocabulary needs at least that many pieces") from None
+        raise GradscopeError(f"vocab: SentencePiece could not train a {s.vocab_size}-piece {s.model_type} model on "
+                             f"this text ({msg[:160]})") from None
+    return model.getvalue()
+
+
+def _encode(proto: bytes, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (int32, concatenated) and paragraph offsets (int64, n + 1); paragraphs that
+    encode to nothing are dropped."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    ids = [np.asarray(p, dtype=np.int32) for p in sp.encode(texts)] if texts else []
+    ids = [p for p in ids if p.size]
+    lengths = np.array([p.size for p in ids], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, dtype=np.int32)
+    return tokens, offsets
+
+
+def _save(path: Path, arr: np.ndarray) -> None:
+    with open(path, "wb") as fh:
+        np.save(fh, arr, allow_pickle=False)
+
+
+def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = CorpusSettings(), *,
+                   valid_file: Path | str | None = None, test_file: Path | str | None = None) -> Corpus:
+    """Make a corpus directory ``out`` from the UTF-8 text ``raw`` (one paragraph per line;
+    WikiText headings and blank lines dropped). With ``valid_file`` and ``test_file`` (e.g.
+    WikiText's own ``wiki.valid.raw``/``wiki.test.raw``) those are the held-out splits; otherwise
+    ``raw``'s paragraphs are split by ``settings.valid``/``settings.test``. Returns the opened corpus.
+    ``out`` must not exist yet (it is never overwritten)."""
+    check(isinstance(settings, CorpusSettings), f"settings: got {type(settings).__name__}; expected CorpusSettings")
+    out = Path(out)
+    check((valid_file is None) == (test_file is None), "valid_file/test_file: give both, or neither")
+    check(not (out.exists() or out.is_symlink()), f"out: {out} already exists; choose a new directory")
+    sources = {"train": Path(raw)} if valid_file is None else \
+        {"train": Path(raw), "valid": Path(valid_file), "test": Path(test_file)}  # type: ignore[arg-type]
+    texts = {k: read_text(p, f"{'raw' if k == 'train' else k + '_file'}") for k, p in sources.items()}
+    paras = {k: paragraphs(t) for k, t in texts.items()}
+    if valid_file is None:
+        all_paras = paras["train"]
+        check(len(all_paras) >= 3, f"raw: {sources['train']} has {len(all_paras)} paragraph(s) after removing "
+                                   f"headings and blank lines; need at least 3 (one per split)")
+        parts = split_paragraphs(len(all_paras), settings.valid, settings.test, settings.split_seed)
+        paras = {k: [all_paras[i] for i in parts[k]] for k in SPLITS}
+    for k in SPLITS:
+        check(len(paras[k]) >= 1, f"raw: the {k} split has no paragraph; give more text or larger fractions")
+    proto = _train_tokenizer(paras["train"], settings)
+    encoded = {k: _encode(proto, paras[k]) for k in SPLITS}
+    vocab = settings.vocab_size
+    counts = np.bincount(encoded["train"][0], minlength=vocab).astype(np.int64)
+    check(counts.shape[0] == vocab, f"vocab: the tokenizer produced ids beyond {vocab - 1}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out.parent, out.name)
+    tmp = temp_path(out)
+    try:
+        tmp.mkdir()
+        (tmp / TOKENIZER).write_bytes(proto)
+        _save(tmp / COUNTS, counts)
+        for k in SPLITS:
+            _save(tmp / tokens_file(k), encoded[k][0])
+            _save(tmp / offsets_file(k), encoded[k][1])
+        files = {p.name: sha256_path(p) for p in sorted(tmp.iterdir())}
+        manifest: dict[str, Any] = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "gradscope_version": __version__,
+            "vocab_size": vocab,
+            "tokenizer": {"library": "sentencepiece", "file": TOKENIZER, "sha256": sha256_bytes(proto),
+                          "bos_id": -1, "eos_id": -1, "pad_id": -1, "unk_id": 0, "num_threads": 1},
+            "settings": asdict(settings),
+            "split": "files" if valid_file is not None else "seeded paragraph permutation",
+            "sources": {k: {"path": str(p.resolve()), "sha256": sha256_bytes(texts[k].encode("utf-8")),
+                            "bytes": len(texts[k].encode("utf-8"))} for k, p in sources.items()},
+            "preprocessing": "WikiText headings (' = … = ' lines) and blank lines removed; one paragraph per line",
+            "splits": {k: {"paragraphs": int(encoded[k][1].shape[0] - 1), "tokens": int(encoded[k][0].shape[0])}
+                       for k in SPLITS},
+            "files": files,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        publish(tmp, out, overwrite=False, what="out")
+    except OSError as exc:
+        if exc.errno in WRITE_ERRORS:
+            raise disk_error(exc, out, "out") from None
+        raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return open_corpus(out)
+
+
+def encode_text(corpus: Corpus, text: str) -> list[int]:
+    """``text`` as token ids under the corpus's tokenizer."""
+    import sentencepiece as spm
+
+    return list(spm.SentencePieceProcessor(model_proto=corpus.tokenizer_proto()).encode(text))
+
+
+def decode_ids(corpus: Corpus, ids: list[int]) -> str:
+    """Token ids back to text under the corpus's tokenizer."""
+    import sentencepiece as spm
+
+    return str(spm.SentencePieceProcessor(model_proto=corpus.tokenizer_proto()).decode([int(i) for i in ids]))

@@ -1,0 +1,264 @@
+"""Issue #27: language modelling on a text corpus — preparation, training, perplexity, frequency
+bins, paragraph alignment, probes on real text, and one-line errors. A tiny corpus is written here
+(vocabulary 60 pieces; hidden size 8)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gradscope.analysis.lm import FREQ_LABELS, position_edges
+from gradscope.cli.app import app
+from gradscope.config import RunConfig
+from gradscope.corpus import frequency_bins, is_heading, open_corpus, paragraphs
+from gradscope.workflows.corpus import CorpusSettings, decode_ids, encode_text, prepare_corpus
+from gradscope.errors import GradscopeError
+from gradscope.models import SeqModel
+from gradscope.models.pe import SinusoidalPE
+from gradscope.models.registry import CORES, core_class
+from gradscope.presets import build_config
+from gradscope.tasks import IGNORE, make_task
+from gradscope.files.checkpoint import load
+from gradscope.train.loop import train
+from gradscope.workflows.lm import evaluate_lm, lm_probes
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "house", "with", "blue",
+         "door", "under", "tree", "old", "man", "saw", "small", "bird", "in", "green", "field", "quick", "fox",
+         "jumps", "over", "lazy", "river", "bank", "sun", "rose", "above", "hill", "zebra", "yak", "quartz"]
+
+
+def write_raw(path: Path, paragraphs_: int = 240, seed: int = 0) -> list[str]:
+    """WikiText-like raw text: headings, blank lines, one paragraph per line (Zipfian words)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, len(WORDS) + 1)
+    paras = [" ".join(rng.choice(WORDS, int(rng.integers(3, 40)), p=p / p.sum())) for _ in range(paragraphs_)]
+    lines = []
+    for i, para in enumerate(paras):
+        if i % 40 == 0:
+            lines += ["", f" = Section {i} = ", "", f" = = Sub {i} = = ", ""]
+        lines.append(" " + para + " ")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return paras
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("lm")
+    write_raw(root / "raw.txt")
+    prepare_corpus(root / "raw.txt", root / "corpus", CorpusSettings(vocab_size=60, valid=0.1, test=0.1))
+    return root / "corpus"
+
+
+def lm_config(corpus: Path, core: str = "lstm", pe: str = "none", length: int = 24, iterations: int = 3) -> RunConfig:
+    base = build_config("tiny", {"task": "lm", "corpus": str(corpus), "length": length, "model": core, "pe": pe,
+                                 "embed": 8, "hidden": 8, "iterations": iterations, "batch_size": 8,
+                                 "checkpoint_every": iterations, "log_every": 1, "warmup": 1, "heldout": 8})
+    return dataclasses.replace(base, model=dataclasses.replace(base.model,
+                                                               core_config=dict(core_class(core).tiny_config)))
+
+
+def test_headings_and_blank_lines_are_dropped() -> None:
+    text = " = Title = \n\n Para one . \n = = Sub = = \n   \n a = b is not a heading \n = = = Deep = = = \n"
+    assert paragraphs(text) == ["Para one .", "a = b is not a heading"]
+    assert is_heading(" = = Sub = = ") and not is_heading("x = y =") and not is_heading("= =")
+
+
+def test_sentencepiece_round_trip_and_stored_splits(corpus_dir: Path, tmp_path: Path) -> None:
+    corpus = open_corpus(corpus_dir)
+    text = "the quick fox jumps over the lazy dog"
+    ids = encode_text(corpus, text)
+    assert all(0 <= i < 60 for i in ids) and decode_ids(corpus, ids) == text
+    # every stored paragraph decodes back to a paragraph of the raw text, and the splits partition them
+    raw = write_raw(tmp_path / "again.txt")
+    decoded = [decode_ids(corpus, s.paragraph(i).tolist()) for s in corpus.splits.values() for i in range(len(s))]
+    assert sorted(decoded) == sorted(raw)
+    assert corpus.counts.sum() == corpus.splits["train"].tokens.shape[0]
+    assert np.array_equal(corpus.counts, np.bincount(np.asarray(corpus.splits["train"].tokens), minlength=60))
+    # deterministic: the same text and settings give the same tokenizer and tokens
+    again = prepare_corpus(tmp_path / "again.txt", tmp_path / "c2", CorpusSettings(vocab_size=60, valid=0.1, test=0.1))
+    assert again.manifest["tokenizer"]["sha256"] == corpus.manifest["tokenizer"]["sha256"]
+    assert np.array_equal(np.asarray(again.splits["test"].tokens), np.asarray(corpus.splits["test"].tokens))
+
+
+def test_frequency_bins_are_the_quantiles_of_the_counts() -> None:
+    rng = np.random.default_rng(3)
+    k, n_bins = 200, 10
+    counts = rng.permutation(np.arange(k) * 7 + 1)  # distinct counts
+    bins = frequency_bins(counts, n_bins)
+    m = k // n_bins
+    for b in range(n_bins):
+        hi = np.quantile(counts, (k - 1 - b * m) / (k - 1), method="nearest")
+        lo = np.quantile(counts, (k - (b + 1) * m) / (k - 1), method="nearest")
+        assert set(np.flatnonzero(bins == b)) == set(np.flatnonzero((counts >= lo) & (counts <= hi)))
+    # with ties: equal-size bins, every count of bin b >= every count of bin b + 1, ties broken by id
+    counts = rng.integers(0, 5, k)
+    bins = frequency_bins(counts, 2)
+    assert (bins == 0).sum() == (bins == 1).sum() == k // 2
+    assert counts[bins == 0].min() >= counts[bins == 1].max()
+    tie = counts[bins == 0].min()
+    if tie == counts[bins == 1].max():
+        assert np.flatnonzero((bins == 0) & (counts == tie)).max() < np.flatnonzero((bins == 1) & (counts == tie)).min()
+
+
+def test_paragraph_alignment_pe_restarts_on_the_models_inputs(corpus_dir: Path) -> None:
+    cfg = lm_config(corpus_dir, pe="sinusoidal", length=24)
+    task = make_task(cfg.task)
+    train_split = task.corpus.splits["train"]
+    index = np.array([0, 1, 2, 3, 4, 5])
+    batch = task.rows("train", index)
+    torch.manual_seed(0)
+    model = SeqModel(cfg.model)
+    x = model.core_inputs(batch.inputs)  # (n, T, 2E)
+    pe = SinusoidalPE(cfg.model.embed_size)(batch.inputs.shape[1])  # (T, E)
+    for row, i in enumerate(index):
+        words = train_split.paragraph(int(i))[:24]
+        m = words.size
+        assert batch.inputs[row, 0] == task.query and torch.equal(batch.inputs[row, 1:m], torch.from_numpy(words[:-1]).long())
+        assert torch.equal(batch.targets[row, :m], torch.from_numpy(words).long())
+        assert bool((batch.targets[row, m:] == IGNORE).all())
+        # the PE half of the core's input: position t of every paragraph reads PE(t), t = 0 at its start
+        assert torch.allclose(x[row, :, 8:], pe, atol=1e-6)
+        # the same paragraph alone gives the same inputs over its tokens: nothing leaks between rows
+        alone = model.core_inputs(task.rows("train", np.array([i])).inputs)[0]
+        assert torch.allclose(x[row, :m], alone[:m], atol=1e-6)
+    assert max(train_split.lengths) > 24 and int((batch.targets != IGNORE).sum(1).max()) <= 24  # truncated at L
+
+
+def test_perplexity_is_exp_mean_cross_entropy_computed_independently(corpus_dir: Path) -> None:
+    cfg = lm_config(corpus_dir, length=16)
+    task = make_task(cfg.task)
+    torch.manual_seed(1)
+    model = SeqModel(cfg.model).eval()
+    counts, preds, targets, types = evaluate_lm(model, task, torch.device("cpu"))
+    # independent: one unpadded paragraph at a time, float64 log-softmax of the model's logits
+    test = task.corpus.splits["test"]
+    losses, hits, ids, positions = [], [], [], []
+    for i in range(len(test)):
+        words = torch.from_numpy(test.paragraph(i)[:16]).long()
+        inputs = torch.cat([torch.tensor([task.query]), words[:-1]])[None]
+        with torch.no_grad():
+            logits = model(inputs)[0].double()
+        losses.append(torch.nn.functional.cross_entropy(logits, words, reduction="none"))
+        hits.append(logits.argmax(-1) == words)
+        ids.append(words)
+        positions.append(torch.arange(1, words.numel() + 1))
+    loss, hit, tok, pos = (torch.cat(v).numpy() for v in (losses, hits, ids, positions))
+    assert counts.n == loss.size and counts.correct == int(hit.sum())
+    assert math.isclose(counts.perplexity, math.exp(loss.mean()), rel_tol=1e-5)
+    bins10 = frequency_bins(task.corpus.counts, 10)
+    for d in range(10):
+        sel = bins10[tok] == d
+        b = FREQ_LABELS.index(f"decile{d + 1}")
+        assert counts.freq_n[b] == sel.sum()
+        assert math.isclose(counts.freq_nll[b], loss[sel].sum(), rel_tol=1e-5, abs_tol=1e-6)
+    halves = frequency_bins(task.corpus.counts, 2)
+    assert counts.freq_n[0] + counts.freq_n[1] == counts.n and counts.freq_n[1] == (halves[tok] == 1).sum()
+    for j, (a, b) in enumerate(position_edges(16)):
+        sel = (pos >= a) & (pos <= b)
+        assert counts.pos_n[j] == sel.sum() and math.isclose(counts.pos_nll[j], loss[sel].sum(), rel_tol=1e-5)
+    assert list(types) == [30, 30] + [6] * 10  # token types per bin: two halves and ten deciles of 60
+
+
+@pytest.mark.parametrize("core", sorted(CORES))
+def test_every_core_trains_and_resumes_with_and_without_pe(corpus_dir: Path, tmp_path: Path, core: str) -> None:
+    for pe in ("none", "sinusoidal"):
+        cfg = lm_config(corpus_dir, core=core, pe=pe, iterations=2)
+        result = train(cfg, tmp_path / pe, stop_after=1)
+        assert result == {}
+        result = train(cfg, tmp_path / pe, resume=True)
+        assert result["iteration"] == 2 and 0 <= result["uniform"]["token_accuracy"] <= 1
+        assert load(tmp_path / pe).config.task.corpus_sha256 == open_corpus(corpus_dir).sha256
+
+
+def test_cli_train_accuracy_summarize_stability(corpus_dir: Path, tmp_path: Path, runner, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    common = ["train", "--task", "lm", "--corpus", str(corpus_dir), "--model", "lstm", "--embed", "8", "--hidden",
+              "8", "--max-length", "16", "--iterations", "4", "--batch-size", "8", "--checkpoint-every", "4",
+              "--warmup", "1", "-q"]
+    for pe in ("none", "sinusoidal"):
+        for seed in ("1", "2"):
+            r = runner.invoke(app, common + ["--pe", pe, "--seed", seed, "-o", f"run-{pe}-{seed}"])
+            assert r.exit_code == 0, r.stderr
+            r = runner.invoke(app, ["accuracy", f"run-{pe}-{seed}", "-o", f"acc-{pe}-{seed}.zarr", "-q"])
+            assert r.exit_code == 0, r.stderr
+            assert "perplexity" in r.stdout and "decile10" in r.stdout
+    import xarray as xr
+    ds = xr.open_zarr("acc-none-1.zarr", consolidated=False)
+    assert list(ds["freq_bin"].values) == list(FREQ_LABELS)
+    assert math.isclose(float(ds["perplexity"][0]), math.exp(float(ds["cross_entropy"][0])), rel_tol=1e-9)
+    assert int(ds["freq_n"].values[:2].sum()) == int(ds["pos_n"].values.sum())
+    r = runner.invoke(app, ["summarize", "acc-none-1.zarr", "acc-none-2.zarr", "acc-sinusoidal-1.zarr",
+                            "acc-sinusoidal-2.zarr", "--by", "pe", "--compare", "pe"])
+    assert r.exit_code == 0, r.stderr
+    assert "perplexity/rare" in r.stdout and "perplexity/frequent" in r.stdout
+    r = runner.invoke(app, ["report", "acc-none-1.zarr", "acc-sinusoidal-1.zarr", "-o", "report.html"])
+    assert r.exit_code == 0, r.stderr
+    assert "Language model: perplexity by token frequency and position" in Path("report.html").read_text()
+    r = runner.invoke(app, ["stability", "run-none-1", "--target-pos", "2", "--length", "8", "--triplets", "3",
+                            "-o", "st.zarr", "-q"])
+    assert r.exit_code == 0, r.stderr
+    assert "frequent/text" in r.stdout and "rare/text" in r.stdout
+    r = runner.invoke(app, ["dynamics", "run-sinusoidal-1", "--sequences", "2", "--steps", "20", "--trajectories", "1",
+                            "-o", "dyn.zarr", "-q"])
+    assert r.exit_code == 0, r.stderr
+    dyn = xr.open_zarr("dyn.zarr", consolidated=False)
+    classes = set(np.asarray(dyn["token_class"].values).ravel())
+    assert {"start", "frequent"} <= classes <= {"start", "frequent", "rare"}
+    assert dyn.sizes["step"] == 16  # the rows themselves: no output phase on a language model
+
+
+def test_probes_on_real_text_share_what_they_should(corpus_dir: Path) -> None:
+    task = make_task(lm_config(corpus_dir, length=24).task)
+    position, length = 3, 10
+    probes = lm_probes(task, 5, position, length, ("frequent", "rare"), seed=0)
+    t = probes.tokens  # (10, 3, 10)
+    halves = frequency_bins(task.corpus.counts, 2)
+    assert bool((t[:, :, 0] == task.query).all())
+    assert torch.equal(t[:, 1, :position + 1], t[:, 0, :position + 1])  # same-target: prefix and target shared
+    assert torch.equal(t[:, 2, position + 1:], t[:, 0, position + 1:])  # same-suffix: suffix shared
+    for member in range(3):
+        cls = halves[t[:, member, position].numpy()]
+        assert list(cls) == [0] * 5 + [1] * 5  # every member's target token is of the triplet's class
+    rows = {tuple(task.rows("test", np.array([i]), width=length).inputs[0].tolist())
+            for i in range(len(task.corpus.splits["test"]))}
+    assert all(tuple(r.tolist()) in rows for r in t[:, 0])  # base rows are real test paragraphs
+    assert probes.conditions[0] == "frequent/text" and probes.conditions[-1] == "rare/text"
+
+
+def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
+    def fails(args: list[str], words: str) -> None:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and words in r.stderr, r.stderr
+
+    (tmp_path / "empty.txt").write_text("\n = Only = \n\n", encoding="utf-8")
+    fails(["corpus", "prepare", str(tmp_path / "empty.txt"), "-o", str(tmp_path / "e")], "0 paragraph")
+    write_raw(tmp_path / "raw.txt", paragraphs_=60)
+    fails(["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "big"), "--vocab", "5000"],
+          "supports at most")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    fails(["corpus", "prepare", str(tmp_path / "latin1.txt"), "-o", str(tmp_path / "l")], "not UTF-8")
+    base = ["train", "--task", "lm", "--model", "lstm", "--iterations", "1", "-q", "-o", str(tmp_path / "run")]
+    fails(base, "needs a corpus")
+    fails(base + ["--corpus", str(tmp_path)], "manifest.json")
+    for name, damage in (("train.tokens.npy", b"\x93NUMPY garbage"), ("manifest.json", b"{not json"),
+                         ("train.offsets.npy", None)):
+        broken = tmp_path / f"broken-{name}"
+        prepare_corpus(tmp_path / "raw.txt", broken, CorpusSettings(vocab_size=40))
+        if damage is None:
+            (broken / name).unlink()
+        else:
+            (broken / name).write_bytes(damage)
+        fails(base + ["--corpus", str(broken)], "corpus")
+    empty = tmp_path / "emptyfiles"
+    prepare_corpus(tmp_path / "raw.txt", empty, CorpusSettings(vocab_size=40))
+    (empty / "test.tokens.npy").write_bytes(b"")
+    fails(base + ["--corpus", str(empty)], "corpus")
+    fails(base + ["--corpus", str(corpus_dir), "--vocab", "61"], "--vocab")
+    with pytest.raises(GradscopeError, match="valid_file/test_file"):
+        prepare_corpus(tmp_path / "raw.txt", tmp_path / "x", valid_file=tmp_path / "raw.txt")
