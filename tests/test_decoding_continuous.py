@@ -84,6 +84,10 @@ def test_feedback_model_trains_and_reports_both(tmp_path: Path, runner) -> None:
                                [result["uniform"]["token_accuracy"], result["uniform_teacher"]["token_accuracy"]],
                                rtol=1e-6)
     assert "self-fed" in out.stdout and "ground truth fed" in out.stdout
+    from gradscope.store.summary import trial_record  # summarize: each decoding's accuracy per seed
+    metrics = trial_record(tmp_path / "a.zarr").metrics
+    assert metrics["token_accuracy/teacher"] == pytest.approx(float(ds["decoded_token_accuracy"].values[-1, 1]))
+    assert metrics["token_accuracy/autoregressive"] == pytest.approx(metrics["token_accuracy"])
 
 
 def test_free_running_training_is_refused_where_it_cannot_run() -> None:
@@ -208,3 +212,28 @@ def test_stability_takes_continuous_checkpoints(tmp_path: Path, runner) -> None:
     bad = runner.invoke(app, ["stability", "-q", str(tmp_path / "c"), "--target-freq", "rare", "-o",
                               str(tmp_path / "t.zarr")])
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_summarize_reads_cosine_stores(tmp_path: Path) -> None:
+    """Seeds as trials for the continuous task: the mean over seeds of each store's cosine similarity
+    (and per position), with a CI that brackets it."""
+    import dataclasses
+
+    import gradscope
+    from gradscope.store import write_store
+
+    stores = []
+    for seed in (3, 4):
+        cfg = _continuous(iterations=4)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed, checkpoint_every=4))
+        train(cfg, tmp_path / f"r{seed}")
+        write_store(gradscope.accuracy(tmp_path / f"r{seed}", resamples=100), tmp_path / f"a{seed}.zarr")
+        stores.append(tmp_path / f"a{seed}.zarr")
+    per_seed = [xr.open_zarr(p) for p in stores]
+    summary = gradscope.summarize([str(p) for p in stores])
+    assert list(summary["metric"].values) == ["cosine_similarity", "cosine/t4", "cosine/t5", "cosine/t6"]
+    mean = summary["mean"].sel(metric="cosine_similarity").item()
+    assert mean == pytest.approx(np.mean([float(ds["cosine_similarity"][-1]) for ds in per_seed]), abs=1e-12)
+    t5 = summary["mean"].sel(metric="cosine/t5").item()
+    assert t5 == pytest.approx(np.mean([float(ds["position_cosine"].sel(time=5)[-1]) for ds in per_seed]), abs=1e-12)
+    assert summary["low"].sel(metric="cosine_similarity").item() <= mean <= summary["high"].sel(metric="cosine_similarity").item()

@@ -152,6 +152,14 @@ def test_cli_extends_and_records(runner, tmp_path: Path, parent: Path) -> None:
     assert config["extend"]["parent_sha256"] == hashlib.sha256(load(parent).path.read_bytes()).hexdigest()
     assert config["task"]["new_item_share"] == 0.5 and config["train"]["iterations"] == 5
     assert "old items" in result.stdout and "new items" in result.stdout
+    result = runner.invoke(app, ["accuracy", "-q", str(tmp_path / "e"), "-o", str(tmp_path / "a.zarr")])
+    assert result.exit_code == 0, result.output
+    from gradscope.store.summary import trial_record  # summarize: old and new items per seed
+    import xarray as xr
+
+    ds, metrics = xr.open_zarr(tmp_path / "a.zarr"), trial_record(tmp_path / "a.zarr").metrics
+    assert [metrics["token_accuracy/old_items"], metrics["token_accuracy/new_items"]] == \
+        pytest.approx(ds["item_accuracy"].values[-1].tolist())
 
 
 def test_extension_study_reuses_parents_and_tabulates(tmp_path: Path) -> None:

@@ -90,7 +90,11 @@ def _right(p: Path, what: str, ok: bool) -> None:
 
 def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Metrics at the last checkpoint; units: 1/0 per scored token, per scored sequence (full match),
-    the DL distance per sequence. Nothing scored gives NaN, never 0."""
+    the DL distance per sequence. Nothing scored gives NaN, never 0. A vector task's store gives its
+    cosine similarity (units: per sequence) and per position; a feedback model's, token accuracy per
+    decoding; an extended vocabulary's, token accuracy on old and new target items."""
+    if "cosine_similarity" in ds:
+        return _cosine_trial(ds, path)
     _require(ds, path, ["token_accuracy", "sequence_accuracy", "dl_distance", "sequence_correct", "sequence_scored",
                         "sequence_dl"])
     last = ds.isel(checkpoint=-1)
@@ -123,7 +127,24 @@ def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[
             metrics[f"perplexity/{label}"], metrics[f"token_accuracy/{label}"] = float(ppl), float(acc)
         for a, b, ppl in zip(ds["pos_start"].values, ds["pos_end"].values, last["pos_perplexity"].values):
             metrics[f"perplexity/t{a}-{b}"] = float(ppl)
+    if "decoded_token_accuracy" in ds:  # a feedback model: each decoding beside the main one
+        for d, acc in zip(ds["decoding"].values, last["decoded_token_accuracy"].values):
+            metrics[f"token_accuracy/{d}"] = float(acc)
+    if "item_accuracy" in ds:  # an extended vocabulary: old and new target items
+        for item, acc in zip(ds["item"].values, last["item_accuracy"].values):
+            metrics[f"token_accuracy/{item}_items"] = float(acc)
     return metrics, units
+
+
+def _cosine_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """A vector task's accuracy store: mean cosine similarity (units: each held-out sequence's mean
+    over its scored positions) and the mean per output position."""
+    _require(ds, path, ["position_cosine", "sequence_cosine"])
+    last = ds.isel(checkpoint=-1)
+    metrics = {"cosine_similarity": float(last["cosine_similarity"])}
+    for t, value in zip(ds["time"].values, last["position_cosine"].values):
+        metrics[f"cosine/t{int(t)}"] = float(value)
+    return metrics, {"cosine_similarity": last["sequence_cosine"].values.astype(float)}
 
 
 def _stability_trial(ds: xr.Dataset, path: Path, score: str) -> tuple[dict[str, float], dict[str, np.ndarray]]:
