@@ -262,3 +262,34 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     fails(base + ["--corpus", str(corpus_dir), "--vocab", "61"], "--vocab")
     with pytest.raises(GradscopeError, match="valid_file/test_file"):
         prepare_corpus(tmp_path / "raw.txt", tmp_path / "x", valid_file=tmp_path / "raw.txt")
+
+
+def test_a_moved_corpus_is_named_with_corpus_and_a_loaded_checkpoint_equals_its_path(
+        corpus_dir: Path, tmp_path: Path, runner, monkeypatch) -> None:
+    """accuracy, stability and dynamics read a moved corpus given by --corpus (a missing one is a
+    one-line error naming the flag); the Python API gives the same stability for a Loaded checkpoint
+    as for its path (the lm probes and scoring, not a wrapped model's)."""
+    import shutil
+
+    import gradscope
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(corpus_dir, tmp_path / "corpus")
+    r = runner.invoke(app, ["train", "--task", "lm", "--corpus", "corpus", "--model", "gru", "--embed", "8", "--hidden",
+                            "8", "--max-length", "12", "--iterations", "2", "--batch-size", "4", "--checkpoint-every",
+                            "2", "--warmup", "1", "-q", "-o", "run"])
+    assert r.exit_code == 0, r.stderr
+    by_path = gradscope.stability("run", target_pos=2, length=8, triplets=2)
+    by_loaded = gradscope.stability(gradscope.load("run"), target_pos=2, length=8, triplets=2)
+    np.testing.assert_array_equal(by_loaded["score_default"].values, by_path["score_default"].values)
+    (tmp_path / "corpus").rename(tmp_path / "moved")
+    checks = [["accuracy", "run", "-o", "a.zarr"], ["stability", "run", "--target-pos", "2", "--length", "8",
+                                                   "--triplets", "2", "-o", "s.zarr"],
+              ["dynamics", "run", "--sequences", "1", "--steps", "10", "--trajectories", "1", "-o", "d.zarr"]]
+    for args in checks:
+        r = runner.invoke(app, args + ["-q"])
+        assert r.exit_code == 2 and "corpus" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        r = runner.invoke(app, args + ["-q", "--corpus", "moved"])
+        assert r.exit_code == 0, r.stderr
+    moved = gradscope.stability("run", target_pos=2, length=8, triplets=2, corpus="moved")
+    np.testing.assert_array_equal(moved["score_default"].values, by_path["score_default"].values)

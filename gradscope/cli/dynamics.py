@@ -110,6 +110,7 @@ def dynamics_command(
     sv: Annotated[int, Opt(help="Top singular values kept per step Jacobian.")] = 8,
     seed: Annotated[int, Opt(help="Seed of the probes and trajectories.")] = 0,
     device: Annotated[str, Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = "auto",
+    corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Gradient dynamics (SPEC §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra."""
@@ -138,7 +139,7 @@ def dynamics_command(
             run = run_factory_dynamics(model_factory, checkpoints[0], opts, length=length if length is not None else 32,
                                        token_counts=token_counts, command=command_line(ctx), config=config)
         else:
-            run = run_dynamics(checkpoints, opts, target_freq=tuple(target_freq or ()),
+            run = run_dynamics(checkpoints, opts, corpus=corpus, target_freq=tuple(target_freq or ()),
                                disturbant=tuple(disturbant or ()),
                                on_start=lambda n: progress.update(bar, total=n),
                                on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))

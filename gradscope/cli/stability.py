@@ -82,6 +82,7 @@ def stability_command(
     token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.")] = None,
     length: Annotated[Optional[int], Opt(help="With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length).")] = None,
     filler: Annotated[Optional[int], Opt(help="With --model-factory: output phase of L copies of this token id after each probe (default: none).")] = None,
+    corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4)."""
@@ -102,7 +103,7 @@ def stability_command(
         raise GradscopeError("--token-counts/--filler: they describe probes for --model-factory models; "
                              "gradscope checkpoints generate their own")
     opts = StabilityOptions(tuple(target_freq or ()), tuple(disturbant or ()), target_pos, triplets, probes, seed,
-                            method, batch_size, sv, device, token_counts, length, filler)
+                            method, batch_size, sv, device, token_counts, length, filler, corpus=corpus)
     out_path = out if out is not None else default_out("stability", checkpoints[0] if checkpoints else Path("x"))
     check_out(out_path, overwrite)
     with make_progress(console) as progress, warnings.catch_warnings():

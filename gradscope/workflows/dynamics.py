@@ -319,6 +319,7 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
 
 def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOptions(), *,
                  target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (),
+                 corpus: str | Path | None = None,
                  on_start: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None,
                  command: str = "") -> DynamicsRun:
     """Dynamics of every checkpoint (run directories expand to all of theirs, oldest first), on the
@@ -346,7 +347,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
                                gates=len(getattr(core, "gate_names", ("step",))), exponents=plan.exponents),
                 "sequences/grid_sequences/trajectories/steps/exponents")
     if text:
-        lm = lm_task(loaded)
+        lm = lm_task(loaded, corpus)
         tokens = lm_sequences(lm, opts.sequences, opts.seed)
         probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), (TEXT,) * n, (TEXT,) * n)
         classes = lm_token_classes(tokens, lm)
@@ -459,7 +460,7 @@ def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = Dy
 
 def dynamics(source: Any, *, tokens: torch.Tensor | None = None, trajectory_tokens: torch.Tensor | None = None,
              counts: torch.Tensor | None = None, target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (),
-             **options: Any) -> xr.Dataset:
+             corpus: str | Path | None = None, **options: Any) -> xr.Dataset:
     """The dynamics view (SPEC §7) as an xarray Dataset with the variables of a dynamics store.
     Options are named as ``gradscope dynamics``'s flags.
 
@@ -469,6 +470,7 @@ def dynamics(source: Any, *, tokens: torch.Tensor | None = None, trajectory_toke
     options: the fields of :class:`DynamicsOptions` (parts, sequences, grid_sequences, sv, trajectories,
     steps, warmup, reorth, seed, device, exponents, qr_dtype, budget_seconds), or ``opts=DynamicsOptions(…)``.
     target_freq / disturbant: the probe conditions, as in :func:`gradscope.stability`.
+    corpus: an lm checkpoint's corpus directory, if it moved since training.
     """
     if "target_groups" in options:  # the names before issue #24
         warnings.warn("dynamics(target_groups=…) is now target_freq=…, as its flag", DeprecationWarning, stacklevel=2)
@@ -482,4 +484,4 @@ def dynamics(source: Any, *, tokens: torch.Tensor | None = None, trajectory_toke
         check(tokens is not None, "tokens: give the probe sequences (n, T) to analyse an in-memory model")
         return run_model_dynamics(source, tokens, opts, trajectory_tokens=trajectory_tokens, counts=counts).to_xarray()
     return run_dynamics(checkpoint_sources(source), opts, target_freq=tuple(target_freq),
-                        disturbant=tuple(disturbant)).to_xarray()
+                        disturbant=tuple(disturbant), corpus=corpus).to_xarray()

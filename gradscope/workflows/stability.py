@@ -64,6 +64,7 @@ class StabilityOptions:
     length: int | None = None
     filler: int | None = None
     split: float = 0.5
+    corpus: Path | None = None  # lm checkpoints: this corpus directory instead of the recorded one (it moved)
     # the old names (RENAMED_OPTIONS), constructor keywords only: read the new names (opts.position is None)
     target_groups: InitVar[tuple[str, ...] | None] = None
     disturbant_groups: InitVar[tuple[str, ...] | None] = None
@@ -140,7 +141,7 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
         check(set(opts.disturbant) <= {TEXT},
               f"disturbant: got {', '.join(opts.disturbant)}; on lm checkpoints the disturbants are "
               f"the corpus's own text ({TEXT})")
-        lm = lm_task(first)
+        lm = lm_task(first, opts.corpus)
         length = opts.length or task.length
         groups = opts.target_freq or PROBE_GROUPS
         check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
@@ -369,7 +370,7 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
               target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (), seed: int = 0,
               method: str = "auto", batch_size: int = 32, sv: int = 64, device: str = "auto",
               token_counts: str | Path | None = None, length: int | None = None, filler: int | None = None,
-              split: float = 0.5, **renamed: Any) -> xr.Dataset:
+              split: float = 0.5, corpus: str | Path | None = None, **renamed: Any) -> xr.Dataset:
     """Gradient stability (SPEC §4) as an xarray Dataset with the variables of a stability store
     (write it with ``gradscope.store.write_store``). Each option is named as its ``gradscope
     stability`` flag (``target_pos`` is ``--target-pos``); the names before issue #24 (position,
@@ -382,7 +383,8 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
     model, from ``token_counts`` and ``length``), a path (.npy (n, 3, L) token ids, .npz, or a
     stability store), a :class:`~gradscope.tasks.probes.Probes`, or an integer tensor (n, 3, L).
     target_pos: the target position p (1-based). filler: a wrapped model's output-phase token (L
-    copies after each probe; None: no output phase).
+    copies after each probe; None: no output phase). corpus: an lm checkpoint's corpus directory, if
+    it moved since training (its manifest must match the run's).
     """
     given = None
     probes_path = None
@@ -401,13 +403,8 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
         probes_path = Path(renamed["probes_file"])
     opts = StabilityOptions(tuple(target_freq), tuple(disturbant), target_pos, triplets, probes_path, seed,
                             method, batch_size, sv, device, Path(token_counts) if token_counts is not None else None,
-                            length, filler, split, **{k: v for k, v in renamed.items() if k != "probes_file"})
-    if isinstance(source, Loaded):
-        if given is not None:
-            check_probes_fit(given, source.config.task.vocab_size, source.config.task.length)
-        return run_model_stability(source.model, opts, probes=given if given is not None else build_probes(source, opts),
-                                   source=source.path, iteration=source.iteration,
-                                   config=config_attrs(source.config)).to_xarray()
+                            length, filler, split, None if corpus is None else Path(corpus),
+                            **{k: v for k, v in renamed.items() if k != "probes_file"})
     if isinstance(source, nn.Module):
         return run_model_stability(source, opts, probes=given).to_xarray()
     return run_stability(checkpoint_sources(source), opts, probes=given).to_xarray()
