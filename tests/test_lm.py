@@ -293,3 +293,31 @@ def test_a_moved_corpus_is_named_with_corpus_and_a_loaded_checkpoint_equals_its_
         assert r.exit_code == 0, r.stderr
     moved = gradscope.stability("run", target_pos=2, length=8, triplets=2, corpus="moved")
     np.testing.assert_array_equal(moved["score_default"].values, by_path["score_default"].values)
+
+
+def test_tokens_per_second_counts_real_tokens_not_padding(corpus_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """With a clock that ticks one second per reading, each log line's tokens_per_s is exactly the
+    scored (real) tokens of its window, not batch × L padded positions."""
+    import itertools
+    import json
+    import types
+
+    import gradscope.train.loop as loop
+
+    cfg = lm_config(corpus_dir, length=24, iterations=4)
+    cfg = RunConfig(model=cfg.model, task=cfg.task, train=dataclasses.replace(cfg.train, log_every=2))
+    clock = itertools.count()
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    scored: list[int] = []
+    original = loop.loss_and_correct
+
+    def recording(*args, **kwargs):
+        out = original(*args, **kwargs)
+        scored.append(int(out[2]))
+        return out
+
+    monkeypatch.setattr(loop, "loss_and_correct", recording)
+    train(cfg, tmp_path / "run")
+    entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["tokens_per_s"] for e in entries] == [sum(scored[0:2]), sum(scored[2:4])]
+    assert all(e["tokens_per_s"] < cfg.train.batch_size * 24 * 2 for e in entries)  # padded: batch × L × steps

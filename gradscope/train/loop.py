@@ -294,9 +294,13 @@ def _run(cfg: RunConfig, task: Task, run_dir: Path, state: TrainState, stop_afte
             if state.iteration % t.log_every == 0 or state.iteration == t.iterations:
                 loss_sum, n_correct, n_scored = state.window.tolist()
                 elapsed = time.perf_counter() - tic
+                # positions per second; a corpus task's rows are padded, so there the real (scored)
+                # tokens of the steps timed (the window may also hold steps from before a resume)
+                timed = n_scored * tic_steps / state.window_steps if task.corpus_probes else \
+                    tic_steps * t.batch_size * task.total_len
                 entry = {"iteration": state.iteration, "loss": loss_sum / state.window_steps,
                          "accuracy": n_correct / max(n_scored, 1), "lr": lr,
-                         "tokens_per_s": tic_steps * t.batch_size * task.total_len / max(elapsed, 1e-9)}
+                         "tokens_per_s": timed / max(elapsed, 1e-9)}
                 _append(log, json.dumps(entry) + "\n", log_path)
                 state.metrics = {"loss": entry["loss"], "accuracy": entry["accuracy"]}
                 state.window.zero_()
