@@ -237,3 +237,31 @@ def test_summarize_reads_cosine_stores(tmp_path: Path) -> None:
     t5 = summary["mean"].sel(metric="cosine/t5").item()
     assert t5 == pytest.approx(np.mean([float(ds["position_cosine"].sel(time=5)[-1]) for ds in per_seed]), abs=1e-12)
     assert summary["low"].sel(metric="cosine_similarity").item() <= mean <= summary["high"].sel(metric="cosine_similarity").item()
+
+
+def test_report_draws_the_experiments_per_position(tmp_path: Path, runner) -> None:
+    """A report of a continuous run's store, a feedback model's and an extension's draws each one's
+    per-position figure (and reads the continuous run's eval.json, which has no token accuracy)."""
+    cfg = _continuous(iterations=4)
+    train(cfg, tmp_path / "cont")
+    fb = small_run("lstm", iterations=4, distribution="uniform")
+    fb = RunConfig(model=ModelConfig(**{**fb.model.__dict__, "feedback": True}), task=fb.task,
+                   train=TrainConfig(**{**fb.train.__dict__, "decoding": "teacher"}))
+    train(fb, tmp_path / "fb")
+    parent = small_run("gru", iterations=4, distribution="uniform")
+    train(parent, tmp_path / "parent")
+    r = runner.invoke(app, ["train", "-q", "--extend-from", str(tmp_path / "parent"), "--vocab",
+                            str(parent.task.vocab_size + 4), "--iterations", "2", "-o", str(tmp_path / "ext")])
+    assert r.exit_code == 0, r.output
+    for run in ("cont", "fb", "ext"):
+        r = runner.invoke(app, ["accuracy", "-q", str(tmp_path / run), "--resamples", "100", "-o",
+                                str(tmp_path / f"{run}.zarr")])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["report", *(str(tmp_path / n) for n in ("cont", "cont.zarr", "fb.zarr", "ext.zarr")),
+                            "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "r.html").read_text()
+    for heading in ("Continuous vocabulary: cosine similarity per position",
+                    "Decoding: self-fed beside ground-truth fed accuracy",
+                    "Vocabulary extension: accuracy on old and new items", "Training curves"):
+        assert f"<h2>{heading}" in page

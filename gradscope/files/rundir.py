@@ -137,7 +137,8 @@ def read_run_config(run_dir: Path) -> RunConfig:
 
 def read_evaluation(run_dir: Path, what: str = "evaluation") -> dict[str, Any] | None:
     """The held-out evaluation in ``eval.json`` (None when the run has not finished): an object with
-    an integer ``iteration`` and, when present, ``uniform``: {n, token_accuracy, …}."""
+    an integer ``iteration`` and, when present, ``uniform``: {n, token_accuracy, …} ({n,
+    cosine_similarity} for a vector task)."""
     path = Path(run_dir) / EVAL_FILE
     if not path.exists():
         return None
@@ -145,8 +146,8 @@ def read_evaluation(run_dir: Path, what: str = "evaluation") -> dict[str, Any] |
     bad = not isinstance(doc, dict) or not _integer(doc.get("iteration"))
     uniform = doc.get("uniform") if isinstance(doc, dict) else None
     if not bad and uniform is not None:
-        bad = not isinstance(uniform, dict) or not _number(uniform.get("token_accuracy")) \
-            or not _integer(uniform.get("n"))
+        bad = not isinstance(uniform, dict) or not _integer(uniform.get("n")) \
+            or not (_number(uniform.get("token_accuracy")) or _number(uniform.get("cosine_similarity")))
     if bad:
         raise GradscopeError(f"{what}: {path} is not a gradscope evaluation (expected an object with an integer "
                              f"\"iteration\" and \"uniform\": {{n, token_accuracy, …}})")

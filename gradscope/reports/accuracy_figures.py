@@ -237,7 +237,7 @@ def training_figure(runs: list[Input], palette: dict[str, str] | None = None,
                 hovertemplate=(f"{full}<br>{run.path.name}<br>iteration %{{x}}<br>{key} %{{y{NUM}}} {unit}<br>"
                                f"n = {window}<extra></extra>")), r, 1)
         held = (run.evaluation or {}).get("uniform")
-        if held:
+        if held and "token_accuracy" in held:  # (a vector task's eval.json has a cosine similarity instead)
             fig.add_trace(go.Scatter(
                 x=[run.evaluation["iteration"]], y=[held["token_accuracy"]], mode="markers", name=f"{name} held-out",
                 legendgroup=name, showlegend=False, marker=dict(symbol="star", size=12, color=palette[run.label]),

@@ -16,6 +16,7 @@ from gradscope.store.inputs import Input, mean_spectra, stability_curves, stabil
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
 from .lm_figures import lm_figure
+from .experiment_figures import KINDS as EXPERIMENT_KINDS, position_figure
 from .dynamics_figures import flow_figure, gate_figure, grid_figure, lyapunov_figure, radius_figure
 from .html import Section, provenance_html, public_command, public_path, render_page
 from .style import colors
@@ -70,6 +71,15 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
         out.append(Section("lm", "Language model: perplexity by token frequency and position",
                            f"From lm accuracy stores (freq_perplexity, pos_perplexity at the {where}) on the corpus's "
                            "test split. Lines: mean over seeds; bars: lowest to highest seed (docs/lm.md).", fig))
+    headings = {"cosine": "Continuous vocabulary: cosine similarity per position",
+                "decoding": "Decoding: self-fed beside ground-truth fed accuracy",
+                "item": "Vocabulary extension: accuracy on old and new items"}
+    for kind, (var, *_) in EXPERIMENT_KINDS.items():
+        if (fig := position_figure(kind, accuracy, opts.iteration, palette)) is not None:
+            bars = "lowest to highest seed (a single store: its 95% bootstrap CI)" if kind == "cosine" else \
+                "lowest to highest seed"
+            out.append(Section(kind, headings[kind], f"From accuracy stores ({var} at the {where}; "
+                                                     f"docs/experiments.md). Lines: mean over seeds; bars: {bars}.", fig))
     if stability:
         points = stability_curves(stability, opts.score, opts.resamples, opts.seed)
         out.append(Section("stability", "Gradient stability over training",
