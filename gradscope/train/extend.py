@@ -16,7 +16,6 @@ copied back into the model after each step, so checkpoints hold the whole model 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.models import SeqModel
 from gradscope.tasks import make_task
 from gradscope.files.checkpoint import load_checkpoint, resolve_checkpoints
+from gradscope.files.io import sha256_file
 
 ROW_PARAMETERS = ("embedding.weight", "to_logits.weight", "to_logits.bias")  # where the new rows are
 
@@ -73,15 +73,6 @@ class NewRows(nn.Module):
         model.embedding.weight[o:K].copy_(self.embedding)
         model.to_logits.weight[o:K].copy_(self.weight)
         model.to_logits.bias[o:K].copy_(self.bias)
-
-
-def sha256_file(path: Path) -> str:
-    """The sha256 of a file's bytes, as 64 hex digits (the parent's provenance)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def parent_checkpoint(path: Path) -> Path:
