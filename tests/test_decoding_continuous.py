@@ -265,3 +265,23 @@ def test_report_draws_the_experiments_per_position(tmp_path: Path, runner) -> No
                     "Decoding: self-fed beside ground-truth fed accuracy",
                     "Vocabulary extension: accuracy on old and new items", "Training curves"):
         assert f"<h2>{heading}" in page
+
+
+def test_dynamics_on_a_continuous_checkpoint(tmp_path: Path, runner) -> None:
+    """dynamics reads a vector task's checkpoint as stability does (ids into the seeded table of
+    sphere points): every step is a 'point' or the 'query', the flow is finite, the CLI table names
+    the class, and a Loaded checkpoint gives what its path gives."""
+    import gradscope
+
+    train(_continuous(iterations=4), tmp_path / "c")
+    r = runner.invoke(app, ["dynamics", str(tmp_path / "c"), "--sequences", "2", "--steps", "20", "--trajectories",
+                            "1", "-q", "-o", str(tmp_path / "d.zarr")])
+    assert r.exit_code == 0, r.output
+    assert "step radius" in r.stdout and "(point)" in r.stdout
+    ds = xr.open_zarr(tmp_path / "d.zarr")
+    assert set(np.asarray(ds["token_class"].values).ravel()) == {"point", "query"}
+    assert np.isfinite(ds["flow_fro"].values).all()
+    opts = dict(sequences=2, steps=20, trajectories=1, parts="flow,lyapunov")
+    by_path = gradscope.dynamics(tmp_path / "c", **opts)
+    by_loaded = gradscope.dynamics(gradscope.load(tmp_path / "c"), **opts)
+    np.testing.assert_array_equal(by_loaded["flow_fro"].values, by_path["flow_fro"].values[-1:])

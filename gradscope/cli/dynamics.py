@@ -27,10 +27,14 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
 
     table = Table(title="gradient dynamics per checkpoint (medians over probe sequences; SPEC §7)",
                   title_justify="left")
-    for col in ("iteration", "|dy_T/dz_1| / |dy_T/dz_T|", "step radius (freq / rare)", "λ_1 [min, max]",
-                "Σλ", "−∞ · below res.", "largest gate term (freq / rare)"):
-        table.add_column(col, justify="right")
     cls = ds["token_class"].values
+    # the steps' classes: frequent and rare, or (a vector task's points, a model without counts) the one there is
+    present = [str(k) for k in dict.fromkeys(np.asarray(cls).ravel()) if k not in ("query", "start")]
+    kinds = ("frequent", "rare") if {"frequent", "rare"} & set(present) or not present else tuple(present[:2])
+    shown = "freq / rare" if kinds == ("frequent", "rare") else " / ".join(kinds)
+    for col in ("iteration", "|dy_T/dz_1| / |dy_T/dz_T|", f"step radius ({shown})", "λ_1 [min, max]",
+                "Σλ", "−∞ · below res.", f"largest gate term ({shown})"):
+        table.add_column(col, justify="right")
     for c in range(ds.sizes["checkpoint"]):
         it = int(ds["iteration"][c])
         row = [str(it) if it >= 0 else "–"]  # an in-memory or factory model has no iteration
@@ -41,7 +45,7 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
             row.append("-")
         if "step_radius" in ds:
             r = ds["step_radius"].values[c]
-            row.append(" / ".join(f"{np.median(r[cls == k]):.3f}" if (cls == k).any() else "-" for k in ("frequent", "rare")))
+            row.append(" / ".join(f"{np.median(r[cls == k]):.3f}" if (cls == k).any() else "-" for k in kinds))
         else:
             row.append("-")
         if "lyapunov" in ds:
@@ -52,7 +56,7 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
             g = ds["gate_norm"].values[c]  # (n, T, G)
             gates = [str(x) for x in ds["gate"].values]
             picks = []
-            for k in ("frequent", "rare"):
+            for k in kinds:
                 mask = cls == k
                 picks.append(gates[int(np.argmax(np.median(g[mask], axis=0)))] if mask.any() else "-")
             row.append(" / ".join(picks))

@@ -40,6 +40,7 @@ from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.tasks.registry import TASKS, probe_tasks
+from gradscope.tasks.vector_probes import TABLE_SIZE, vector_probe_model
 from gradscope.workflows.lm import TEXT, lm_sequences, lm_task, lm_token_classes, lm_trajectories
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
@@ -270,12 +271,15 @@ def token_classes(tokens: torch.Tensor, vocab_size: int, query: int | None) -> n
     return out
 
 
-def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, seed: int) -> torch.Tensor:
-    """Inputs (n, steps, in) of long trajectories: the task's episodes back to back (module docstring)."""
+def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, seed: int,
+                      vocab: int | None = None) -> torch.Tensor:
+    """Inputs (n, steps, in) of long trajectories: the task's episodes back to back (module docstring).
+    ``vocab``: the ids the model reads, when not the task's K (a vector task's probe table: uniform)."""
     task, L = config.task, config.task.length
     episodes = math.ceil(steps / (2 * L))
     gen = torch.Generator().manual_seed(seed)
-    tokens = sample_tokens((n * episodes, L), task.vocab_size, task.distribution, task.rarity, gen)
+    distribution = task.distribution if vocab is None else "uniform"
+    tokens = sample_tokens((n * episodes, L), vocab or task.vocab_size, distribution, task.rarity, gen)
     tokens = torch.cat([tokens, torch.full_like(tokens, model.query_token)], dim=1)  # (n·E, 2L)
     with torch.no_grad():
         x = model.core_inputs(tokens.to(next(model.parameters()).device))  # (n·E, 2L, in)
@@ -339,8 +343,13 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
           "target_freq/disturbant: lm checkpoints are probed on test paragraphs; each step is classed "
           "frequent or rare by the corpus's train counts")
     conditions = [(TEXT, TEXT)] if text else conditions_for(task, target_freq, disturbant)
-    core, query = loaded.model.core, loaded.model.query_token
-    width = loaded.model.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
+    # a vector task's model is probed through ids into a seeded table of sphere points (as stability is)
+    vectors = loaded.config.model.inputs == "vectors"
+    as_probed = (lambda m: vector_probe_model(m, opts.seed)) if vectors else (lambda m: m)  # noqa: E731
+    probed = as_probed(loaded.model)
+    vocab = TABLE_SIZE if vectors else task.vocab_size
+    core, query = probed.core, probed.query_token
+    width = probed.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
     n, T = len(conditions) * opts.sequences, (1 if text else 2) * task.length
     plan = plan_core(core, opts, n, T)
     check_bytes(dynamics_bytes(opts, n, T, core.state_dim, core.out_dim, width, len(files), structure=structure_of(core),
@@ -352,9 +361,11 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
         probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), (TEXT,) * n, (TEXT,) * n)
         classes = lm_token_classes(tokens, lm)
     else:
-        probes = make_probes(opts.sequences, task.length, 1, task.vocab_size, conditions, opts.seed)
+        probes = make_probes(opts.sequences, task.length, 1, vocab, conditions, opts.seed)
         tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], query)], dim=1)
         classes = token_classes(tokens, task.vocab_size, query)
+        if vectors:  # one frequency class: every point of the sphere is as likely
+            classes = np.where(tokens.numpy() == query, "query", "point").astype(object)
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files))
@@ -365,10 +376,10 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
         path = loaded.path
         check(loaded.config.task == task and loaded.config.model.core == core_name,
               f"checkpoint: {path} has another task or core than {first}; analyse it separately")
-        model = loaded.model.to(device)
+        model = as_probed(loaded.model.to(device))
         traj = None if "lyapunov" not in opts.parts else \
             lm_trajectories(model, lm, opts.steps, opts.trajectories, opts.seed + 1) if text else \
-            task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1)
+            task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1, vocab)
         parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))
