@@ -379,7 +379,8 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
         model = as_probed(loaded.model.to(device))
         traj = None if "lyapunov" not in opts.parts else \
             lm_trajectories(model, lm, opts.steps, opts.trajectories, opts.seed + 1) if text else \
-            task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1, vocab)
+            task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1,
+                              TABLE_SIZE if vectors else None)
         parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))
