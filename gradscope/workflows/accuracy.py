@@ -96,9 +96,9 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
     model's under each decoding of :func:`decodings_for` (the first is the main one); an extended
     vocabulary's also per old and new target item."""
     task = make_task(loaded.config.task)
+    decodings = decodings_for(loaded, opts)
     if isinstance(task, LanguageModel):  # perplexity on the corpus's test split
         return evaluate_lm_checkpoint(loaded, device, opts.corpus)
-    decodings = decodings_for(loaded, opts)
     model = loaded.model.to(device)
     held = loaded.heldout
     if opts.grid:

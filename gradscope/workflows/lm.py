@@ -106,7 +106,7 @@ def lm_probes(task: LanguageModel, n: int, position: int, length: int, groups: t
     corpus = task.corpus
     test = corpus.splits["test"]
     check(2 <= length <= task.cfg.length, f"length: got {length}; probes on this checkpoint take 2…{task.cfg.length}")
-    check(1 <= position <= length - 1, f"position: got {position}; valid positions are 1…{length - 1} (paragraph "
+    check(1 <= position <= length - 1, f"target_pos: got {position}; valid positions are 1…{length - 1} (paragraph "
                                        f"tokens of a probe of length {length})")
     for g in groups:
         check(g in PROBE_GROUPS, f"target_freq: got {g!r}; lm probes take {', '.join(PROBE_GROUPS)}")
