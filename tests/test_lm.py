@@ -321,3 +321,15 @@ def test_tokens_per_second_counts_real_tokens_not_padding(corpus_dir: Path, tmp_
     entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [e["tokens_per_s"] for e in entries] == [sum(scored[0:2]), sum(scored[2:4])]
     assert all(e["tokens_per_s"] < cfg.train.batch_size * 24 * 2 for e in entries)  # padded: batch × L × steps
+
+
+def test_lm_option_errors_name_their_flags(corpus_dir: Path, tmp_path: Path, runner) -> None:
+    r = runner.invoke(app, ["train", "--task", "lm", "--corpus", str(corpus_dir), "--model", "gru", "--embed", "8",
+                            "--hidden", "8", "--max-length", "12", "--iterations", "2", "--batch-size", "4",
+                            "--checkpoint-every", "2", "--warmup", "1", "-q", "-o", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.stderr
+    for args, flag in ((["accuracy", "--decoding", "teacher"], "--decoding: got 'teacher'"),
+                       (["stability", "--target-pos", "40"], "--target-pos: got 40")):
+        r = runner.invoke(app, [args[0], str(tmp_path / "run"), *args[1:], "-q", "-o", str(tmp_path / "x.zarr")])
+        assert r.exit_code == 2 and flag in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "x.zarr").exists()
