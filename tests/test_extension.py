@@ -184,3 +184,16 @@ def test_extension_study_reuses_parents_and_tabulates(tmp_path: Path) -> None:
     text = table_markdown(rows, plan)
     assert f"extended {K}→{K2}" in text and f"scratch at {K2}" in text
 
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--extend-to", "10"], "--extend-to: got 10; it must exceed the study's vocabulary"),
+    (["--extend-to", "128", "--extend-iterations", "0"], "--extend-iterations: got 0"),
+    (["--extend-iterations", "5"], "give --extend-to"),
+    (["--study", "lm", "--extend-to", "2000"], "--study reverse"),
+])
+def test_reproduce_checks_the_extension_before_training(runner, tmp_path: Path, args: list[str], message: str) -> None:
+    """A bad --extend-to is a one-line error before anything trains (not after the study's hours)."""
+    r = runner.invoke(app, ["reproduce", "--models", "gru", "--seeds", "1", "-q", "-o", str(tmp_path / "st"), *args])
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "st").exists()

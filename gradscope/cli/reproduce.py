@@ -114,11 +114,14 @@ def reproduce_command(
 
     if study not in ("reverse", "lm"):
         raise GradscopeError(f"--study: got {study!r}; valid studies are reverse, lm")
+    if (extend_to is not None or extend_iterations is not None) and (study != "reverse" or extend_to is None):
+        raise GradscopeError("--extend-to/--extend-iterations: the extension experiment extends the synthetic "
+                             "study's runs (--study reverse); give --extend-to K'")
     if study == "lm":
         from gradscope.workflows.lm_study import PAPER_SEEDS, plan_lm_runs, prepare_study_corpus
 
         default_seeds = "111,222,333" if scale == "tiny" else ",".join(map(str, PAPER_SEEDS))
-        stability_opts = StabilityOptions(triplets=triplets, position=target_pos, length=probe_length)
+        stability_opts = StabilityOptions(triplets=triplets, target_pos=target_pos, length=probe_length)
         corpus = prepare_study_corpus(scale, out, corpus_text, valid_file, test_file)
         runs = plan_lm_runs(scale, corpus, _ints(seeds or default_seeds, "--seeds"), iterations)
     else:
@@ -129,6 +132,15 @@ def reproduce_command(
                          iterations)
     for r in runs:  # before anything runs: every run's training and stability must fit in memory
         check_run_sizes(r, stability_opts)
+    if extend_to is not None or extend_iterations is not None:  # checked now, not after hours of training
+        from gradscope.workflows.extension import study_extension_plans
+
+        vocab = max(r.config.task.vocab_size for r in runs)
+        if extend_to <= vocab:
+            raise GradscopeError(f"--extend-to: got {extend_to}; it must exceed the study's vocabulary ({vocab})")
+        if extend_iterations is not None and extend_iterations < 1:
+            raise GradscopeError(f"--extend-iterations: got {extend_iterations}; it must be positive")
+        study_extension_plans(runs, extend_to, extend_iterations)
     if dry_run:
         console.print(plan_table(runs, measure))
         return

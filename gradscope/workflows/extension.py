@@ -52,6 +52,8 @@ class ExtensionPlan:
               f"extended_vocab: got {self.extended_vocab}; it must exceed the pretraining vocabulary "
               f"{self.base.task.vocab_size}")
         check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), f"seeds: got {self.seeds}; distinct seeds")
+        check(self.extend_iterations is None or self.extend_iterations >= 1,
+              f"extend_iterations: got {self.extend_iterations}; it must be positive")
 
     def name(self, kind: str, pe: str, seed: int) -> str:
         K, K2, core = self.base.task.vocab_size, self.extended_vocab, self.base.model.core
@@ -174,6 +176,22 @@ def table_markdown(rows: list[ExtensionRow], plan: ExtensionPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def study_extension_plans(runs: list["PlannedRun"], extended_vocab: int, iterations: int | None = None
+                          ) -> list[tuple[str, ExtensionPlan, list["PlannedRun"]]]:
+    """Per core of the study: (core, its extension plan, its runs). Building the plans checks the
+    extension's settings, so `reproduce` calls this before it trains anything."""
+    plans = []
+    for core in dict.fromkeys(r.config.model.core for r in runs):
+        mine = [r for r in runs if r.config.model.core == core]
+        base = mine[0].config
+        base = RunConfig(model=dataclasses.replace(base.model, pe="none"), task=base.task, train=base.train)
+        seeds = tuple(dict.fromkeys(r.config.train.seed for r in mine))
+        pes = tuple(dict.fromkeys(r.config.model.pe for r in mine))
+        plans.append((core, ExtensionPlan(base, extended_vocab, seeds=seeds, pes=pes, extend_iterations=iterations,
+                                          distribution="uniform"), mine))
+    return plans
+
+
 def study_extension(layout: "Layout", runs: list["PlannedRun"], extended_vocab: int, iterations: int | None = None,
                     on_event: Callable[[str, str], None] | None = None) -> str:
     """The extension step of `gradscope reproduce`: per core of the study, its vanilla and PE runs
@@ -182,14 +200,7 @@ def study_extension(layout: "Layout", runs: list["PlannedRun"], extended_vocab: 
     returns ``<study>/extension/table.md``."""
     root = layout.root / "extension"
     parts = []
-    for core in dict.fromkeys(r.config.model.core for r in runs):
-        mine = [r for r in runs if r.config.model.core == core]
-        base = mine[0].config
-        base = RunConfig(model=dataclasses.replace(base.model, pe="none"), task=base.task, train=base.train)
-        seeds = tuple(dict.fromkeys(r.config.train.seed for r in mine))
-        pes = tuple(dict.fromkeys(r.config.model.pe for r in mine))
-        plan = ExtensionPlan(base, extended_vocab, seeds=seeds, pes=pes, extend_iterations=iterations,
-                             distribution="uniform")
+    for core, plan, mine in study_extension_plans(runs, extended_vocab, iterations):
         parents = {(r.config.model.pe, r.config.train.seed): layout.run(r) for r in mine}
         run_extension(plan, root / core, on_event, parents)
         parts.append(f"### {core}\n\n" + table_markdown(extension_table(plan, root / core, parents), plan))
