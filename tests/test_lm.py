@@ -333,3 +333,11 @@ def test_lm_option_errors_name_their_flags(corpus_dir: Path, tmp_path: Path, run
         r = runner.invoke(app, [args[0], str(tmp_path / "run"), *args[1:], "-q", "-o", str(tmp_path / "x.zarr")])
         assert r.exit_code == 2 and flag in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert not (tmp_path / "x.zarr").exists()
+
+
+def test_corpus_preparation_reports_its_stages(tmp_path: Path) -> None:
+    write_raw(tmp_path / "raw.txt")
+    stages: list[str] = []
+    prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", CorpusSettings(vocab_size=40, valid=0.1, test=0.1),
+                   on_stage=stages.append)
+    assert [s.split()[0] for s in stages] == ["reading", "training", "encoding", "writing"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -30,6 +31,7 @@ def prepare_command(
     valid: Annotated[float, Opt(help="Without split files: fraction of paragraphs held out for valid.")] = 0.05,
     test: Annotated[float, Opt(help="Without split files: fraction of paragraphs held out for test.")] = 0.05,
     split_seed: Annotated[int, Opt(help="Without split files: seed of the paragraph permutation.")] = 0,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress display.")] = False,
 ) -> None:
     """Strip headings and blank lines, train a SentencePiece tokenizer on the train split, and write
     the splits as memory-mapped token arrays with counts and a manifest."""
@@ -37,7 +39,14 @@ def prepare_command(
 
     settings = CorpusSettings(vocab_size=vocab, model_type=model_type, character_coverage=character_coverage,
                               valid=valid, test=test, split_seed=split_seed)
-    corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file)
+    if quiet:
+        corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file)
+    else:  # a spinner with the stage and its elapsed time (tokenizer training on WikiText-103 takes minutes)
+        with console.status("preparing the corpus") as status:
+            clock = time.perf_counter()
+            corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file,
+                                    on_stage=lambda text: (status.update(text + " …"), console.print(
+                                        f"{time.perf_counter() - clock:7.1f} s  {text}", markup=False)))
     for name, info in corpus.manifest["splits"].items():
         console.print(f"{name}: {info['paragraphs']} paragraphs, {info['tokens']} tokens")
     seen = int((corpus.counts > 0).sum())

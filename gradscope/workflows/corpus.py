@@ -16,7 +16,7 @@ import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -99,18 +99,22 @@ def _save(path: Path, arr: np.ndarray) -> None:
 
 
 def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = CorpusSettings(), *,
-                   valid_file: Path | str | None = None, test_file: Path | str | None = None) -> Corpus:
+                   valid_file: Path | str | None = None, test_file: Path | str | None = None,
+                   on_stage: Callable[[str], None] | None = None) -> Corpus:
     """Make a corpus directory ``out`` from the UTF-8 text ``raw`` (one paragraph per line;
     WikiText headings and blank lines dropped). With ``valid_file`` and ``test_file`` (e.g.
     WikiText's own ``wiki.valid.raw``/``wiki.test.raw``) those are the held-out splits; otherwise
     ``raw``'s paragraphs are split by ``settings.valid``/``settings.test``. Returns the opened corpus.
-    ``out`` must not exist yet (it is never overwritten)."""
+    ``out`` must not exist yet (it is never overwritten). ``on_stage(text)`` is called as each stage
+    starts (reading, training the tokenizer, encoding, writing): on WikiText-103 they take minutes."""
+    stage = on_stage if on_stage is not None else (lambda _text: None)
     check(isinstance(settings, CorpusSettings), f"settings: got {type(settings).__name__}; expected CorpusSettings")
     out = Path(out)
     check((valid_file is None) == (test_file is None), "valid_file/test_file: give both, or neither")
     check(not (out.exists() or out.is_symlink()), f"out: {out} already exists; choose a new directory")
     sources = {"train": Path(raw)} if valid_file is None else \
         {"train": Path(raw), "valid": Path(valid_file), "test": Path(test_file)}  # type: ignore[arg-type]
+    stage("reading the text")
     texts = {k: read_text(p, f"{'raw' if k == 'train' else k + '_file'}") for k, p in sources.items()}
     paras = {k: paragraphs(t) for k, t in texts.items()}
     if valid_file is None:
@@ -121,7 +125,9 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
         paras = {k: [all_paras[i] for i in parts[k]] for k in SPLITS}
     for k in SPLITS:
         check(len(paras[k]) >= 1, f"raw: the {k} split has no paragraph; give more text or larger fractions")
+    stage(f"training the {settings.model_type} tokenizer on {len(paras['train']):,} paragraphs")
     proto = _train_tokenizer(paras["train"], settings)
+    stage("encoding the splits")
     encoded = {k: _encode(proto, paras[k]) for k in SPLITS}
     vocab = settings.vocab_size
     counts = np.bincount(encoded["train"][0], minlength=vocab).astype(np.int64)
@@ -129,6 +135,7 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out.parent, out.name)
     tmp = temp_path(out)
+    stage("writing the corpus")
     try:
         tmp.mkdir()
         (tmp / TOKENIZER).write_bytes(proto)
