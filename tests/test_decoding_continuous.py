@@ -84,6 +84,10 @@ def test_feedback_model_trains_and_reports_both(tmp_path: Path, runner) -> None:
                                [result["uniform"]["token_accuracy"], result["uniform_teacher"]["token_accuracy"]],
                                rtol=1e-6)
     assert "self-fed" in out.stdout and "ground truth fed" in out.stdout
+    train(small_run("lstm", iterations=10, distribution="uniform"), tmp_path / "standard")
+    out = runner.invoke(app, ["accuracy", "-q", str(tmp_path / "run"), str(tmp_path / "standard"), "-o",
+                              str(tmp_path / "mixed.zarr")])  # a feedback and a standard model: not one store
+    assert out.exit_code == 2 and "evaluate them separately" in out.stderr and not (tmp_path / "mixed.zarr").exists()
     from gradscope.store.summary import trial_record  # summarize: each decoding's accuracy per seed
     metrics = trial_record(tmp_path / "a.zarr").metrics
     assert metrics["token_accuracy/teacher"] == pytest.approx(float(ds["decoded_token_accuracy"].values[-1, 1]))

@@ -135,6 +135,8 @@ def test_task_config_refuses_share_without_split() -> None:
     (["--vocab", "12", "--dim", "4"], "--dim: got 4"),
     (["--vocab", "12", "--hidden", "4"], "remove --hidden"),
     (["--vocab", "12", "--new-item-share", "1.5"], "--new-item-share: got 1.5"),
+    (["--vocab", "12", "--new-item-share", "1"], "--new-item-share: got 1.0; it must be > 0.0 and < 1.0"),
+    (["--vocab", "12", "--new-item-share", "0"], "--new-item-share: got 0.0"),
 ])
 def test_cli_bad_extension_is_one_line_exit_2(runner, tmp_path: Path, parent: Path, args: list[str],
                                               message: str) -> None:
@@ -187,13 +189,18 @@ def test_extension_study_reuses_parents_and_tabulates(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--extend-to", "10"], "--extend-to: got 10; it must exceed the study's vocabulary"),
-    (["--extend-to", "128", "--extend-iterations", "0"], "--extend-iterations: got 0"),
-    (["--extend-iterations", "5"], "give --extend-to"),
+    (["--models", "gru", "--extend-to", "10"], "--extend-to: got 10; it must exceed the study's vocabulary"),
+    (["--models", "gru", "--extend-to", "99999999999"], "--extend-to: got 99999999999; it must be at most"),
+    (["--models", "gru", "--extend-to", "128", "--extend-iterations", "0"], "--extend-iterations: got 0"),
+    (["--models", "gru", "--extend-iterations", "5"], "give --extend-to"),
     (["--study", "lm", "--extend-to", "2000"], "--study reverse"),
+    (["--study", "lm", "--models", "gru"], "--models: got 'gru'; the lm study trains the paper's LSTM only"),
+    (["--study", "lm", "--probe-length", "1"], "--probe-length: got 1"),
+    (["--study", "lm", "--target-pos", "40"], "--target-pos: got 40; valid positions are 1…31"),
 ])
 def test_reproduce_checks_the_extension_before_training(runner, tmp_path: Path, args: list[str], message: str) -> None:
-    """A bad --extend-to is a one-line error before anything trains (not after the study's hours)."""
-    r = runner.invoke(app, ["reproduce", "--models", "gru", "--seeds", "1", "-q", "-o", str(tmp_path / "st"), *args])
+    """Bad extension or lm-probe settings are one-line errors before anything trains or a corpus is
+    built (not after the study's hours)."""
+    r = runner.invoke(app, ["reproduce", "--seeds", "1", "-q", "-o", str(tmp_path / "st"), *args])
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "st").exists()

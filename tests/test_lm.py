@@ -260,6 +260,15 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     (empty / "test.tokens.npy").write_bytes(b"")
     fails(base + ["--corpus", str(empty)], "corpus")
     fails(base + ["--corpus", str(corpus_dir), "--vocab", "61"], "--vocab")
+    # a vocabulary SentencePiece cannot parse, an output under a file, a manifest nested past the parser
+    fails(["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "huge"), "--vocab", "2147483648"],
+          "vocab: got 2147483648")
+    (tmp_path / "afile").write_text("x")
+    fails(["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "afile" / "sub")], "not a directory")
+    nested = tmp_path / "nested"
+    prepare_corpus(tmp_path / "raw.txt", nested, CorpusSettings(vocab_size=40))
+    (nested / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    fails(base + ["--corpus", str(nested)], "not valid JSON")
     with pytest.raises(GradscopeError, match="valid_file/test_file"):
         prepare_corpus(tmp_path / "raw.txt", tmp_path / "x", valid_file=tmp_path / "raw.txt")
 

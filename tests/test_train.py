@@ -123,3 +123,26 @@ def test_training_computes_gradients_inside_a_callers_no_grad(tmp_path: Path) ->
     a, b = _params(tmp_path / "plain"), _params(tmp_path / "no-grad")
     # bit for bit: the same process and code path
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_refused_before_its_first_step_leaves_no_directory(tmp_path: Path, monkeypatch) -> None:
+    """A GradscopeError before iteration 1 (here: no batch could be drawn) removes the config and log
+    the start wrote, and the directory it created, so the same command can start again; a directory
+    that existed before is kept."""
+    import gradscope.train.loop as loop
+    from gradscope.errors import GradscopeError
+
+    def refuse(*_args, **_kwargs):
+        raise GradscopeError("heldout_size: could not draw a training batch")
+
+    monkeypatch.setattr(loop, "sample_excluding", refuse)
+    with pytest.raises(GradscopeError, match="could not draw"):
+        train(small_run("gru", iterations=4), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(GradscopeError, match="could not draw"):
+        train(small_run("gru", iterations=4), tmp_path / "kept")
+    assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())
+    monkeypatch.undo()
+    train(small_run("gru", iterations=4), tmp_path / "run")  # starts again where it was refused
+    assert (tmp_path / "run" / "eval.json").is_file()

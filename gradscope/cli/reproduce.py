@@ -92,12 +92,12 @@ def reproduce_command(
     test_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.test.raw.")] = None,
     target_pos: Annotated[int, Opt("--target-pos", help="--study lm: the stability probes' target position (paragraph token, 1-based).")] = 16,
     probe_length: Annotated[int, Opt(help="--study lm: the stability probe rows' length (start token included).")] = 32,
-    models: Annotated[str, Opt(help="Comma-separated cores (names in the core registry; the study of the docs ran gru, lstm, s4d, mingru and mamba).")] = "gru,lstm,s4d",
+    models: Annotated[Optional[str], Opt(help="Comma-separated cores (names in the core registry; the study of the docs ran gru, lstm, s4d, mingru and mamba). Default: gru,lstm,s4d (--study lm: lstm, the paper's).")] = None,
     seeds: Annotated[Optional[str], Opt(help="Comma-separated training seeds (trials). Default: 1,2,3 (lm: 111,222,333 tiny, 111–555 paper).")] = None,
     out: Annotated[Path, Opt("--out", "-o", help="Study directory (re-running it skips finished steps).")] = Path("study"),
     iterations: Annotated[Optional[int], Opt(help="Override the scale's training iterations (for a quick look).")] = None,
     triplets: Annotated[int, Opt(help="Stability probe triplets per condition.")] = 64,
-    dry_run: Annotated[bool, Opt("--dry-run", help="Print the plan and estimated compute; run nothing.")] = False,
+    dry_run: Annotated[bool, Opt("--dry-run", help="Print the plan and estimated compute; train nothing (--study lm prepares its corpus first: the plan needs its vocabulary).")] = False,
     measure: Annotated[bool, Opt(help="With --dry-run: time a few training steps per model to estimate CPU time.")] = True,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
     extend_to: Annotated[Optional[int], Opt(help="Also run the vocabulary-extension experiment (paper §4.2): extend each study run (vocabulary K) to this K' (only the new rows train, on uniform data over K' items) and train from scratch at K'; writes extension/table.md.")] = None,
@@ -114,6 +114,8 @@ def reproduce_command(
 
     if study not in ("reverse", "lm"):
         raise GradscopeError(f"--study: got {study!r}; valid studies are reverse, lm")
+    if study == "lm" and models is not None and models.replace(" ", "") != "lstm":
+        raise GradscopeError(f"--models: got {models!r}; the lm study trains the paper's LSTM only")
     if (extend_to is not None or extend_iterations is not None) and (study != "reverse" or extend_to is None):
         raise GradscopeError("--extend-to/--extend-iterations: the extension experiment extends the synthetic "
                              "study's runs (--study reverse); give --extend-to K'")
@@ -122,13 +124,23 @@ def reproduce_command(
 
         default_seeds = "111,222,333" if scale == "tiny" else ",".join(map(str, PAPER_SEEDS))
         stability_opts = StabilityOptions(triplets=triplets, target_pos=target_pos, length=probe_length)
+        if probe_length < 2:
+            raise GradscopeError(f"--probe-length: got {probe_length}; a probe row holds the start token and at "
+                                 f"least one paragraph token")
+        if not 1 <= target_pos <= probe_length - 1:
+            raise GradscopeError(f"--target-pos: got {target_pos}; valid positions are 1…{probe_length - 1} "
+                                 f"(paragraph tokens of a probe of length {probe_length})")
         corpus = prepare_study_corpus(scale, out, corpus_text, valid_file, test_file)
         runs = plan_lm_runs(scale, corpus, _ints(seeds or default_seeds, "--seeds"), iterations)
+        longest = min(r.config.task.length for r in runs)
+        if probe_length > longest:
+            raise GradscopeError(f"--probe-length: got {probe_length}; the study's rows hold {longest} tokens")
     else:
         if corpus_text is not None or valid_file is not None or test_file is not None:
             raise GradscopeError("--corpus-text/--valid-file/--test-file: they belong to --study lm")
         stability_opts = StabilityOptions(triplets=triplets)
-        runs = plan_runs(scale, [m.strip() for m in models.split(",") if m.strip()], _ints(seeds or "1,2,3", "--seeds"),
+        runs = plan_runs(scale, [m.strip() for m in (models or "gru,lstm,s4d").split(",") if m.strip()],
+                         _ints(seeds or "1,2,3", "--seeds"),
                          iterations)
     for r in runs:  # before anything runs: every run's training and stability must fit in memory
         check_run_sizes(r, stability_opts)
@@ -136,6 +148,10 @@ def reproduce_command(
         from gradscope.workflows.extension import study_extension_plans
 
         vocab = max(r.config.task.vocab_size for r in runs)
+        from gradscope.models.config import MAX_SIZE
+
+        if extend_to > MAX_SIZE:
+            raise GradscopeError(f"--extend-to: got {extend_to}; it must be at most {MAX_SIZE}")
         if extend_to <= vocab:
             raise GradscopeError(f"--extend-to: got {extend_to}; it must exceed the study's vocabulary ({vocab})")
         if extend_iterations is not None and extend_iterations < 1:

@@ -109,7 +109,7 @@ def _manifest(path: Path) -> tuple[dict[str, Any], str]:
     data = file.read_bytes()
     try:
         manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise GradscopeError(f"corpus: {file} is not valid JSON ({str(exc)[:80]})") from None
     check(isinstance(manifest, dict) and manifest.get("format") == FORMAT,
           f"corpus: {file} is not a gradscope corpus manifest")

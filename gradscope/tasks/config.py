@@ -53,7 +53,7 @@ class TaskConfig:
               f"old_items: got {self.old_items}; an extended vocabulary of {self.vocab_size} items needs fewer old ones")
         if self.new_item_share is not None:
             check(self.old_items > 0, "new_item_share: only an extended vocabulary (old_items > 0) has new items")
-            real("new_item_share", self.new_item_share, 0.0, 1.0)
+            real("new_item_share", self.new_item_share, 0.0, 1.0, above=True, below=True)  # both item kinds occur
             check(self.distribution == "uniform",
                   f"new_item_share: the {self.distribution} distribution has its own item frequencies; use "
                   f"the uniform one to set the share of new items")

@@ -77,6 +77,7 @@ def evaluate_vectors(loaded: Loaded, opts: AccuracyOptions, device: torch.device
     """Cosine similarity of point predictions and targets on the held-out set of a vector task,
     per sequence and time, with a bootstrap interval of its mean per scored time."""
     decodings_for(loaded, opts)  # a vector model has no feedback input: no decoding to choose
+    check(not opts.grid, f"grid: {loaded.path} has no frequency grid (a vector task has one frequency class)")
     model = loaded.model.to(device)
     held = loaded.heldout.uniform
     cos = cosine_similarity(predict_vectors(model, held.inputs, opts.batch_size), held.targets).numpy()  # (n, T)
@@ -181,6 +182,10 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
         if config is not None:
             check(loaded.config.task == config.task,
                   f"checkpoint: {loaded.path} was trained on a different task than the first; evaluate it separately")
+            check((loaded.config.model.feedback, loaded.config.model.inputs) == (config.model.feedback,
+                                                                                config.model.inputs),
+                  f"checkpoint: {loaded.path} is a {'feedback' if loaded.config.model.feedback else 'standard'} model "
+                  f"and the first is not; evaluate them separately")
         config = config or loaded.config
         vectors = loaded.config.model.inputs == "vectors"
         results.append(evaluate_vectors(loaded, opts, device) if vectors else evaluate_checkpoint(loaded, opts, device))

@@ -44,8 +44,8 @@ class CorpusSettings:
     split_seed: int = 0
 
     def __post_init__(self) -> None:
-        check(isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool) and self.vocab_size >= 4,
-              f"vocab_size: got {self.vocab_size!r}; need an integer >= 4")
+        check(isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool)
+              and 4 <= self.vocab_size <= MAX_VOCAB, f"vocab: got {self.vocab_size!r}; need an integer in 4…{MAX_VOCAB:,}")
         check(self.model_type in MODEL_TYPES, f"model_type: got {self.model_type!r}; valid values are "
                                               f"{', '.join(MODEL_TYPES)}")
         check(0.9 <= self.character_coverage <= 1.0,
@@ -53,10 +53,16 @@ class CorpusSettings:
         check(isinstance(self.split_seed, int) and self.split_seed >= 0, f"split_seed: got {self.split_seed!r}")
 
 
+MAX_VOCAB = 2**24  # pieces; SentencePiece parses the size as a 32-bit int, and no corpus supports more
+MAX_SENTENCE_BYTES = 1 << 16  # the longest paragraph the tokenizer learns from
+
+
 def _train_tokenizer(texts: list[str], s: CorpusSettings) -> bytes:
     import sentencepiece as spm  # only corpus preparation needs it (start-up stays cheap)
 
-    longest = max((len(t.encode("utf-8")) for t in texts), default=1)
+    # SentencePiece skips longer paragraphs when it learns the pieces (they are still encoded): without a
+    # cap, one multi-megabyte line makes training run for hours
+    longest = min(max((len(t.encode("utf-8")) for t in texts), default=1), MAX_SENTENCE_BYTES)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -112,6 +118,8 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     out = Path(out)
     check((valid_file is None) == (test_file is None), "valid_file/test_file: give both, or neither")
     check(not (out.exists() or out.is_symlink()), f"out: {out} already exists; choose a new directory")
+    above = next((p for p in out.absolute().parents if p.exists()), None)  # checked before minutes of work
+    check(above is None or above.is_dir(), f"out: {above} is not a directory")
     sources = {"train": Path(raw)} if valid_file is None else \
         {"train": Path(raw), "valid": Path(valid_file), "test": Path(test_file)}  # type: ignore[arg-type]
     stage("reading the text")
@@ -132,7 +140,10 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     vocab = settings.vocab_size
     counts = np.bincount(encoded["train"][0], minlength=vocab).astype(np.int64)
     check(counts.shape[0] == vocab, f"vocab: the tokenizer produced ids beyond {vocab - 1}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise GradscopeError(f"out: {out.parent} is not a directory") from None
     remove_stale_temporaries(out.parent, out.name)
     tmp = temp_path(out)
     stage("writing the corpus")
