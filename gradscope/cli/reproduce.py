@@ -120,21 +120,15 @@ def reproduce_command(
         raise GradscopeError("--extend-to/--extend-iterations: the extension experiment extends the synthetic "
                              "study's runs (--study reverse); give --extend-to K'")
     if study == "lm":
-        from gradscope.workflows.lm_study import PAPER_SEEDS, plan_lm_runs, prepare_study_corpus
+        from gradscope.workflows.lm import check_probe_shape
+        from gradscope.workflows.lm_study import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
 
         default_seeds = "111,222,333" if scale == "tiny" else ",".join(map(str, PAPER_SEEDS))
         stability_opts = StabilityOptions(triplets=triplets, target_pos=target_pos, length=probe_length)
-        if probe_length < 2:
-            raise GradscopeError(f"--probe-length: got {probe_length}; a probe row holds the start token and at "
-                                 f"least one paragraph token")
-        if not 1 <= target_pos <= probe_length - 1:
-            raise GradscopeError(f"--target-pos: got {target_pos}; valid positions are 1…{probe_length - 1} "
-                                 f"(paragraph tokens of a probe of length {probe_length})")
+        if scale in ROW_LENGTH:  # before any work (an unknown scale is refused where the corpus is made)
+            check_probe_shape(target_pos, probe_length, ROW_LENGTH[scale], "probe_length")
         corpus = prepare_study_corpus(scale, out, corpus_text, valid_file, test_file)
         runs = plan_lm_runs(scale, corpus, _ints(seeds or default_seeds, "--seeds"), iterations)
-        longest = min(r.config.task.length for r in runs)
-        if probe_length > longest:
-            raise GradscopeError(f"--probe-length: got {probe_length}; the study's rows hold {longest} tokens")
     else:
         if corpus_text is not None or valid_file is not None or test_file is not None:
             raise GradscopeError("--corpus-text/--valid-file/--test-file: they belong to --study lm")

@@ -211,19 +211,18 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
         if resume:
             state, log = _resumed_state(cfg, run_dir, device)
             atomic_write_text(run_dir / METRICS_FILE, log, what="resume")  # the redone iterations' lines go
-        else:
-            created = not run_dir.exists()
-            state = _started_state(cfg, run_dir, device, command, extend_from)
-            try:
-                return _run(cfg, task, run_dir, state, stop_after, on_step, device)
-            except GradscopeError:
-                if state.iteration == 0:  # refused before its first step: leave no half-started run behind
-                    for name in (CONFIG_FILE, METRICS_FILE):
-                        (run_dir / name).unlink(missing_ok=True)
-                    if created and not any(run_dir.iterdir()):
-                        run_dir.rmdir()
-                raise
-        return _run(cfg, task, run_dir, state, stop_after, on_step, device)
+            return _run(cfg, task, run_dir, state, stop_after, on_step, device)
+        created = not run_dir.exists()
+        state = _started_state(cfg, run_dir, device, command, extend_from)
+        try:
+            return _run(cfg, task, run_dir, state, stop_after, on_step, device)
+        except GradscopeError:
+            if state.iteration == 0:  # refused before its first step: leave no half-started run behind
+                for name in (CONFIG_FILE, METRICS_FILE):
+                    (run_dir / name).unlink(missing_ok=True)
+                if created and not any(run_dir.iterdir()):
+                    run_dir.rmdir()
+            raise
 
 
 def _started_state(cfg: RunConfig, run_dir: Path, device: torch.device, command: str,

@@ -363,9 +363,9 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     else:
         probes = make_probes(opts.sequences, task.length, 1, vocab, conditions, opts.seed)
         tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], query)], dim=1)
-        classes = token_classes(tokens, task.vocab_size, query)
-        if vectors:  # one frequency class: every point of the sphere is as likely
-            classes = np.where(tokens.numpy() == query, "query", "point").astype(object)
+        # a vector task has one frequency class: every point of the sphere is as likely
+        classes = np.where(tokens.numpy() == query, "query", "point").astype(object) if vectors else \
+            token_classes(tokens, task.vocab_size, query)
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files))

@@ -82,6 +82,14 @@ def _class_of(corpus: Corpus) -> np.ndarray:
     return frequency_bins(corpus.counts, 2)
 
 
+def check_probe_shape(position: int, length: int, longest: int, length_name: str = "length") -> None:
+    """A probe row of ``length`` tokens (start token included, at most ``longest``) with its target at
+    paragraph token ``position``."""
+    check(2 <= length <= longest, f"{length_name}: got {length}; probes on this checkpoint take 2…{longest}")
+    check(1 <= position <= length - 1, f"target_pos: got {position}; valid positions are 1…{length - 1} (paragraph "
+                                       f"tokens of a probe of length {length})")
+
+
 def lm_probes(task: LanguageModel, n: int, position: int, length: int, groups: tuple[str, ...],
               seed: int) -> Probes:
     """``n`` probe triplets per target class in ``groups`` (frequent, rare: the halves of the
@@ -105,9 +113,7 @@ def lm_probes(task: LanguageModel, n: int, position: int, length: int, groups: t
     """
     corpus = task.corpus
     test = corpus.splits["test"]
-    check(2 <= length <= task.cfg.length, f"length: got {length}; probes on this checkpoint take 2…{task.cfg.length}")
-    check(1 <= position <= length - 1, f"target_pos: got {position}; valid positions are 1…{length - 1} (paragraph "
-                                       f"tokens of a probe of length {length})")
+    check_probe_shape(position, length, task.cfg.length)
     for g in groups:
         check(g in PROBE_GROUPS, f"target_freq: got {g!r}; lm probes take {', '.join(PROBE_GROUPS)}")
     klass = _class_of(corpus)

@@ -73,15 +73,18 @@ def prepare_study_corpus(scale: str, root: Path, raw: Path | None = None, valid_
     return out
 
 
+ROW_LENGTH = {"tiny": 128, "paper": 1024}  # tokens per paragraph row (the paper: the first 1,024)
+
+
 def lm_base(scale: str, corpus: Path) -> RunConfig:
     """The vanilla LSTM of the study at ``scale`` on ``corpus``."""
     c = open_corpus(corpus)
     if scale == "tiny":
-        task = TaskConfig(name="lm", length=128, heldout_size=256, corpus=str(c.path))  # capped at the valid split
+        task = TaskConfig(name="lm", length=ROW_LENGTH[scale], heldout_size=256, corpus=str(c.path))  # capped at the valid split
         model = ModelConfig(core="lstm", embed_size=64, hidden_size=128)
         train = TrainConfig(iterations=2000, batch_size=32, lr=3e-3, warmup=100, checkpoint_every=500, log_every=100)
     else:
-        task = TaskConfig(name="lm", length=1024, heldout_size=512, corpus=str(c.path))
+        task = TaskConfig(name="lm", length=ROW_LENGTH[scale], heldout_size=512, corpus=str(c.path))
         model = ModelConfig(core="lstm", embed_size=512, hidden_size=512)
         train = TrainConfig(iterations=300_000, batch_size=512, lr=1e-3, warmup=1000, checkpoint_every=5000)
     task = LanguageModel.resolve(task)
