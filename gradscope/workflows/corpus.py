@@ -25,7 +25,7 @@ from gradscope.corpus.store import (COUNTS, FORMAT, FORMAT_VERSION, MANIFEST, MA
                                     offsets_file, open_corpus, sha256_bytes, sha256_path, tokens_file, Corpus)
 from gradscope.corpus.text import paragraphs, read_text, split_paragraphs
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import check_bytes
+from gradscope.guard import memory_budget
 from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
 
@@ -57,9 +57,13 @@ class CorpusSettings:
 
 MAX_SENTENCE_BYTES = 1 << 16  # the longest paragraph the tokenizer learns from
 ENCODE_BATCH = 4096  # paragraphs per SentencePiece encode call
-# Peak memory of prepare per byte of source text (measured, docs/lm.md): the bytes, the decoded text, its
-# paragraphs, SentencePiece's copy while it learns the pieces and the encoded ids
-MEMORY_PER_TEXT_BYTE = 12
+# Peak memory of prepare per byte of source text (docs/lm.md): mostly SentencePiece's own while it learns
+# the pieces (its copy of the text and the suffix array over it), then the text, its paragraphs and the ids
+MEMORY_PER_TEXT_BYTE = 24  # measured 21.0–23.2 (4 and 12 MB of text, K = 2,000; unigram, bpe, char; word 12)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
 def _train_tokenizer(texts: list[str], s: CorpusSettings) -> bytes:
@@ -148,8 +152,10 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     for k, p in sources.items():  # sizes before anything is read: a huge (or sparse) file is refused at once
         check(_path_exists(p, names[k]) and p.is_file(), f"{names[k]}: {p} is not a file")
     total = sum(p.stat().st_size for p in sources.values())
-    check_bytes(total * MEMORY_PER_TEXT_BYTE, f"raw: {total:,} bytes of text (preparing a corpus takes about "
-                                              f"{MEMORY_PER_TEXT_BYTE}× that)")
+    need, budget = total * MEMORY_PER_TEXT_BYTE, memory_budget()
+    check(need <= budget, f"raw: {total:,} bytes of text; preparing a corpus from it needs about {_size(need)} of memory "
+                          f"({MEMORY_PER_TEXT_BYTE}× the text), and the memory budget is {_size(budget)} (half the "
+                          f"memory available now; GRADSCOPE_MEMORY_BUDGET in bytes sets it)")
     stage("reading the text")
     paras, source_info = {}, {}
     for k, p in sources.items():
