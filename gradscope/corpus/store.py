@@ -158,7 +158,11 @@ def _load_array(path: Path, what: str, dtype: type, mmap: bool) -> np.ndarray:
 def _hash_check(path: Path, what: str, files: dict[str, Any]) -> None:
     expected = files.get(path.name)
     check(isinstance(expected, str), f"{what}: the manifest lacks the sha256 of {path.name}; the corpus is corrupt")
-    check(sha256_path(path) == expected, f"{what}: {path} does not match the sha256 in its manifest (altered, or "
+    try:
+        got = sha256_path(path)
+    except OSError as exc:
+        raise GradscopeError(f"{what}: cannot read {path} ({exc.strerror})") from None
+    check(got == expected, f"{what}: {path} does not match the sha256 in its manifest (altered, or "
                                          f"another corpus's file); the corpus is corrupt, prepare it again")
 
 
@@ -172,7 +176,11 @@ def _scan_tokens(path: Path, what: str, files: dict[str, Any], vocab: int, count
     h = hashlib.sha256()
     counts = np.zeros(vocab, dtype=np.int64) if count else None
     low, high = 0, 0  # an empty file has no id out of range
-    with open(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise GradscopeError(f"{what}: cannot read {path} ({exc.strerror})") from None
+    with fh:
         h.update(fh.read(offset))
         for block in iter(lambda: fh.read(BLOCK), b""):
             h.update(block)
@@ -195,7 +203,10 @@ def _manifest(path: Path) -> tuple[dict[str, Any], str]:
     size = file.stat().st_size
     check(size <= MAX_MANIFEST_BYTES, f"corpus: {file} is {size:,} bytes; a manifest is a few kB (at most "
                                       f"{MAX_MANIFEST_BYTES:,}), so this is not one")
-    data = file.read_bytes()
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise GradscopeError(f"corpus: cannot read {file} ({exc.strerror})") from None
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
