@@ -247,6 +247,8 @@ def test_a_huge_sparse_source_is_refused_before_it_is_read(tmp_path: Path, runne
 
 EMPTY_AND_HUGE = [
     (["--vocab", "0"], "vocab"), (["--vocab", str(2**64)], "vocab"), (["--vocab", "-1"], "vocab"),
+    (["--vocab", str(2**24)], "vocab"), (["--vocab", str(2**24), "--model-type", "char"], "pieces, so pass vocab"),
+    (["--vocab", "4"], "vocab"),
     (["--model-type", ""], "model_type"), (["--model-type", "x" * 10_000], "model_type"),
     (["--character-coverage", "nan"], "character_coverage"), (["--character-coverage", "1e309"], "character_coverage"),
     (["--character-coverage", "0"], "character_coverage"),

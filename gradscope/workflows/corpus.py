@@ -91,7 +91,13 @@ def _train_tokenizer(texts: list[str], s: CorpusSettings) -> bytes:
                                  f"so the vocabulary needs at least that many pieces") from None
         raise GradscopeError(f"vocab: SentencePiece could not train a {s.vocab_size}-piece {s.model_type} model on "
                              f"this text ({msg[:160]})") from None
-    return model.getvalue()
+    proto = model.getvalue()
+    pieces = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+    # a char model takes every character of the text, whatever vocab_size says: a corpus claiming more types than
+    # its tokenizer has would count types that never occur in its frequency bins
+    check(pieces == s.vocab_size, f"vocab: got {s.vocab_size}; the {s.model_type} tokenizer of this text has {pieces} "
+                                  f"pieces, so pass vocab {pieces}")
+    return proto
 
 
 def _encode(proto: bytes, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
