@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
 from dataclasses import asdict, dataclass
@@ -20,10 +21,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gradscope.corpus.store import (COUNTS, FORMAT, FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER, offsets_file,
-                                    open_corpus, sha256_bytes, sha256_path, tokens_file, Corpus)
+from gradscope.corpus.store import (COUNTS, FORMAT, FORMAT_VERSION, MANIFEST, MAX_VOCAB, SPLITS, TOKENIZER,
+                                    offsets_file, open_corpus, sha256_bytes, sha256_path, tokens_file, Corpus)
 from gradscope.corpus.text import paragraphs, read_text, split_paragraphs
 from gradscope.errors import GradscopeError, check
+from gradscope.guard import memory_budget
 from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
 
@@ -53,8 +55,15 @@ class CorpusSettings:
         check(isinstance(self.split_seed, int) and self.split_seed >= 0, f"split_seed: got {self.split_seed!r}")
 
 
-MAX_VOCAB = 2**24  # pieces; SentencePiece parses the size as a 32-bit int, and no corpus supports more
 MAX_SENTENCE_BYTES = 1 << 16  # the longest paragraph the tokenizer learns from
+ENCODE_BATCH = 4096  # paragraphs per SentencePiece encode call
+# Peak memory of prepare per byte of source text (docs/lm.md): mostly SentencePiece's own while it learns
+# the pieces (its copy of the text and the suffix array over it), then the text, its paragraphs and the ids
+MEMORY_PER_TEXT_BYTE = 24  # measured 21.0–23.2 (4 and 12 MB of text, K = 2,000; unigram, bpe, char; word 12)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
 def _train_tokenizer(texts: list[str], s: CorpusSettings) -> bytes:
@@ -82,21 +91,44 @@ def _train_tokenizer(texts: list[str], s: CorpusSettings) -> bytes:
                                  f"so the vocabulary needs at least that many pieces") from None
         raise GradscopeError(f"vocab: SentencePiece could not train a {s.vocab_size}-piece {s.model_type} model on "
                              f"this text ({msg[:160]})") from None
-    return model.getvalue()
+    proto = model.getvalue()
+    pieces = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+    # a char model takes every character of the text, whatever vocab_size says: a corpus claiming more types than
+    # its tokenizer has would count types that never occur in its frequency bins
+    check(pieces == s.vocab_size, f"vocab: got {s.vocab_size}; the {s.model_type} tokenizer of this text has {pieces} "
+                                  f"pieces, so pass vocab {pieces}")
+    return proto
 
 
 def _encode(proto: bytes, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Token ids (int32, concatenated) and paragraph offsets (int64, n + 1); paragraphs that
-    encode to nothing are dropped."""
+    encode to nothing are dropped. Encoded ENCODE_BATCH paragraphs at a time, so SentencePiece's
+    Python lists of ids (~36 bytes per token) never hold a whole split."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_proto=proto)
-    ids = [np.asarray(p, dtype=np.int32) for p in sp.encode(texts)] if texts else []
-    ids = [p for p in ids if p.size]
+    ids = []
+    for start in range(0, len(texts), ENCODE_BATCH):
+        ids += [a for a in (np.asarray(p, dtype=np.int32) for p in sp.encode(texts[start:start + ENCODE_BATCH])) if a.size]
     lengths = np.array([p.size for p in ids], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, dtype=np.int32)
     return tokens, offsets
+
+
+def _path_exists(path: Path, what: str) -> bool:
+    """Whether anything (a broken link too) is at ``path``; a path the system cannot look up (a name
+    too long, a loop of links) is a one-line error naming ``what``."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise GradscopeError(f"{what}: {str(path)[:80]}{'…' if len(str(path)) > 80 else ''} is not a usable path "
+                             f"({exc.strerror})") from None
+    except ValueError as exc:  # an embedded NUL byte
+        raise GradscopeError(f"{what}: {str(path)[:80]!r} is not a usable path ({exc})") from None
+    return True
 
 
 def _save(path: Path, arr: np.ndarray) -> None:
@@ -117,14 +149,28 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     check(isinstance(settings, CorpusSettings), f"settings: got {type(settings).__name__}; expected CorpusSettings")
     out = Path(out)
     check((valid_file is None) == (test_file is None), "valid_file/test_file: give both, or neither")
-    check(not (out.exists() or out.is_symlink()), f"out: {out} already exists; choose a new directory")
-    above = next((p for p in out.absolute().parents if p.exists()), None)  # checked before minutes of work
+    check(not _path_exists(out, "out"), f"out: {out} already exists; choose a new directory")
+    above = next((p for p in out.absolute().parents if _path_exists(p, "out")), None)  # checked before minutes of work
     check(above is None or above.is_dir(), f"out: {above} is not a directory")
     sources = {"train": Path(raw)} if valid_file is None else \
         {"train": Path(raw), "valid": Path(valid_file), "test": Path(test_file)}  # type: ignore[arg-type]
+    names = {k: "raw" if k == "train" else f"{k}_file" for k in sources}
+    for k, p in sources.items():  # sizes before anything is read: a huge (or sparse) file is refused at once
+        check(_path_exists(p, names[k]) and p.is_file(), f"{names[k]}: {p} is not a file")
+    total = sum(p.stat().st_size for p in sources.values())
+    need, budget = total * MEMORY_PER_TEXT_BYTE, memory_budget()
+    check(need <= budget, f"raw: {total:,} bytes of text; preparing a corpus from it needs about {_size(need)} of memory "
+                          f"({MEMORY_PER_TEXT_BYTE}× the text), and the memory budget is {_size(budget)} (half the "
+                          f"memory available now; GRADSCOPE_MEMORY_BUDGET in bytes sets it)")
     stage("reading the text")
-    texts = {k: read_text(p, f"{'raw' if k == 'train' else k + '_file'}") for k, p in sources.items()}
-    paras = {k: paragraphs(t) for k, t in texts.items()}
+    paras, source_info = {}, {}
+    for k, p in sources.items():
+        text = read_text(p, names[k])
+        data = text.encode("utf-8")
+        source_info[k] = {"path": str(p.resolve()), "sha256": sha256_bytes(data), "bytes": len(data)}
+        del data
+        paras[k] = paragraphs(text)
+        del text
     if valid_file is None:
         all_paras = paras["train"]
         check(len(all_paras) >= 3, f"raw: {sources['train']} has {len(all_paras)} paragraph(s) after removing "
@@ -137,6 +183,10 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     proto = _train_tokenizer(paras["train"], settings)
     stage("encoding the splits")
     encoded = {k: _encode(proto, paras[k]) for k in SPLITS}
+    for k in SPLITS:
+        check(encoded[k][1].shape[0] >= 2,
+              f"{names.get(k, 'raw')}: the {k} split's {len(paras[k]):,} paragraph(s) encode to no token "
+              f"(control characters or other text the tokenizer drops); every split needs at least one paragraph")
     vocab = settings.vocab_size
     counts = np.bincount(encoded["train"][0], minlength=vocab).astype(np.int64)
     check(counts.shape[0] == vocab, f"vocab: the tokenizer produced ids beyond {vocab - 1}")
@@ -162,8 +212,7 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
                           "bos_id": -1, "eos_id": -1, "pad_id": -1, "unk_id": 0, "num_threads": 1},
             "settings": asdict(settings),
             "split": "files" if valid_file is not None else "seeded paragraph permutation",
-            "sources": {k: {"path": str(p.resolve()), "sha256": sha256_bytes(texts[k].encode("utf-8")),
-                            "bytes": len(texts[k].encode("utf-8"))} for k, p in sources.items()},
+            "sources": source_info,
             "preprocessing": "WikiText headings (' = … = ' lines) and blank lines removed; one paragraph per line",
             "splits": {k: {"paragraphs": int(encoded[k][1].shape[0] - 1), "tokens": int(encoded[k][0].shape[0])}
                        for k in SPLITS},

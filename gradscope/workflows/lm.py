@@ -19,7 +19,7 @@ from gradscope.analysis.accuracy import token_correct
 from gradscope.analysis.distance import sequence_dl_distances
 from gradscope.analysis.lm import LMCounts, lm_counts, position_edges, rows_per_chunk, token_bins, token_nll
 from gradscope.corpus.store import Corpus, frequency_bins
-from gradscope.errors import check
+from gradscope.errors import GradscopeError, check
 from gradscope.store.records import AccuracyResult
 from gradscope.tasks import make_task
 from gradscope.tasks.lm import LanguageModel
@@ -51,7 +51,8 @@ def evaluate_lm(model: torch.nn.Module, task: LanguageModel, device: torch.devic
     edges = position_edges(length)
     n = len(corpus.splits[split])
     chunk = rows_per_chunk(length, task.num_classes)
-    total, preds, targets = None, [], []
+    total: LMCounts | None = None
+    preds, targets = [], []
     model.eval()
     for start in range(0, n, chunk):
         batch = task.rows(split, np.arange(start, min(n, start + chunk)), width=length)
@@ -60,7 +61,8 @@ def evaluate_lm(model: torch.nn.Module, task: LanguageModel, device: torch.devic
         total = part if total is None else total + part
         preds.append(pred.cpu())
         targets.append(batch.targets)
-    assert total is not None  # a corpus split has at least one paragraph
+    if total is None:  # open_corpus refuses such a split; a corpus object built by hand may still have one
+        raise GradscopeError(f"corpus: {corpus.path}'s {split} split has no paragraph to score")
     return total, torch.cat(preds), torch.cat(targets), bins.sum(1)
 
 
