@@ -157,7 +157,7 @@ def test_store_table_and_report_carry_the_error_bars_and_old_stores_still_read(t
     from gradscope.cli.dynamics import dynamics_table
 
     columns = {str(col.header): list(col._cells) for col in dynamics_table(ds).columns}
-    assert "± SE (traj · batch)" in columns and "−∞ · below res. · unconv." in columns
+    assert "SE of λ_1 (traj / batch)" in columns and "−∞ · below res. · unconv." in columns
     c, m, k = ds["lyapunov"].shape
     assert ds["lyapunov_se_batch"].shape == ds["lyapunov_drift"].shape == ds["lyapunov_unconverged"].shape == (c, m, k)
     assert ds["lyapunov_se_trajectories"].shape == (c, k)
@@ -165,8 +165,8 @@ def test_store_table_and_report_carry_the_error_bars_and_old_stores_still_read(t
     lam = ds["lyapunov"].values
     np.testing.assert_allclose(ds["lyapunov_se_trajectories"].values, lam.std(1, ddof=1) / np.sqrt(m), rtol=1e-9)
     assert np.isfinite(ds["lyapunov_se_batch"].values).all() and (ds["lyapunov_se_batch"].values > 0).all()
-    se_cell = columns["± SE (traj · batch)"][-1]
-    assert se_cell.startswith(f"{ds['lyapunov_se_trajectories'].values[-1, 0]:.1e} · "), se_cell
+    se_cell = columns["SE of λ_1 (traj / batch)"][-1]
+    assert se_cell.startswith(f"{ds['lyapunov_se_trajectories'].values[-1, 0]:.2g} / "), se_cell
     item = type("Item", (), {"ds": ds, "label": "gru"})
     bars = lyapunov_error_bars([item])
     assert len(bars) == c and bars[0][2].shape == (k,) and bars[0][3].shape == ds["lyapunov_running"].shape[1:]

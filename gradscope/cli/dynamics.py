@@ -33,7 +33,7 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
     kinds = ("frequent", "rare") if {"frequent", "rare"} & set(present) or not present else tuple(present[:2])
     shown = "freq / rare" if kinds == ("frequent", "rare") else " / ".join(kinds)
     for col in ("iteration", "|dy_T/dz_1| / |dy_T/dz_T|", f"step radius ({shown})", "λ_1 [min, max]",
-                "± SE (traj · batch)", "Σλ", "−∞ · below res. · unconv.", f"largest gate term ({shown})"):
+                "SE of λ_1 (traj / batch)", "Σλ", "−∞ · below res. · unconv.", f"largest gate term ({shown})"):
         table.add_column(col, justify="right")
     for c in range(ds.sizes["checkpoint"]):
         it = int(ds["iteration"][c])
@@ -91,8 +91,8 @@ def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
     batch = batch_se_of_mean(ds, c)
     if batch is not None:
         traj = ds["lyapunov_se_trajectories"].values[c][0] if "lyapunov_se_trajectories" in ds else np.nan
-        fmt = lambda v: f"{v:.1e}" if np.isfinite(v) else "–"  # noqa: E731
-        errors = f"{fmt(traj)} · {fmt(batch[0])}"
+        fmt = lambda v: f"{v:.2g}" if np.isfinite(v) else "–"  # noqa: E731
+        errors = f"{fmt(traj)} / {fmt(batch[0])}"
     unconv = f" · {int(ds['lyapunov_unconverged'].values[c].sum(-1).max())}" if "lyapunov_unconverged" in ds else ""
     return [first, errors, sums, f"{int(np.isneginf(lam).sum(-1).max())} · {int(low.sum(-1).max())}{unconv} of {D}"]
 
