@@ -167,7 +167,8 @@ class _Accumulator:
         self.block_steps = [0] * batches
 
     def add(self, a: Tensor, block: int = 0, steps: int = 1) -> None:
-        """One counted QR over ``steps`` steps of batch ``block``, from geqrf's output a (..., n, k): R is its upper triangle."""
+        """One counted QR over ``steps`` steps of batch ``block``, from geqrf's output a (..., n, k): R is
+        its upper triangle."""
         r = a.diagonal(dim1=-2, dim2=-1).abs().double()  # (..., k)
         scale = torch.linalg.matrix_norm(a[..., :r.shape[-1], :].triu()).double()[..., None]  # ‖R‖_F
         self.add_logs(r.log(), block, steps)
@@ -196,19 +197,18 @@ class _Accumulator:
         nan = torch.full_like(lam, float("nan"))
         if b < 2:
             return nan, nan, torch.zeros_like(lam, dtype=torch.bool)
-        with torch.no_grad():
-            dev = torch.where(torch.isfinite(lam), means - lam, torch.nan)
-            se = (b / (b - 1) * ((n / N) ** 2 * dev ** 2).sum(0)).sqrt()
-            if b < 4:
-                return se, nan, torch.zeros_like(lam, dtype=torch.bool)
-            h = b // 2
-            first, second = means[:h], means[b - h:]
-            m1, m2 = first.mean(0), second.mean(0)
-            drift = torch.where(torch.isfinite(lam), m2 - m1, torch.nan)
-            pooled = (((first - m1) ** 2).sum(0) + ((second - m2) ** 2).sum(0)) / (2 * h - 2)
-            spread = (pooled * 2 / h).sqrt()
-            floor = 1e-12 * (1 + lam.abs())  # an exactly constant series has no spread: flag only a real drift
-            unconverged = drift.abs() > DRIFT_T * spread + floor
+        dev = torch.where(torch.isfinite(lam), means - lam, torch.nan)
+        se = (b / (b - 1) * ((n / N) ** 2 * dev ** 2).sum(0)).sqrt()
+        if b < 4:
+            return se, nan, torch.zeros_like(lam, dtype=torch.bool)
+        h = b // 2  # an odd middle block belongs to neither half
+        first, second = means[:h], means[b - h:]
+        m1, m2 = first.mean(0), second.mean(0)
+        drift = torch.where(torch.isfinite(lam), m2 - m1, torch.nan)
+        pooled = (((first - m1) ** 2).sum(0) + ((second - m2) ** 2).sum(0)) / (2 * h - 2)
+        spread = (pooled * 2 / h).sqrt()  # standard error of m2 − m1
+        floor = 1e-12 * (1 + lam.abs())  # an exactly constant series has no spread: flag only a real drift
+        unconverged = drift.abs() > DRIFT_T * spread + floor
         return se, drift, unconverged & torch.isfinite(drift)
 
 
@@ -217,10 +217,8 @@ def _spread_se(values: Tensor) -> Tensor:
     B = values.shape[0]
     if B < 2:
         return torch.full_like(values[0], float("nan"))
-    with torch.no_grad():
-        finite = torch.isfinite(values).all(0)
-        se = values.std(0, correction=1) / B ** 0.5
-    return torch.where(finite, se, torch.nan)
+    se = values.std(0, correction=1) / B ** 0.5
+    return torch.where(torch.isfinite(values).all(0), se, torch.nan)
 
 
 def _block_of(counted_end: int, counted: int, batches: int) -> int:
@@ -426,4 +424,5 @@ def lyapunov_flops(D: int, k: int, B: int, T: int, structure: JacobianStructure 
     return float(B) * T * (apply_cost + 8 / 3 * D * k * k)
 
 
-__all__ = ["APPLY", "BATCHES", "DRIFT_T", "ENGINES", "LyapunovResult", "frame_method", "lyapunov_flops", "lyapunov_spectrum"]
+__all__ = ["APPLY", "BATCHES", "DRIFT_T", "ENGINES", "LyapunovResult", "frame_method", "lyapunov_flops",
+           "lyapunov_spectrum"]

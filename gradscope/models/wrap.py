@@ -219,7 +219,8 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     inputs: token ids (B, T) → the vectors the rnn reads (an ``nn.Embedding`` or any callable);
     None to feed float inputs (B, T, in) directly. readout: optional map of the outputs, e.g.
     an ``nn.Linear`` to logits. tolerance: of the wrap-time comparison with the module's own forward
-    (nn.RNN/GRU/LSTM: 1e-5; library models: scaled with depth and dtype, :func:`wrap_library`). seed: of the check batches.
+    (nn.RNN/GRU/LSTM: 1e-5; library models: scaled with depth and dtype, :func:`wrap_library`).
+    seed: of the check batches.
     checks: run the protocol checks (:mod:`gradscope.models.protocol`) on a protocol core or adapter.
     """
     if isinstance(rnn, nn.RNNBase):

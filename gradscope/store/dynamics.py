@@ -67,8 +67,9 @@ def dynamics_dataset(results: list[DynamicsResult], *, tokens: np.ndarray, token
             data["lyapunov_below_resolution"] = (("checkpoint", "trajectory", "exponent"),
                                                  stack("lyapunov_below_resolution"))
         data["lyapunov_running"] = (("checkpoint", "lyap_step", "exponent"), stack("lyapunov_running"))
-        for name, dims in (("lyapunov_se_batch", ("trajectory", "exponent")), ("lyapunov_drift", ("trajectory", "exponent")),
-                           ("lyapunov_unconverged", ("trajectory", "exponent")), ("lyapunov_se_trajectories", ("exponent",)),
+        per_trajectory = ("trajectory", "exponent")
+        for name, dims in (("lyapunov_se_batch", per_trajectory), ("lyapunov_drift", per_trajectory),
+                           ("lyapunov_unconverged", per_trajectory), ("lyapunov_se_trajectories", ("exponent",)),
                            ("lyapunov_running_se", ("lyap_step", "exponent"))):
             if name in first:
                 data[name] = (("checkpoint", *dims), stack(name))
