@@ -64,7 +64,8 @@ def bf16_residual(self, hidden_states, cache_params=None, attention_mask=None, *
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="also d_model 768 at 4, 12 and 24 layers (mamba-130m's width)")
+    parser.add_argument("--full", action="store_true",
+                        help="also d_model 768 at 4, 12 and 24 layers (mamba-130m's width)")
     full = parser.parse_args().full
     rows = []
     grid = [(d, w) for w in (16, 64, 256) for d in (1, 2, 4, 8, 16, 24)]
