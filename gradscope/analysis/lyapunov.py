@@ -25,6 +25,17 @@ exponent is −∞) and rounding put eps-sized numbers in its place (a nilpotent
 width 2 shows up as two exponents near log(eps)/2 = −18 in float64, the floor landing on each column
 every other step). Its measured mean is then only an upper bound: it is flagged in
 ``below_resolution`` and never averaged as a measured value.
+
+Error bars. Each trajectory's counted window is cut into ``batches`` non-overlapping blocks of
+consecutive QRs (equal within one QR block); the exponent is the step-weighted mean of the blocks'
+means, and its batch-means standard error is sqrt(b/(b−1) · Σ_j w_j² (m_j − λ)²), w_j = n_j / N
+(``se_batch``, (B, k)). Across independent trajectories the standard error of the mean is the spread
+of the per-trajectory exponents over sqrt(B) (:meth:`LyapunovResult.se_trajectories`), and the
+running estimate carries the same (:meth:`LyapunovResult.running_se`). Convergence: the mean of the
+second half of the blocks minus that of the first (``drift``), against the pooled within-half
+spread of the block means; |t| > ``DRIFT_T`` flags the exponent ``unconverged`` (a transient still in
+the window, or a trend). With 10 blocks the t has 8 degrees of freedom: a stationary exponent is
+flagged about 0.4% of the time. −∞ and NaN exponents carry NaN errors and are never flagged.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ from gradscope.models.core import Core, diagonal_blocks, initial_state, step_at,
 from gradscope.models.structure import JacobianStructure, structure_of
 
 ENGINES = ("auto", "dense", "structured")
+BATCHES = 10  # blocks of the batch-means error bars: 10 is the textbook compromise of bias and variance
+DRIFT_T = 4.0  # |t| of the second-half − first-half drift above which an exponent is flagged unconverged
 APPLY = ("auto", "jacobian", "jvp")
 
 
@@ -67,6 +80,19 @@ class LyapunovResult:
     below_resolution: Tensor | None = None
     engine: str = "dense"
     structure: str = "dense"
+    se_batch: Tensor | None = None
+    drift: Tensor | None = None
+    unconverged: Tensor | None = None
+    batches: int = 0
+
+    def se_trajectories(self) -> Tensor:
+        """(k,) standard error of the mean over trajectories of each exponent: sample sd / sqrt(B);
+        NaN with fewer than 2 trajectories or where an exponent is not finite."""
+        return _spread_se(self.exponents)
+
+    def running_se(self) -> Tensor:
+        """(C, k) the same for the running estimate at each of ``running_steps``."""
+        return _spread_se(self.running)
 
     @property
     def resolved(self) -> Tensor:
@@ -128,30 +154,82 @@ def _frame_applier(core: nn.Module, method: str, qr_dtype: torch.dtype):
 
 
 class _Accumulator:
-    """log|R_ii| sums of one Benettin frame (B, k), with the below-resolution test and the running
-    estimate; one per frame (the dense frame, or each dense / per-head block of a structure)."""
+    """log|R_ii| sums of one Benettin frame (B, k), with the below-resolution test, the running
+    estimate and the per-block sums of the batch-means error bars; one per frame (the dense frame, or
+    each dense / per-head block of a structure, or a diagonal block's exact log|d| sums)."""
 
-    def __init__(self, shape: tuple[int, ...], D: int, qr_dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, shape: tuple[int, ...], D: int, qr_dtype: torch.dtype, device: torch.device,
+                 batches: int = 1) -> None:
         self.logs = torch.zeros(shape, dtype=torch.float64, device=device)
         self.small = torch.zeros(shape, dtype=torch.bool, device=device)  # hit the QR's floor at a counted step
         self.tol = 10 * D * torch.finfo(qr_dtype).eps
+        self.block_logs = torch.zeros((batches, *shape), dtype=torch.float64, device=device)
+        self.block_steps = [0] * batches
 
-    def add(self, a: Tensor) -> None:
-        """One counted QR, from geqrf's output a (..., n, k): R is its upper triangle."""
+    def add(self, a: Tensor, block: int = 0, steps: int = 1) -> None:
+        """One counted QR over ``steps`` steps of batch ``block``, from geqrf's output a (..., n, k): R is
+        its upper triangle."""
         r = a.diagonal(dim1=-2, dim2=-1).abs().double()  # (..., k)
         scale = torch.linalg.matrix_norm(a[..., :r.shape[-1], :].triu()).double()[..., None]  # ‖R‖_F
-        self.logs += r.log()
+        self.add_logs(r.log(), block, steps)
         self.small |= r <= self.tol * scale
+
+    def add_logs(self, logs: Tensor, block: int = 0, steps: int = 1) -> None:
+        """Counted log-moduli (shape of the frame) of ``steps`` steps of batch ``block``."""
+        self.logs += logs
+        self.block_logs[block] += logs
+        self.block_steps[block] += steps
 
     def final(self, counted: int) -> tuple[Tensor, Tensor]:
         """(exponents, below_resolution) before sorting: a flagged exponent's value is an upper bound."""
         exps = self.logs / counted
         return exps, self.small & torch.isfinite(exps)
 
+    def errors(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(se_batch, drift, unconverged) before sorting (module docstring); blocks without steps are left out."""
+        used = [j for j, n in enumerate(self.block_steps) if n > 0]
+        sums = self.block_logs[used]  # (b, ...)
+        n = torch.tensor([self.block_steps[j] for j in used], dtype=torch.float64, device=sums.device)
+        n = n.reshape(-1, *([1] * (sums.dim() - 1)))
+        b, N = len(used), float(n.sum())
+        means = sums / n  # (b, ...)
+        lam = sums.sum(0) / N
+        nan = torch.full_like(lam, float("nan"))
+        if b < 2:
+            return nan, nan, torch.zeros_like(lam, dtype=torch.bool)
+        dev = torch.where(torch.isfinite(lam), means - lam, torch.nan)
+        se = (b / (b - 1) * ((n / N) ** 2 * dev ** 2).sum(0)).sqrt()
+        if b < 4:
+            return se, nan, torch.zeros_like(lam, dtype=torch.bool)
+        h = b // 2  # an odd middle block belongs to neither half
+        first, second = means[:h], means[b - h:]
+        m1, m2 = first.mean(0), second.mean(0)
+        drift = torch.where(torch.isfinite(lam), m2 - m1, torch.nan)
+        pooled = (((first - m1) ** 2).sum(0) + ((second - m2) ** 2).sum(0)) / (2 * h - 2)
+        spread = (pooled * 2 / h).sqrt()  # standard error of m2 − m1
+        floor = 1e-12 * (1 + lam.abs())  # an exactly constant series has no spread: flag only a real drift
+        unconverged = drift.abs() > DRIFT_T * spread + floor
+        return se, drift, unconverged & torch.isfinite(drift)
+
+
+def _spread_se(values: Tensor) -> Tensor:
+    """Standard error of the mean over axis 0 of (B, ...): sample sd / sqrt(B); NaN where B < 2 or not finite."""
+    B = values.shape[0]
+    if B < 2:
+        return torch.full_like(values[0], float("nan"))
+    se = values.std(0, correction=1) / B ** 0.5
+    return torch.where(torch.isfinite(values).all(0), se, torch.nan)
+
+
+def _block_of(counted_end: int, counted: int, batches: int) -> int:
+    """The batch (0 … batches−1) a QR ending ``counted_end`` counted steps into a window of ``counted`` falls in."""
+    return min(batches - 1, (counted_end - 1) * batches // counted)
+
 
 def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: int = 1, z0: Tensor | None = None,
                       checkpoint_every: int = 10, sum_check: bool = False, exponents: int | None = None,
-                      qr_dtype: torch.dtype = torch.float64, engine: str = "auto", apply: str = "auto") -> LyapunovResult:
+                      qr_dtype: torch.dtype = torch.float64, engine: str = "auto", apply: str = "auto",
+                      batches: int = BATCHES) -> LyapunovResult:
     """Lyapunov exponents of the driven recurrence z_t = step(x_t, z_{t−1}) (SPEC §7).
 
     core: any protocol core. inputs: the vectors it reads (B, T, in), e.g. ``model.core_inputs`` of
@@ -168,6 +246,8 @@ def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: i
     −log(eps) (36 in float64, 16 in float32): keep k = 1 for wide spectra.
     checkpoint_every: the running estimate every that many counted steps (rounded up to a QR) and at
     the end. sum_check: also the mean log|det J_t| (float64 LU of each J_t, or of each block).
+    batches: blocks of the counted window for the batch-means error bars and the drift test (module
+    docstring; fewer when the window has fewer QRs).
 
     COST per trajectory and step: dense, full: forming J_t (O(D²) analytic) + J_t·Q (2D³) + QR
     ((8/3)D³ with forming Q); dense, top k: k·step (jvp) or O(D²) + 2D²k, + QR 4Dk²; structured:
@@ -190,26 +270,29 @@ def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: i
           f"exponents: got {exponents!r}; it must be an integer in [1, {D}] (the state width) or None for all")
     check(qr_dtype in (torch.float32, torch.float64), f"qr_dtype: got {qr_dtype}; expected torch.float32 or torch.float64")
     check(engine in ENGINES, f"engine: got {engine!r}; valid values are {', '.join(ENGINES)}")
+    check(isinstance(batches, int) and not isinstance(batches, bool) and batches >= 1,
+          f"batches: got {batches!r}; it must be a positive integer (10: the default)")
     structure = structure_of(core)
     if engine == "auto":
         engine = "dense" if structure.is_dense else "structured"
     with torch.no_grad():
         z = initial_state(core, B, inputs) if z0 is None else z0.to(inputs)
         if engine == "structured":
-            return _structured(core, inputs, z, structure, warmup, reorth, checkpoint_every, sum_check, k, qr_dtype)
+            return _structured(core, inputs, z, structure, warmup, reorth, checkpoint_every, sum_check, k, qr_dtype,
+                               batches)
         return _dense(core, inputs, z, warmup, reorth, checkpoint_every, sum_check, k, qr_dtype,
-                      frame_method(core, k, apply), structure)
+                      frame_method(core, k, apply), structure, batches)
 
 
 def _dense(core: nn.Module, x: Tensor, z: Tensor, warmup: int, reorth: int, checkpoint_every: int, sum_check: bool,
-           k: int, qr_dtype: torch.dtype, method: str, structure: JacobianStructure) -> LyapunovResult:
+           k: int, qr_dtype: torch.dtype, method: str, structure: JacobianStructure, batches: int) -> LyapunovResult:
     B, T, _ = x.shape
     D = core.state_dim
     advance = _frame_applier(core, method, qr_dtype)
     Q = torch.eye(D, k, dtype=qr_dtype, device=x.device).expand(B, D, k).contiguous()  # Q_0 = first k columns of I
     M = Q
     a, tau = torch.empty_like(Q), Q.new_empty(B, k)  # the last QR, Householder form: R on/above a's diagonal
-    acc = _Accumulator((B, k), D, qr_dtype, x.device)
+    acc = _Accumulator((B, k), D, qr_dtype, x.device, batches)
     log_det = torch.zeros(B, dtype=torch.float64, device=x.device) if sum_check else None
     running, running_steps, mark, start = [], [], checkpoint_every, 0
     for end in _blocks(T, warmup, reorth):
@@ -221,8 +304,8 @@ def _dense(core: nn.Module, x: Tensor, z: Tensor, warmup: int, reorth: int, chec
         torch.geqrf(M, out=(a, tau))
         Q = torch.linalg.householder_product(a, tau)
         if end > warmup:
-            acc.add(a)
             counted = end - warmup
+            acc.add(a, _block_of(counted, T - warmup, batches), end - start)
             if counted >= mark or end == T:
                 running.append(acc.logs / counted)
                 running_steps.append(counted)
@@ -230,23 +313,26 @@ def _dense(core: nn.Module, x: Tensor, z: Tensor, warmup: int, reorth: int, chec
         start = end
     exps, flags = acc.final(T - warmup)
     return _result(exps, flags, running, running_steps, log_det, T - warmup, warmup, reorth,
-                   "dense" if k == D else "partial", structure.describe())
+                   "dense" if k == D else "partial", structure.describe(), errors=acc.errors(), batches=batches)
 
 
 def _result(exps: Tensor, flags: Tensor, running: list[Tensor], running_steps: list[int], log_det: Tensor | None,
-            counted: int, warmup: int, reorth: int, engine: str, structure: str, k: int | None = None) -> LyapunovResult:
+            counted: int, warmup: int, reorth: int, engine: str, structure: str, k: int | None = None, *,
+            errors: tuple[Tensor, Tensor, Tensor], batches: int) -> LyapunovResult:
     order = exps.sort(dim=-1, descending=True)
     keep = slice(None) if k is None else slice(0, k)
+    se, drift, unconverged = (e.gather(-1, order.indices)[:, keep].contiguous() for e in errors)
     running_t = torch.stack(running, dim=1).sort(dim=-1, descending=True).values[..., keep]  # (B, C, k)
     return LyapunovResult(exponents=order.values[:, keep].contiguous(), running=running_t.contiguous(),
                           running_steps=torch.tensor(running_steps, dtype=torch.int64),
                           log_det_mean=None if log_det is None else log_det / counted, warmup=warmup, reorth=reorth,
                           below_resolution=flags.gather(-1, order.indices)[:, keep].contiguous(), engine=engine,
-                          structure=structure)
+                          structure=structure, se_batch=se, drift=drift, unconverged=unconverged,
+                          batches=batches)
 
 
 def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStructure, warmup: int, reorth: int,
-                checkpoint_every: int, sum_check: bool, k: int, qr_dtype: torch.dtype) -> LyapunovResult:
+                checkpoint_every: int, sum_check: bool, k: int, qr_dtype: torch.dtype, batches: int) -> LyapunovResult:
     """The union of the diagonal blocks' spectra (module docstring): diagonal forms exactly, dense and
     per-head blocks by Benettin/QR on their own width."""
     B, T, _ = x.shape
@@ -257,14 +343,15 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
         if blk.form == "dense":
             n = blk.width
             frames.append(torch.eye(n, dtype=qr_dtype, device=dev).expand(B, n, n).contiguous())
-            accs.append(_Accumulator((B, n), n, qr_dtype, dev))
+            accs.append(_Accumulator((B, n), n, qr_dtype, dev, batches))
         elif blk.form == "block_diagonal":
             h, s = blk.width // blk.size, blk.size
             frames.append(torch.eye(s, dtype=qr_dtype, device=dev).expand(B, h, s, s).contiguous())
-            accs.append(_Accumulator((B, h, s), s, qr_dtype, dev))
+            accs.append(_Accumulator((B, h, s), s, qr_dtype, dev, batches))
         else:
             frames.append(None)  # exact: log|d| sums with no QR, hence no resolution limit
-            accs.append(_Accumulator((B, blk.width if blk.form == "diagonal" else blk.width // 2), 1, qr_dtype, dev))
+            accs.append(_Accumulator((B, blk.width if blk.form == "diagonal" else blk.width // 2), 1, qr_dtype, dev,
+                                     batches))
     products: list[Tensor | None] = list(frames)
     log_det = torch.zeros(B, dtype=torch.float64, device=dev) if sum_check else None
     running, running_steps, mark, start = [], [], checkpoint_every, 0
@@ -283,7 +370,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
                 if blk.form in ("diagonal", "complex_diagonal"):
                     if counted_step:
                         logs = d.abs().double().log().expand(B, -1)
-                        accs[i].logs += logs
+                        accs[i].add_logs(logs, _block_of(t - warmup + 1, T - warmup, batches))
                         if log_det is not None:  # a complex mode counts twice on the real view
                             log_det += (2.0 if blk.form == "complex_diagonal" else 1.0) * logs.sum(-1)
                 else:
@@ -298,7 +385,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             a, tau = torch.geqrf(products[i])
             frames[i] = torch.linalg.householder_product(a, tau)
             if end > warmup:
-                accs[i].add(a)
+                accs[i].add(a, _block_of(end - warmup, T - warmup, batches), end - start)
         if end > warmup:
             counted = end - warmup
             if counted >= mark or end == T:
@@ -309,8 +396,10 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
     finals = [acc.final(T - warmup) for acc in accs]
     exps = flat([expanded(i, e) for i, (e, _) in enumerate(finals)])
     flags = flat([expanded(i, f) for i, (_, f) in enumerate(finals)])
+    errs = [acc.errors() for acc in accs]
+    errors = tuple(flat([expanded(i, e[j]) for i, e in enumerate(errs)]) for j in range(3))
     return _result(exps, flags, running, running_steps, log_det, T - warmup, warmup, reorth, "structured",
-                   structure.describe(), k=None if k == core.state_dim else k)
+                   structure.describe(), k=None if k == core.state_dim else k, errors=errors, batches=batches)
 
 
 def lyapunov_flops(D: int, k: int, B: int, T: int, structure: JacobianStructure | None = None, apply: str = "jacobian",
@@ -335,4 +424,5 @@ def lyapunov_flops(D: int, k: int, B: int, T: int, structure: JacobianStructure 
     return float(B) * T * (apply_cost + 8 / 3 * D * k * k)
 
 
-__all__ = ["APPLY", "ENGINES", "LyapunovResult", "frame_method", "lyapunov_flops", "lyapunov_spectrum"]
+__all__ = ["APPLY", "BATCHES", "DRIFT_T", "ENGINES", "LyapunovResult", "frame_method", "lyapunov_flops",
+           "lyapunov_spectrum"]

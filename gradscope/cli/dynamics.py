@@ -33,7 +33,7 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
     kinds = ("frequent", "rare") if {"frequent", "rare"} & set(present) or not present else tuple(present[:2])
     shown = "freq / rare" if kinds == ("frequent", "rare") else " / ".join(kinds)
     for col in ("iteration", "|dy_T/dz_1| / |dy_T/dz_T|", f"step radius ({shown})", "λ_1 [min, max]",
-                "Σλ", "−∞ · below res.", f"largest gate term ({shown})"):
+                "SE of λ_1 (traj / batch)", "Σλ", "−∞ · below res. · unconv.", f"largest gate term ({shown})"):
         table.add_column(col, justify="right")
     for c in range(ds.sizes["checkpoint"]):
         it = int(ds["iteration"][c])
@@ -51,7 +51,7 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
         if "lyapunov" in ds:
             row += lyapunov_cells(ds, c)
         else:
-            row += ["-", "-", "-"]
+            row += ["-", "-", "-", "-"]
         if "gate_norm" in ds:
             g = ds["gate_norm"].values[c]  # (n, T, G)
             gates = [str(x) for x in ds["gate"].values]
@@ -67,12 +67,13 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
 
 
 def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
-    """λ_1 over trajectories, Σλ and the count of −∞ / below-resolution exponents of checkpoint c.
-    Only resolved exponents are averaged; Σλ is −inf when an exponent is, and an upper bound (≤) when
-    some are below resolution."""
+    """λ_1 over trajectories, its standard errors (over trajectories · batch means, combined over
+    trajectories; "-" in a store without error bars), Σλ and the count of −∞ / below-resolution /
+    unconverged exponents (the most of any trajectory) of checkpoint c. Only resolved exponents are
+    averaged; Σλ is −inf when an exponent is, and an upper bound (≤) when some are below resolution."""
     import numpy as np
 
-    from gradscope.store.dynamics import resolved_exponents
+    from gradscope.store.dynamics import batch_se_of_mean, resolved_exponents
 
     lam = ds["lyapunov"].values[c]  # (m, k)
     resolved = resolved_exponents(ds, c)  # NaN where −inf or below resolution
@@ -86,7 +87,14 @@ def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
     else:
         sums = ("≤ " if low.any() else "") + f"{total.mean():+.3f}"
     D = lam.shape[-1]
-    return [first, sums, f"{int(np.isneginf(lam).sum(-1).max())} · {int(low.sum(-1).max())} of {D}"]
+    errors = "-"
+    batch = batch_se_of_mean(ds, c)
+    if batch is not None:
+        traj = ds["lyapunov_se_trajectories"].values[c][0] if "lyapunov_se_trajectories" in ds else np.nan
+        fmt = lambda v: f"{v:.2g}" if np.isfinite(v) else "–"  # noqa: E731
+        errors = f"{fmt(traj)} / {fmt(batch[0])}"
+    unconv = f" · {int(ds['lyapunov_unconverged'].values[c].sum(-1).max())}" if "lyapunov_unconverged" in ds else ""
+    return [first, errors, sums, f"{int(np.isneginf(lam).sum(-1).max())} · {int(low.sum(-1).max())}{unconv} of {D}"]
 
 
 @user_errors

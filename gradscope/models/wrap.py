@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from gradscope.errors import GradscopeError, check
 from gradscope.models.adapters import adapter_for
-from gradscope.models.adapters.base import check_against_library
+from gradscope.models.adapters.base import agreement_tolerance, check_against_library
 from gradscope.models.core import scan
 from gradscope.models.protocol import check_protocol
 from gradscope.models.registry import CORES
@@ -161,8 +161,10 @@ def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.
     inputs / readout: only for a model without its own (mambapy's bare ``Mamba`` reads float vectors
     and has no head): token ids → vectors, and outputs → e.g. logits. tolerance: of the wrap-time
     comparison with the library's own forward, relative to the outputs' largest magnitude (default:
-    the adapter's stated one). seed: of the small random check batch. checks: also run the protocol
-    checks (batched = per-sample step; vjp = func engine).
+    :func:`~gradscope.models.adapters.base.agreement_tolerance` of the model's depth and dtype, from a
+    measured float32 error model, never below the adapter's stated one). The wrapped model records
+    ``library_error`` (the measured difference) and ``library_tolerance``. seed: of the small random
+    check batch. checks: also run the protocol checks (batched = per-sample step; vjp = func engine).
     """
     name = adapter_for(model)
     if name is None:
@@ -178,19 +180,24 @@ def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.
     param = next(model.parameters())
     gen = torch.Generator().manual_seed(seed)
     what = f"{core.family} ({source})"
+    depth = int(getattr(core, "num_layers", 1))
+    if tolerance is None:  # the measured error model (adapters.base.agreement_tolerance), the same on every path
+        tolerance = agreement_tolerance(depth, param.dtype, adapted.tolerance)
+        basis = f": the tolerance of a {depth}-layer {str(param.dtype).removeprefix('torch.')} model"
+    else:
+        basis = ": the tolerance given"
     if adapted.inputs is not None:
         wrapped = WrappedModel(core, adapted.inputs, adapted.readout, source)
         example = torch.randint(0, adapted.inputs.num_embeddings, (2, 6), generator=gen).to(param.device)
-        wrapped.library_error = check_against_library(wrapped, adapted.forward, example, tolerance or adapted.tolerance,
-                                                      what)
+        wrapped.library_error = check_against_library(wrapped, adapted.forward, example, tolerance, what, basis)
         with torch.no_grad():
             x = wrapped.core_inputs(example)
     else:  # float inputs: the core's outputs against the library's, then the user's maps around them
         x = torch.randn(2, 6, core.out_dim, generator=gen, dtype=torch.float64).to(param)
-        error = check_against_library(lambda v: scan(core, v)[0], adapted.forward, x, tolerance or adapted.tolerance,
-                                      what)
+        error = check_against_library(lambda v: scan(core, v)[0], adapted.forward, x, tolerance, what, basis)
         wrapped = WrappedModel(core, inputs, readout, source)
         wrapped.library_error = error
+    wrapped.library_tolerance = tolerance
     if checks:
         check_protocol(core, x, seed=seed)
     wrapped.protocol_checked = True
@@ -212,7 +219,8 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     inputs: token ids (B, T) → the vectors the rnn reads (an ``nn.Embedding`` or any callable);
     None to feed float inputs (B, T, in) directly. readout: optional map of the outputs, e.g.
     an ``nn.Linear`` to logits. tolerance: of the wrap-time comparison with the module's own forward
-    (nn.RNN/GRU/LSTM: 1e-5; library models: each adapter's stated one). seed: of the check batches.
+    (nn.RNN/GRU/LSTM: 1e-5; library models: scaled with depth and dtype, :func:`wrap_library`).
+    seed: of the check batches.
     checks: run the protocol checks (:mod:`gradscope.models.protocol`) on a protocol core or adapter.
     """
     if isinstance(rnn, nn.RNNBase):

@@ -10,8 +10,8 @@ from pathlib import Path
 from gradscope.errors import GradscopeError
 from gradscope.files.publish import publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
-from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapunov_convergence, lyapunov_spectra,
-                                      radius_samples)
+from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapunov_convergence, lyapunov_error_bars,
+                                      lyapunov_spectra, radius_samples)
 from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
@@ -131,8 +131,10 @@ def dynamics_sections(stores: list[Input], palette: dict[str, str] | None = None
                            "read; the dotted line is ρ = 1 (above: locally expanding).", radius_figure(radii)))
     if spectra := lyapunov_spectra(stores):
         out.append(Section("lyapunov", "Lyapunov spectra", f"{src}: all D exponents (Benettin/QR, natural log per "
-                           "step) with 95% t-intervals over trajectories, and the running estimate.",
-                           lyapunov_figure(spectra, lyapunov_convergence(stores), palette)))
+                           "step) with 95% t-intervals over trajectories and a band of ±2 batch-means standard "
+                           "errors, and the running estimate with ±2 standard errors over trajectories.",
+                           lyapunov_figure(spectra, lyapunov_convergence(stores), palette,
+                                           lyapunov_error_bars(stores))))
     if gates := gate_means(stores):
         out.append(Section("gates", "Gate terms", f"{src}: mean ‖term‖_F of each path through the cell (the terms "
                            "sum to J_t), after frequent, rare and query tokens.", gate_figure(gates)))

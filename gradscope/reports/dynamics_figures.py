@@ -91,9 +91,13 @@ def radius_figure(samples: dict[str, dict[int, dict[str, np.ndarray]]]) -> go.Fi
 
 
 def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tuple[str, int, np.ndarray, np.ndarray]],
-                    palette: dict[str, str] | None = None) -> go.Figure:
+                    palette: dict[str, str] | None = None,
+                    errors: list[tuple[str, int, np.ndarray | None, np.ndarray | None]] | None = None) -> go.Figure:
     """Left: the Lyapunov spectrum λ_i (index i) with 95% t-intervals over trajectories, per
-    configuration and checkpoint. Right: the running estimate of λ_1 and λ_D against steps."""
+    configuration and checkpoint, and (stores with error bars) a band of ±2 batch-means standard
+    errors. Right: the running estimate of λ_1 and λ_D against steps, with ±2 standard errors over
+    trajectories where the store has them."""
+    bars = {(label, it): (batch, running) for label, it, batch, running in (errors or [])}
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Lyapunov spectrum (natural log per step)",
                                                         "convergence of λ_1 (solid) and λ_D (dotted)"],
                         horizontal_spacing=0.08)
@@ -110,10 +114,17 @@ def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tup
                                               arrayminus=finite_or_none(mean - low), thickness=0.8, width=0),
                                  hovertemplate=(f"{name}<br>λ_%{{x}} = %{{y{NUM}}}<br>n = {n} trajectories"
                                                 "<extra></extra>")), 1, 1)
+        batch = bars.get((label, it), (None, None))[0]
+        if batch is not None and np.isfinite(batch).any():
+            _band(fig, idx, mean, 2 * batch, color[label], alpha, name, "±2 SE (batch means)", 1)
     for label, it, steps, running in convergence:
         alpha = _opacity(its.get(label, [it]).index(it) if it in its.get(label, []) else 0, len(its.get(label, [it])))
         name = f"{label} · it {it}"
+        running_se = bars.get((label, it), (None, None))[1]
         for j, dash in ((0, "solid"), (running.shape[1] - 1, "dot")):
+            if running_se is not None and np.isfinite(running_se[:, j]).any():
+                _band(fig, steps, running[:, j], 2 * running_se[:, j], color.get(label), alpha, name,
+                      f"λ_{j + 1} ±2 SE (trajectories)", 2)
             fig.add_trace(go.Scatter(x=steps, y=finite_or_none(running[:, j]), mode="lines", legendgroup=name,
                                      showlegend=False, opacity=alpha, line=dict(color=color.get(label), dash=dash),
                                      name=f"{name} λ_{j + 1}",
@@ -128,6 +139,18 @@ def lyapunov_figure(spectra: list[tuple[str, int, tuple]], convergence: list[tup
     fig.update_xaxes(title_text="steps after warm-up", col=2)
     fig.update_yaxes(title_text="λ (per step)", col=1)
     return finish(fig, "Lyapunov spectra (Benettin/QR)", 460, "configuration · checkpoint")
+
+
+def _band(fig: go.Figure, x: np.ndarray, centre: np.ndarray, half: np.ndarray, color: str | None, alpha: float,
+          group: str, what: str, col: int) -> None:
+    """A shaded band centre ± half (NaN/inf points left as gaps) in the legend group of its line."""
+    ok = np.isfinite(centre) & np.isfinite(half)
+    xs, lo, hi = np.asarray(x)[ok], (centre - half)[ok], (centre + half)[ok]
+    if not xs.size:
+        return
+    fig.add_trace(go.Scatter(x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself",
+                             mode="none", fillcolor=color, opacity=0.18 * alpha, legendgroup=group, showlegend=False,
+                             name=f"{group} {what}", hoverinfo="skip"), 1, col)
 
 
 def gate_figure(means: list[tuple[str, int, str, dict[str, float]]]) -> go.Figure:

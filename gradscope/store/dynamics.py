@@ -25,6 +25,11 @@ class DynamicsResult:
     unless a partial spectrum was chosen); lyapunov_below_resolution (m, k) int: 1 where the value is
     an upper bound below the QR's resolution;
     lyapunov_running (c, D): the estimate after ``lyapunov_steps`` steps (mean over trajectories);
+    error bars (:mod:`gradscope.analysis.lyapunov`): lyapunov_se_batch (m, k) batch-means standard
+    error per trajectory; lyapunov_se_trajectories (k,) standard error of the mean over trajectories;
+    lyapunov_drift (m, k) second-half − first-half mean; lyapunov_unconverged (m, k) int: 1 where the
+    drift exceeds its error; lyapunov_running_se (c, k) standard error over trajectories of the running
+    estimate. Stores written before these existed lack them (readers check).
     gates (n, T, G): ‖term‖_F of each gate term of J_t; blocks: static (spectral norm, radius)
     of each gate's block of W_hh.
     """
@@ -62,6 +67,12 @@ def dynamics_dataset(results: list[DynamicsResult], *, tokens: np.ndarray, token
             data["lyapunov_below_resolution"] = (("checkpoint", "trajectory", "exponent"),
                                                  stack("lyapunov_below_resolution"))
         data["lyapunov_running"] = (("checkpoint", "lyap_step", "exponent"), stack("lyapunov_running"))
+        per_trajectory = ("trajectory", "exponent")
+        for name, dims in (("lyapunov_se_batch", per_trajectory), ("lyapunov_drift", per_trajectory),
+                           ("lyapunov_unconverged", per_trajectory), ("lyapunov_se_trajectories", ("exponent",)),
+                           ("lyapunov_running_se", ("lyap_step", "exponent"))):
+            if name in first:
+                data[name] = (("checkpoint", *dims), stack(name))
     if "gates" in first:
         data["gate_norm"] = (("checkpoint", "sequence", "step", "gate"), stack("gates"))
     if results[0].blocks:
@@ -223,6 +234,25 @@ def lyapunov_convergence(items: list[Any]) -> list[tuple[str, int, np.ndarray, n
     return [(item.label, int(item.ds["iteration"][c]), item.ds["lyap_step"].values,
              item.ds["lyapunov_running"].values[c])
             for item in items if "lyapunov_running" in item.ds for c in range(item.ds.sizes["checkpoint"])]
+
+
+def batch_se_of_mean(ds: xr.Dataset, c: int) -> np.ndarray | None:
+    """(k,) batch-means standard error of the mean over trajectories of checkpoint c: the
+    trajectories' own errors combined, sqrt(Σ se²) / m over the resolved exponents (NaN where none
+    is); None for a store written before the error bars."""
+    if "lyapunov_se_batch" not in ds:
+        return None
+    se = np.where(np.isfinite(resolved_exponents(ds, c)), ds["lyapunov_se_batch"].values[c], np.nan)
+    counts = np.isfinite(se).sum(0)
+    return np.where(counts > 0, np.sqrt(np.nansum(se ** 2, 0)) / np.maximum(counts, 1), np.nan)
+
+
+def lyapunov_error_bars(items: list[Any]) -> list[tuple[str, int, np.ndarray | None, np.ndarray | None]]:
+    """(label, iteration, :func:`batch_se_of_mean` (k,), standard error over trajectories of the running
+    estimate (steps, k)) per checkpoint; None where the store predates the error bars."""
+    return [(item.label, int(item.ds["iteration"][c]), batch_se_of_mean(item.ds, c),
+             item.ds["lyapunov_running_se"].values[c] if "lyapunov_running_se" in item.ds else None)
+            for item in items if "lyapunov" in item.ds for c in range(item.ds.sizes["checkpoint"])]
 
 
 def gate_means(items: list[Any]) -> list[tuple[str, int, str, dict[str, float]]]:

@@ -31,7 +31,7 @@ import xarray as xr
 from torch import nn
 
 from gradscope.analysis import dynamics as dyn
-from gradscope.analysis.lyapunov import lyapunov_flops
+from gradscope.analysis.lyapunov import BATCHES, lyapunov_flops
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes, check_ids, check_tensor
@@ -122,9 +122,9 @@ def dynamics_bytes(opts: DynamicsOptions, n: int, T: int, D: int, H: int, width:
     frame = D if structure is not None and not structure.is_dense else D * e
     work = {"flow": chunk * (T * (D + 2) + 3 * H * D), "grid": g * T * (T + 2 * square),
             "spectra": n * (T * (1 + k) + 3 * square), "gates": n * (T * (gates + D) + 2 * gates * square),
-            "lyapunov": m * (S * (width + 2) + 2 * square + 4 * frame + (S // 10 + 2) * e)}
+            "lyapunov": m * (S * (width + 2) + 2 * square + 4 * frame + (S // 10 + 2 + BATCHES) * e)}
     kept = {"flow": 2 * n * T, "grid": g * T * T, "spectra": n * T * (1 + k), "gates": n * T * gates,
-            "lyapunov": m * (S // 10 + 4) * e}
+            "lyapunov": m * (2 * S // 10 + 8) * e}
     parts = [p for p in opts.parts if p in work]
     return 8 * (2 * n * T + max(work[p] for p in parts) + 2 * checkpoints * sum(kept[p] for p in parts))
 
@@ -207,11 +207,16 @@ def plan_core(core: nn.Module, opts: DynamicsOptions, n: int, T: int) -> Dynamic
                          len(getattr(core, "gate_names", ("step",))))
 
 
+LYAPUNOV_ERRORS = ("lyapunov_se_batch", "lyapunov_se_trajectories", "lyapunov_drift", "lyapunov_running_se")
+
+
 def nonfinite_counts(parts: dict[str, np.ndarray]) -> dict[str, int]:
     """NaN/Inf values per stored part that a healthy model gives finite (a diverged model's): the
     (t, T) grid's undefined t > T half and the flow's column T (it needs a readout) are skipped."""
     counts = {}
     for name, values in parts.items():
+        if name in LYAPUNOV_ERRORS:  # NaN by definition where an exponent is −inf or one trajectory has no spread
+            continue
         if name.startswith("lyapunov"):  # −inf is an exact exponent, not a sign of divergence
             counts[name] = int(np.isnan(values).sum() + np.isposinf(values).sum())
             continue
@@ -317,6 +322,11 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
             parts["lyapunov"] = cpu(res.exponents)
             parts["lyapunov_below_resolution"] = res.below_resolution.to("cpu", torch.int64).numpy()
             parts["lyapunov_running"] = cpu(res.running.mean(0))
+            parts["lyapunov_se_batch"] = cpu(res.se_batch)  # error bars (analysis.lyapunov's docstring)
+            parts["lyapunov_se_trajectories"] = cpu(res.se_trajectories())
+            parts["lyapunov_drift"] = cpu(res.drift)
+            parts["lyapunov_unconverged"] = res.unconverged.to("cpu", torch.int64).numpy()
+            parts["lyapunov_running_se"] = cpu(res.running_se())
             lyap_steps = np.asarray(res.running_steps)
     return parts, dyn.block_spectra(core), names, lyap_steps
 

@@ -14,7 +14,8 @@ which every entry's new value reads only its own and earlier entries' old values
 
 Checked at wrap time (:func:`check_against_library`): the wrapped model's outputs (logits for a
 ``…ForCausalLM``) equal the library's own full-sequence forward on a small seeded batch of token ids,
-within the adapter's stated tolerance; then the protocol checks of :mod:`gradscope.models.protocol`.
+within :func:`agreement_tolerance` of the model's depth and dtype (never below the adapter's stated
+floor); then the protocol checks of :mod:`gradscope.models.protocol`.
 """
 
 from __future__ import annotations
@@ -156,12 +157,34 @@ def hf_forward(model: nn.Module) -> Callable[[Tensor], Tensor]:
     return run
 
 
+# The wrap-time error model, measured (bench/wrap_agreement.py; docs/models-from-libraries.md): on
+# random-init transformers Mamba models in float32 the adapter and the library's own forward differ by
+# at most ERROR_COEF · eps · depth^1.5 relative to the logits' scale (the worst case, d_model 768,
+# gives 11.7, 12.9 and 15.2 at 4, 12 and 24 layers; narrower models far less). Float64 models measure
+# below the float32 bound: the libraries round to float32 in places even then, so eps is never below
+# float32's. MARGIN covers seeds, widths and families not measured.
+ERROR_COEF = 16.0
+MARGIN = 3.0
+HALF_CAP = 1e-2  # half precision is not measured: the eps-scaled bound would be vacuous there, so capped
+
+
+def agreement_tolerance(depth: int, dtype: torch.dtype, floor: float = 0.0) -> float:
+    """Relative tolerance of the wrap-time comparison with the library for a model of ``depth``
+    layers whose weights are ``dtype``: MARGIN · ERROR_COEF · eps · depth^1.5 (eps: of ``dtype``, at
+    least float32's), at least ``floor`` (the adapter's stated tolerance), at most 1e-2 unless the
+    floor is higher. The one function every path (``gradscope.wrap``, ``--model hf``, factories) uses."""
+    check(isinstance(depth, int) and depth >= 1, f"depth: got {depth!r}; expected a positive number of layers")
+    eps = max(torch.finfo(dtype).eps, torch.finfo(torch.float32).eps) if dtype.is_floating_point else \
+        torch.finfo(torch.float32).eps
+    return max(floor, min(HALF_CAP, MARGIN * ERROR_COEF * eps * depth ** 1.5))
+
+
 def check_against_library(wrapped: Callable[[Tensor], Tensor], library_forward: Callable[[Tensor], Tensor], example: Tensor,
-                          tolerance: float, what: str) -> float:
+                          tolerance: float, what: str, basis: str = "") -> float:
     """Outputs of ``wrapped`` (the adapter's scan plus readout) against the library's own forward on
     ``example`` (token ids (B, T), or float inputs (B, T, in)); a difference above ``tolerance``
-    relative to the outputs' largest magnitude (at least 1) refuses the model. Returns the relative
-    difference."""
+    relative to the outputs' largest magnitude (at least 1) refuses the model; ``basis`` says in the
+    message where the tolerance came from. Returns the relative difference."""
     with torch.no_grad():  # the library first: a forward may change its weights (RWKV's eval-mode rescaling)
         theirs = library_forward(example)
         ours = wrapped(example)
@@ -171,7 +194,7 @@ def check_against_library(wrapped: Callable[[Tensor], Tensor], library_forward: 
     scale = max(1.0, float(theirs.abs().max()))
     if not err <= tolerance * scale:
         raise GradscopeError(f"model: gradscope's {what} adapter and the library's own forward disagree by "
-                             f"{err:.2e} (> {tolerance:g} × {scale:.3g}) on a small batch; this model is not "
+                             f"{err:.2e} (> {tolerance:.3g} × {scale:.3g}{basis}) on a small batch; this model is not "
                              f"the architecture the adapter knows, so its Jacobians would be wrong")
     return err / scale
 
