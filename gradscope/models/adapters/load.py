@@ -38,6 +38,7 @@ from gradscope.models.adapters import class_names
 from gradscope.models.adapters.weights import TensorInfo, read_headers, read_json, safetensors_header, weight_files
 
 PICKLES = (".pt", ".pth", ".bin")
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_blocks")  # each layer has a tensor
 AUTO_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -60,11 +61,17 @@ def _class(transformers, name: str):  # noqa: ANN001, ANN202 - a model class
     return getattr(transformers, name)
 
 
-def _config(cls: Any, data: dict[str, Any], cfg_file: Path) -> Any:
+def _config(cls: Any, data: dict[str, Any], cfg_file: Path, label: str, tensors: dict[str, TensorInfo]) -> Any:
+    """The config of ``data``; a layer count beyond the number of tensors is refused first (a config
+    may build per-layer lists, and the model a module per layer, before anything else would)."""
+    for key in LAYER_KEYS:
+        n = data.get(key)
+        check(not isinstance(n, int) or n <= max(len(tensors), 1),
+              f"{label}: {cfg_file} has {key} {n}, more than the {len(tensors)} tensors of the weights")
     try:
         return cls.config_class.from_dict(data)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types on a bad config: one line
-        raise GradscopeError(f"config: {cfg_file} is not a valid {cls.config_class.__name__} ({_one_line(exc)})") from None
+        raise GradscopeError(f"{label}: {cfg_file} is not a valid {cls.config_class.__name__} ({_one_line(exc)})") from None
 
 
 def _construct(cls: Any, cfg: Any, dtype: torch.dtype | None) -> nn.Module:
@@ -119,22 +126,21 @@ def _model_bytes(model: nn.Module) -> int:
 def _build(cls: Any, cfg: Any, name: str, cfg_file: Path, where: Path, tensors: dict[str, TensorInfo],
            dtype: torch.dtype | None, extra_bytes: int = 0) -> nn.Module:
     """The model of ``cfg``, checked on the meta device against ``tensors`` and the memory budget,
-    then built for real (its weights still to be filled in)."""
-    layers = getattr(cfg, "num_hidden_layers", None)
-    check(not isinstance(layers, int) or layers <= max(len(tensors), 1),
-          f"config: {cfg_file} has num_hidden_layers {layers}, more than the {len(tensors)} tensors of {where}")
+    then built for real (its weights still to be filled in). Errors about the config name the
+    ``config`` parameter only when it was one (a weights file's), else the checkpoint."""
+    label = "checkpoint" if cfg_file.parent == where else "config"
     what = f"{name} of {cfg_file.name}"
     try:
         with torch.device("meta"):
             meta = _construct(cls, cfg, dtype)
     except Exception as exc:  # noqa: BLE001 - a config transformers cannot build: one line
-        raise GradscopeError(f"config: {cfg_file} does not build a {name} ({_one_line(exc)})") from None
+        raise GradscopeError(f"{label}: {cfg_file} does not build a {name} ({_one_line(exc)})") from None
     check_against(meta, tensors, where, what)
     check_bytes(_model_bytes(meta) + extra_bytes, f"checkpoint: {where}: a {what}")
     try:
         return _construct(cls, cfg, dtype)
     except Exception as exc:  # noqa: BLE001 - as above, now with memory
-        raise GradscopeError(f"config: {cfg_file} does not build a {name} ({_one_line(exc)})") from None
+        raise GradscopeError(f"{label}: {cfg_file} does not build a {name} ({_one_line(exc)})") from None
 
 
 def _fill(model: nn.Module, values: Any, where: Path) -> None:
@@ -172,14 +178,22 @@ def _safetensors_values(files: list[Path]):  # noqa: ANN202 - a generator of (na
 def load_hf(spec: str, path: Path, config: Path | None = None) -> nn.Module:
     """A transformers model from ``path`` (a saved directory, or a weights file with ``config``), in eval
     mode, every persistent parameter and buffer from the weights (see the module's docstring)."""
-    _, _, name = spec.partition(":")
-    path = Path(path)
     transformers = _transformers()
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its notes on a config it accepts: the checks here judge it
+    try:
+        return _load_hf(transformers, spec, Path(path), config)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def _load_hf(transformers: Any, spec: str, path: Path, config: Path | None) -> nn.Module:
+    _, _, name = spec.partition(":")
     if path.is_dir():
         check(config is None, "config: a saved directory carries its own config.json; give --config only with a weights file")
         cfg_file = path / "config.json"
         check(cfg_file.is_file(), f"checkpoint: {path} has no config.json (expected what save_pretrained writes)")
-        data = read_json(cfg_file, "config")
+        data = read_json(cfg_file, "checkpoint")
         if not name:
             archs = data.get("architectures")
             check(isinstance(archs, list) and bool(archs) and isinstance(archs[0], str),
@@ -188,17 +202,18 @@ def load_hf(spec: str, path: Path, config: Path | None = None) -> nn.Module:
         cls = _class(transformers, name)
         files, weight_map = weight_files(path)
         tensors = read_headers(files, weight_map)
-        model = _build(cls, _config(cls, data, cfg_file), name, cfg_file, path, tensors, _auto_dtype(data, tensors))
+        model = _build(cls, _config(cls, data, cfg_file, "checkpoint", tensors), name, cfg_file, path, tensors, _auto_dtype(data, tensors))
         _fill(model, _safetensors_values(files), path)
     else:
         check(bool(name), "model_factory: with a weights file give the class, e.g. --model-factory hf:MambaForCausalLM")
         check(config is not None, f"config: hf:{name} with a weights file needs --config config.json")
         cls = _class(transformers, name)
         cfg_file = Path(config)  # type: ignore[arg-type]
-        cfg = _config(cls, read_json(cfg_file, "config"), cfg_file)
+        data = read_json(cfg_file, "config")
         check(path.is_file(), f"checkpoint: {path} does not exist")
         if path.suffix == ".safetensors":
             tensors = safetensors_header(path)
+            cfg = _config(cls, data, cfg_file, "config", tensors)
             model = _build(cls, cfg, name, cfg_file, path, tensors, None)
             _fill(model, _safetensors_values([path]), path)
         else:
@@ -206,6 +221,7 @@ def load_hf(spec: str, path: Path, config: Path | None = None) -> nn.Module:
             check_bytes(path.stat().st_size, f"checkpoint: {path}")
             state = read_weights(path)
             tensors = {k: TensorInfo(v.dtype, tuple(v.shape), path) for k, v in state.items()}
+            cfg = _config(cls, data, cfg_file, "config", tensors)
             model = _build(cls, cfg, name, cfg_file, path, tensors, None, extra_bytes=path.stat().st_size)
             _fill(model, state.items(), path)
     return model.eval()  # its NaN/Inf weights, if any, are named by gradscope.wrap
