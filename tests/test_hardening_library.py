@@ -129,7 +129,7 @@ def test_a_huge_config_is_refused_before_anything_is_allocated(saved: Path, runn
 def test_the_memory_budget_applies_to_library_models(saved: Path, runner, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     """Weights that agree with their config, but more than the budget: refused before the model is built."""
     monkeypatch.setenv("GRADSCOPE_MEMORY_BUDGET", "4096")
-    refused(cli(runner, saved, tmp_path), "memory")
+    refused(cli(runner, saved, tmp_path), "error: checkpoint:", "MambaForCausalLM", "memory")
 
 
 def test_layer_counts_beyond_the_weights_are_refused_at_once(saved: Path, runner, tmp_path: Path) -> None:  # noqa: ANN001
@@ -140,18 +140,24 @@ def test_layer_counts_beyond_the_weights_are_refused_at_once(saved: Path, runner
     assert time.perf_counter() - start < 20
 
 
-@pytest.mark.parametrize("shard", ["pytorch_model.bin", "../outside.safetensors", "sub/model.safetensors"])
+@pytest.mark.parametrize("shard", ["pytorch_model-00002-of-00002.bin", "../outside.safetensors", "sub/model.safetensors"])
 def test_shards_are_safetensors_inside_the_directory(saved: Path, runner, tmp_path: Path, shard: str) -> None:  # noqa: ANN001
+    """Half the weights in a safetensors shard, half in ``shard``: a pickle, or a file outside the directory."""
     state = weights(saved)
-    target = (saved / shard)
+    names = sorted(state)
+    first, second = {k: state[k] for k in names[::2]}, {k: state[k] for k in names[1::2]}
+    safetensors_torch.save_file(first, str(saved / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
+    target = saved / shard
     target.parent.mkdir(parents=True, exist_ok=True)
     if shard.endswith(".bin"):
-        torch.save(state, target)
+        torch.save(second, target)
     else:
-        safetensors_torch.save_file(state, str(target))
+        safetensors_torch.save_file(second, str(target), metadata={"format": "pt"})
     (saved / "model.safetensors").unlink()
-    (saved / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: shard for k in state}}))
-    refused(cli(runner, saved, tmp_path), "model.safetensors.index.json")
+    weight_map = {**{k: "model-00001-of-00002.safetensors" for k in first}, **{k: shard for k in second}}
+    (saved / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    refused(cli(runner, saved, tmp_path), "model.safetensors.index.json", shard.split("/")[-1] if "/" not in shard
+            else "")
 
 
 def test_sharded_weights_load_exactly(saved: Path, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@
   before anything is allocated.
 - :func:`weight_files`: the ``.safetensors`` files of a ``save_pretrained`` directory, one file or the
   shards its ``model.safetensors.index.json`` names; safetensors only, every shard a plain file name
-  inside the directory.
+  in the directory (no separator, no '..').
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any, NamedTuple
 import torch
 
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import inside, safe_component
+from gradscope.guard import safe_component
 
 MAX_HEADER = 100 << 20  # bytes of a safetensors JSON header (safetensors itself allows 100 MB)
 MAX_JSON = 64 << 20  # bytes of a config.json or a shard index
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U64": torch.uint64,
+    "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -117,13 +117,13 @@ def weight_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
             safe_component(name, f"checkpoint: {index} names a shard")
             check(name.endswith(".safetensors"), f"checkpoint: {index} names the shard {name!r}; gradscope loads "
                                                   f"safetensors only, never a pickle")
-            path = inside(directory, name, f"checkpoint: {index} names a shard")
+            path = directory / name  # a plain name: in the directory (a link there, as in a hub cache, is the user's)
             check(path.is_file(), f"checkpoint: {index} names the shard {name}, which is not a file in {directory}")
             files.append(path)
         return files, {str(k): v for k, v in data["weight_map"].items()}
     check(single.is_file(), f"checkpoint: {directory} has neither {SINGLE} nor {INDEX} (what save_pretrained "
                             f"writes); gradscope loads no pickled weights from a directory")
-    return [inside(directory, SINGLE, "checkpoint")], None
+    return [single], None
 
 
 def read_headers(files: list[Path], weight_map: dict[str, str] | None = None) -> dict[str, TensorInfo]:
