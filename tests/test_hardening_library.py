@@ -219,3 +219,13 @@ def test_a_good_directory_scores_and_a_config_note_is_not_a_second_line(saved: P
     cfg = json.loads((saved / "config.json").read_text())
     (saved / "config.json").write_text(json.dumps({**cfg, "vocab_size": 0}))  # transformers logs notes on it
     refused(cli(runner, saved, tmp_path, "--overwrite"), "backbone.embeddings.weight", "(0, 8)")
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_number_in_the_config_is_refused(saved: Path, value: str) -> None:
+    """A NaN epsilon gives NaN outputs that the wrap-time check would blame on the architecture."""
+    text = (saved / "config.json").read_text()
+    assert '"layer_norm_epsilon": 1e-05' in text
+    (saved / "config.json").write_text(text.replace('"layer_norm_epsilon": 1e-05', f'"layer_norm_epsilon": {value}'))
+    with pytest.raises(GradscopeError, match="must be finite"):
+        load_hf("hf", saved)

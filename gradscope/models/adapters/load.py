@@ -26,6 +26,7 @@ failure of transformers or safetensors while loading is a :class:`GradscopeError
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,15 @@ def _class(transformers, name: str):  # noqa: ANN001, ANN202 - a model class
 def _config(cls: Any, data: dict[str, Any], cfg_file: Path, label: str, tensors: dict[str, TensorInfo]) -> Any:
     """The config of ``data``; a layer count beyond the number of tensors is refused first (a config
     may build per-layer lists, and the model a module per layer, before anything else would)."""
+    stack: list[Any] = [data]
+    while stack:  # iterative: a config nests as deep as the JSON parser allowed
+        item = stack.pop()
+        if isinstance(item, float):
+            check(math.isfinite(item), f"{label}: {cfg_file} holds {item}; a config's numbers must be finite")
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     for key in LAYER_KEYS:
         n = data.get(key)
         check(not isinstance(n, int) or n <= max(len(tensors), 1),
