@@ -127,7 +127,7 @@ def test_a_library_model_with_a_nan_weight_is_named(runner, tmp_path: Path) -> N
     assert lines and lines[0].startswith("warning: ") and "backbone.layers.1.mixer.D (1 of 16)" in lines[0], result.stderr
 
 
-def _dynamics_ds(lam: np.ndarray, gates: np.ndarray | None = None) -> xr.Dataset:
+def _dynamics_ds(lam: np.ndarray, gates: np.ndarray | None = None, flow: np.ndarray | None = None) -> xr.Dataset:
     m, k = lam.shape
     data = {"lyapunov": (("checkpoint", "trajectory", "exponent"), lam[None]),
             "iteration": (("checkpoint",), np.array([5]))}
@@ -135,6 +135,8 @@ def _dynamics_ds(lam: np.ndarray, gates: np.ndarray | None = None) -> xr.Dataset
     data["token_class"] = (("sequence", "t"), cls)
     if gates is not None:
         data["gate_norm"] = (("checkpoint", "sequence", "t", "gate"), gates[None])
+    if flow is not None:
+        data["flow_fro"] = (("checkpoint", "sequence", "t"), flow[None])
     coords = {"gate": ["update", "reset"]} if gates is not None else {}
     return xr.Dataset(data, coords=coords)
 
@@ -154,6 +156,8 @@ def test_the_dynamics_table_shows_nan_as_nan() -> None:
     assert lyapunov_cells(_dynamics_ds(inf), 0)[0] == "+inf"
     gates = np.full((1, 3, 2), np.nan)
     console = Console(width=200, record=True)
-    console.print(dynamics_table(_dynamics_ds(nan, gates)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy RuntimeWarning on stderr either
+        console.print(dynamics_table(_dynamics_ds(nan, gates, np.zeros((1, 3)))))
     row = [ln for ln in console.export_text().splitlines() if ln.strip().startswith(("│ 5", "┃ 5")) or " 5 " in ln][-1]
     assert "below res" not in row and "update" not in row and "reset" not in row and "nan" in row, row

@@ -40,7 +40,8 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
         row = [str(it) if it >= 0 else "–"]  # an in-memory or factory model has no iteration
         if "flow_fro" in ds:
             f = ds["flow_fro"].values[c]
-            row.append(f"{np.median(f[:, 0] / f[:, -1]):.2e}")
+            with np.errstate(divide="ignore", invalid="ignore"):  # a diverged model's 0/0 is shown as nan
+                row.append(f"{np.median(f[:, 0] / f[:, -1]):.2e}")
         else:
             row.append("-")
         if "step_radius" in ds:
