@@ -15,3 +15,8 @@ def check(condition: bool, message: str) -> None:
     """Raise :class:`GradscopeError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise GradscopeError(message)
+
+
+class GradscopeWarning(UserWarning):
+    """Something the user should know before trusting a number (e.g. a model with NaN weights). The CLI
+    prints each as one line, ``warning: …``, on stderr, when it is raised (before any work)."""

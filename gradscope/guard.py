@@ -8,6 +8,9 @@
   elements (no sparse, meta or stride-0 bomb).
 - **Paths:** :func:`safe_component` and :func:`inside` keep a path built from a spec, a store or a
   manifest inside its root.
+- **Weights:** :func:`nonfinite_tensors` names a model's parameters and buffers that hold NaN or Inf;
+  :func:`warn_nonfinite` says so in a :class:`NonFiniteWeightsWarning` (every path that loads or wraps
+  a model calls it, before any work).
 
 Temporaries, publication and every other write to disk live in :mod:`gradscope.files`.
 """
@@ -17,12 +20,13 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gradscope.errors import GradscopeError
+from gradscope.errors import GradscopeError, GradscopeWarning
 
 MEMORY_FRACTION = 0.5  # of the memory available now: the most one allocation may claim
 MAX_RATIO = 1000.0  # declared bytes per byte present above which a large input is a decompression bomb
@@ -155,3 +159,37 @@ def inside(root: Path, path: Any, what: str) -> Path:
     if full != root and root not in full.parents:
         raise GradscopeError(f"{what}: {str(path)[:80]!r} points outside {root}")
     return full
+
+
+class NonFiniteWeightsWarning(GradscopeWarning):
+    """A model's parameters or buffers hold NaN or Inf: every number computed from it is suspect."""
+
+
+def nonfinite_tensors(module: torch.nn.Module) -> list[tuple[str, int, int]]:
+    """(name, non-finite values, values) of every floating parameter and buffer of ``module`` that
+    holds a NaN or Inf, in ``named_parameters``/``named_buffers`` order; a tied tensor once, under its
+    first name. A meta tensor holds no values and is skipped."""
+    out, seen = [], set()
+    items = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    for name, t in items:
+        if id(t) in seen or t.is_meta or not (t.is_floating_point() or t.is_complex()):
+            continue
+        seen.add(id(t))
+        with torch.no_grad():  # a finite sum proves every value finite (NaN and Inf propagate); else count
+            bad = 0 if bool(torch.isfinite(t.sum(dtype=torch.float64 if t.is_floating_point() else None))) \
+                else int((~torch.isfinite(t)).sum())
+        if bad:
+            out.append((name, bad, t.numel()))
+    return out
+
+
+def warn_nonfinite(module: Any, what: str) -> list[tuple[str, int, int]]:
+    """A :class:`NonFiniteWeightsWarning` naming the non-finite parameters and buffers of ``module``
+    (``what``: where it came from, e.g. 'checkpoint: run/step-100.pt'), if there are any; returns them
+    (nothing for an object that is not an ``nn.Module``)."""
+    bad = nonfinite_tensors(module) if isinstance(module, torch.nn.Module) else []
+    if bad:
+        named = ", ".join(f"{n} ({k} of {m})" for n, k, m in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        warnings.warn(NonFiniteWeightsWarning(f"{what}: NaN or Inf weights in {len(bad)} tensor(s): {named}; every "
+                                              f"number computed from this model is suspect"), stacklevel=2)
+    return bad

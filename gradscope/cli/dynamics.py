@@ -40,7 +40,8 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
         row = [str(it) if it >= 0 else "–"]  # an in-memory or factory model has no iteration
         if "flow_fro" in ds:
             f = ds["flow_fro"].values[c]
-            row.append(f"{np.median(f[:, 0] / f[:, -1]):.2e}")
+            with np.errstate(divide="ignore", invalid="ignore"):  # a diverged model's 0/0 is shown as nan
+                row.append(f"{np.median(f[:, 0] / f[:, -1]):.2e}")
         else:
             row.append("-")
         if "step_radius" in ds:
@@ -58,7 +59,8 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
             picks = []
             for k in kinds:
                 mask = cls == k
-                picks.append(gates[int(np.argmax(np.median(g[mask], axis=0)))] if mask.any() else "-")
+                med = np.median(g[mask], axis=0) if mask.any() else None  # (G,)
+                picks.append("-" if med is None else "nan" if np.isnan(med).any() else gates[int(np.argmax(med))])
             row.append(" / ".join(picks))
         else:
             row.append("-")
@@ -70,7 +72,8 @@ def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
     """λ_1 over trajectories, its standard errors (over trajectories · batch means, combined over
     trajectories; "-" in a store without error bars), Σλ and the count of −∞ / below-resolution /
     unconverged exponents (the most of any trajectory) of checkpoint c. Only resolved exponents are
-    averaged; Σλ is −inf when an exponent is, and an upper bound (≤) when some are below resolution."""
+    averaged; Σλ is −inf when an exponent is, and an upper bound (≤) when some are below resolution;
+    NaN and +inf (a diverged model) are shown as such, never as a bound."""
     import numpy as np
 
     from gradscope.store.dynamics import batch_se_of_mean, resolved_exponents
@@ -79,10 +82,16 @@ def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
     resolved = resolved_exponents(ds, c)  # NaN where −inf or below resolution
     low = np.isfinite(lam) & np.isnan(resolved)  # the flagged upper bounds
     top = resolved[:, 0][np.isfinite(resolved[:, 0])]
-    first = f"{top.mean():+.4f} [{top.min():+.4f}, {top.max():+.4f}]" if top.size else "−inf" \
-        if np.isneginf(lam[:, 0]).all() else "below res."
+    odd = np.isnan(lam[:, 0]) | np.isposinf(lam[:, 0])  # a diverged model's: NaN or +inf, never "below resolution"
+    word = "nan" if np.isnan(lam[:, 0]).any() else "+inf"
+    first = word if odd.all() else f"{top.mean():+.4f} [{top.min():+.4f}, {top.max():+.4f}]" if top.size else "−inf" \
+        if np.isneginf(lam[:, 0][~odd]).all() else "below res."
+    if odd.any() and not odd.all():
+        first += f" ({word} in {int(odd.sum())}/{len(odd)})"
     total = lam.sum(-1)
-    if np.isneginf(total).any():
+    if np.isnan(total).any():
+        sums = "nan" if np.isnan(total).all() else f"nan in {int(np.isnan(total).sum())}/{len(total)}"
+    elif np.isneginf(total).any():
         sums = "−inf" if np.isneginf(total).all() else f"−inf in {int(np.isneginf(total).sum())}/{len(total)}"
     else:
         sums = ("≤ " if low.any() else "") + f"{total.mean():+.3f}"

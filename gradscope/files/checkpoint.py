@@ -30,7 +30,7 @@ import torch
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import as_int, check_ids, check_tensor
+from gradscope.guard import as_int, check_ids, check_tensor, warn_nonfinite
 from gradscope.models import SeqModel
 from gradscope.models.pe import sinusoidal_frequencies
 from gradscope.tasks import HeldOut, Reverse, make_task
@@ -237,6 +237,7 @@ def load_checkpoint(path: Path) -> Loaded:
     checked, source = validate_checkpoint(ckpt, path)
     model = SeqModel(checked.config.model)
     model.load_state_dict(checked.state)  # names and shapes were checked against this config
+    warn_nonfinite(model, f"checkpoint: {path}")
     return Loaded(model.eval(), checked.config, checked.heldout, checked.iteration, path, source, ckpt)
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import GradscopeError, check
+from gradscope.guard import warn_nonfinite
 from gradscope.models.adapters import adapter_for
 from gradscope.models.adapters.base import agreement_tolerance, check_against_library
 from gradscope.models.core import scan
@@ -223,6 +224,7 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     seed: of the check batches.
     checks: run the protocol checks (:mod:`gradscope.models.protocol`) on a protocol core or adapter.
     """
+    warn_nonfinite(rnn, f"rnn: {type(rnn).__name__}")  # NaN/Inf weights named before any work (issue #36)
     if isinstance(rnn, nn.RNNBase):
         core: nn.Module = _rnn_core(rnn)
         _check_agreement(core, 1e-5 if tolerance is None else tolerance, seed)  # type: ignore[arg-type]
