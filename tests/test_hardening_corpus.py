@@ -265,7 +265,8 @@ EMPTY_AND_HUGE = [
 
 @pytest.mark.parametrize("args,words", EMPTY_AND_HUGE, ids=[" ".join(a)[:40] for a, _ in EMPTY_AND_HUGE])
 def test_empty_and_huge_prepare_options_are_one_line_errors_or_work(tmp_path: Path, runner, args: list[str],
-                                                                     words: str) -> None:
+                                                                     words: str, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # relative outputs ("a/…") land here, and a refused run must leave none behind
     write_text(tmp_path / "t.txt", 60, 0)
     full = ["corpus", "prepare", str(tmp_path / "t.txt"), "--vocab", "40", "-q", "-o", str(tmp_path / "c"), *args]
     r = runner.invoke(app, full, catch_exceptions=True)
@@ -274,6 +275,7 @@ def test_empty_and_huge_prepare_options_are_one_line_errors_or_work(tmp_path: Pa
         assert not words, f"{args} was accepted: {r.stdout}"
     else:
         one_line(r, words)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"], "a refused prepare left something behind"
     assert not temporaries(tmp_path)
 
 

@@ -74,7 +74,7 @@ def test_stability_of_a_checkpoint_with_a_nan_weight_names_it_first(healthy: Pat
 
 def test_accuracy_of_an_inf_checkpoint_names_it(healthy: Path, tmp_path: Path) -> None:
     bad, key = one_nan(healthy, tmp_path / "inf.pt", _gru_key(healthy), float("inf"))
-    outcome = invoke(["accuracy", bad, "-q"])
+    outcome = invoke(["accuracy", bad, "-q", "-o", tmp_path / "inf.zarr"])
     assert outcome.rc == 0, outcome.err
     lines = warnings_of(outcome.err)
     assert len(lines) == 1 and key in lines[0], outcome.err
@@ -103,7 +103,7 @@ def test_the_python_api_warns(healthy: Path, tmp_path: Path) -> None:
         try:
             gradscope.wrap(gru)
         except GradscopeError:
-            pass  # the wrap-time agreement check may refuse NaN outputs; the weights were named first
+            pass  # a model whose NaN outputs differ in place from the library's is refused; named first
 
 
 def test_a_library_model_with_a_nan_weight_is_named(runner, tmp_path: Path) -> None:  # noqa: ANN001
@@ -125,6 +125,10 @@ def test_a_library_model_with_a_nan_weight_is_named(runner, tmp_path: Path) -> N
                                  "-o", str(tmp_path / "s.zarr"), "-q"])
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith(("warning: ", "error: "))]
     assert lines and lines[0].startswith("warning: ") and "backbone.layers.1.mixer.D (1 of 16)" in lines[0], result.stderr
+    # then the work goes on, as for a gradscope checkpoint: NaN scores, counted and said, never blamed on the
+    # architecture (the wrap-time check compares the finite outputs and the NaN pattern)
+    assert result.exit_code == 0 and not any(ln.startswith("error: ") for ln in lines), result.stderr
+    assert (tmp_path / "s.zarr").is_dir()
 
 
 def _dynamics_ds(lam: np.ndarray, gates: np.ndarray | None = None, flow: np.ndarray | None = None) -> xr.Dataset:
@@ -148,10 +152,10 @@ def test_the_dynamics_table_shows_nan_as_nan() -> None:
 
     nan = np.full((2, 3), np.nan)
     cells = lyapunov_cells(_dynamics_ds(nan), 0)
-    assert cells[0] == "nan" and cells[1] == "nan", cells
+    assert cells[0] == "nan" and cells[2] == "nan", cells  # λ_1, then its standard errors, then Σλ
     half = np.array([[0.1, -0.2, -0.5], [np.nan, np.nan, np.nan]])
     cells = lyapunov_cells(_dynamics_ds(half), 0)
-    assert "nan in 1/2" in cells[0] and "nan in 1/2" in cells[1], cells
+    assert "nan in 1/2" in cells[0] and "nan in 1/2" in cells[2], cells
     inf = np.full((2, 3), np.inf)
     assert lyapunov_cells(_dynamics_ds(inf), 0)[0] == "+inf"
     gates = np.full((1, 3, 2), np.nan)

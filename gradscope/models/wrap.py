@@ -224,7 +224,7 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     seed: of the check batches.
     checks: run the protocol checks (:mod:`gradscope.models.protocol`) on a protocol core or adapter.
     """
-    warn_nonfinite(rnn, f"rnn: {type(rnn).__name__}")  # NaN/Inf weights named before any work (issue #36)
+    warn_nonfinite(rnn, f"model: {type(rnn).__name__}")  # NaN/Inf weights named before any work (issue #36)
     if isinstance(rnn, nn.RNNBase):
         core: nn.Module = _rnn_core(rnn)
         _check_agreement(core, 1e-5 if tolerance is None else tolerance, seed)  # type: ignore[arg-type]

@@ -131,6 +131,24 @@ def _path_exists(path: Path, what: str) -> bool:
     return True
 
 
+def _check_names(path: Path, what: str) -> None:
+    """Every component of ``path`` within the system's name limit (NAME_MAX bytes, PATH_MAX in all)."""
+    full = os.fsencode(path.absolute())
+    longest = max((len(part) for part in full.split(b"/")), default=0)
+    check(longest <= 255 and len(full) < 4096,
+          f"{what}: {str(path)[:80]}{'…' if len(str(path)) > 80 else ''} is not a usable path (a name longer than "
+          f"255 bytes, or a path longer than 4,095)")
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove the directories this run made (deepest first), so a refused run leaves nothing behind."""
+    for p in reversed(made):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
+
+
 def _save(path: Path, arr: np.ndarray) -> None:
     with open(path, "wb") as fh:
         np.save(fh, arr, allow_pickle=False)
@@ -150,6 +168,7 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     out = Path(out)
     check((valid_file is None) == (test_file is None), "valid_file/test_file: give both, or neither")
     check(not _path_exists(out, "out"), f"out: {out} already exists; choose a new directory")
+    _check_names(out, "out")  # a name the system refuses is found now, not after minutes of work and a made parent
     above = next((p for p in out.absolute().parents if _path_exists(p, "out")), None)  # checked before minutes of work
     check(above is None or above.is_dir(), f"out: {above} is not a directory")
     sources = {"train": Path(raw)} if valid_file is None else \
@@ -190,10 +209,16 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     vocab = settings.vocab_size
     counts = np.bincount(encoded["train"][0], minlength=vocab).astype(np.int64)
     check(counts.shape[0] == vocab, f"vocab: the tokenizer produced ids beyond {vocab - 1}")
+    made = [p for p in reversed(out.absolute().parents) if not _path_exists(p, "out")]
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        for p in made:
+            p.mkdir()
     except (FileExistsError, NotADirectoryError):
+        _remove_made(made)
         raise GradscopeError(f"out: {out.parent} is not a directory") from None
+    except OSError as exc:
+        _remove_made(made)
+        raise disk_error(exc, out, "out") from None
     remove_stale_temporaries(out.parent, out.name)
     tmp = temp_path(out)
     stage("writing the corpus")
