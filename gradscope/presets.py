@@ -10,6 +10,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.models import core_class
 from gradscope.models.registry import CORES, core_options
 from gradscope.tasks import TASKS, make_task
+from gradscope.tasks.registry import check_settings
 
 PRESETS: dict[str, RunConfig] = {
     # About a minute on 2 CPU cores: dual-frequency reverse, small GRU.
@@ -144,8 +145,10 @@ def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:
         sections["train"]["betas"] = tuple(b if options.get(k) is None else _checked(k, options[k], b)
                                            for k, b in (("beta1", b1), ("beta2", b2)))
     name = sections["task"].get("name", base.task.name)
-    if name in TASKS and TASKS[name].inputs == "vectors":  # one frequency class: the preset's dual does not apply
-        sections["task"].setdefault("distribution", "uniform")
+    if name in TASKS:
+        check_settings(name, sections["task"], sections["task"].get("distribution", base.task.distribution))
+    if name in TASKS and "distribution" not in TASKS[name].settings:  # the preset's dual does not apply
+        sections["task"]["distribution"] = "uniform"
     if name in TASKS and TASKS[name].default_length is not None:
         sections["task"].setdefault("length", TASKS[name].default_length)
     task = dataclasses.replace(base.task, **sections["task"])
