@@ -163,6 +163,8 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
         groups = opts.target_freq or PROBE_GROUPS
         check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
         return lm_probes(lm, opts.triplets, opts.target_pos, length, groups, opts.seed)
+    check(opts.corpus is None, f"corpus: {first.path} is a {task.name} checkpoint, not lm; corpus applies to lm "
+                               f"checkpoints only")
     check(opts.length is None, "length: sets the probe length of lm checkpoints (or with token_counts, of your "
                                "own model); other gradscope checkpoints use their task's L")
     check(task.name in probe_tasks(),
