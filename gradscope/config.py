@@ -27,6 +27,8 @@ DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
 __all__ = ["CORES", "DECODINGS", "DISTRIBUTIONS", "ExtendConfig", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig",
            "RunConfig", "TaskConfig", "TrainConfig", "from_dict"]
 
+FLOAT32_MAX = 3.4028234663852886e38  # a float32 step size or epsilon beyond this is inf
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -56,8 +58,8 @@ class TrainConfig:
         integer("warmup", self.warmup, 0, MAX_ITERATIONS)
         integer("seed", self.seed, 0, MAX_SEED)
         integer("threads", self.threads, 0, 4096)
-        real("lr", self.lr, 0.0, above=True)
-        real("eps", self.eps, 0.0, above=True)
+        real("lr", self.lr, 0.0, FLOAT32_MAX, above=True)  # Adam scales float32 weights by them
+        real("eps", self.eps, 0.0, FLOAT32_MAX, above=True)
         real("clip", self.clip, 0.0)  # 0 disables clipping
         check(isinstance(self.betas, (tuple, list)) and len(self.betas) == 2,
               f"betas: got {shown(self.betas)}; need two values in [0, 1)")

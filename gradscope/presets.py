@@ -8,8 +8,10 @@ from typing import Any
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.models import core_class
+from gradscope.models.pe import PE_TYPES, reads_max_len
 from gradscope.models.registry import CORES, core_options
 from gradscope.tasks import TASKS, make_task
+from gradscope.tasks.registry import check_settings
 
 PRESETS: dict[str, RunConfig] = {
     # About a minute on 2 CPU cores: dual-frequency reverse, small GRU.
@@ -143,9 +145,17 @@ def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:
         b1, b2 = base.train.betas
         sections["train"]["betas"] = tuple(b if options.get(k) is None else _checked(k, options[k], b)
                                            for k, b in (("beta1", b1), ("beta2", b2)))
+    pe = sections["model"].get("pe", base.model.pe)
+    if pe in PE_TYPES:  # PE settings a run without that PE would record and ignore
+        check(options.get("pe_combine") is None or pe != "none",
+              "pe_combine: it says how a PE meets the embedding, and this run has none (--pe none); leave it out")
+        check(options.get("max_len") is None or reads_max_len(pe),
+              f"max_len: it sizes the position table of a learnable or random PE; the {pe} PE has none; leave it out")
     name = sections["task"].get("name", base.task.name)
-    if name in TASKS and TASKS[name].inputs == "vectors":  # one frequency class: the preset's dual does not apply
-        sections["task"].setdefault("distribution", "uniform")
+    if name in TASKS:
+        check_settings(name, sections["task"], sections["task"].get("distribution", base.task.distribution))
+    if name in TASKS and "distribution" not in TASKS[name].settings:  # the preset's dual does not apply
+        sections["task"]["distribution"] = "uniform"
     if name in TASKS and TASKS[name].default_length is not None:
         sections["task"].setdefault("length", TASKS[name].default_length)
     task = dataclasses.replace(base.task, **sections["task"])

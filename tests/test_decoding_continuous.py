@@ -258,8 +258,8 @@ def test_report_draws_the_experiments_per_position(tmp_path: Path, runner) -> No
                             str(parent.task.vocab_size + 4), "--iterations", "2", "-o", str(tmp_path / "ext")])
     assert r.exit_code == 0, r.output
     for run in ("cont", "fb", "ext"):
-        r = runner.invoke(app, ["accuracy", "-q", str(tmp_path / run), "--resamples", "100", "-o",
-                                str(tmp_path / f"{run}.zarr")])
+        fast = ["--resamples", "100"] if run == "cont" else []  # the bootstrap of a vector task's cosine only
+        r = runner.invoke(app, ["accuracy", "-q", str(tmp_path / run), *fast, "-o", str(tmp_path / f"{run}.zarr")])
         assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["report", *(str(tmp_path / n) for n in ("cont", "cont.zarr", "fb.zarr", "ext.zarr")),
                             "-o", str(tmp_path / "r.html")])

@@ -10,7 +10,7 @@ from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from .common import check_out, command_line, default_out, make_console
+from .common import check_out, command_line, default_out, given, make_console
 from .errors import user_errors
 from .progress import make_progress
 
@@ -148,7 +148,8 @@ def accuracy_command(
 
     if batch_size < 1:
         raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
-    opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size, decoding, resamples, seed,
+    opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size, decoding,
+                           resamples if given(ctx, "resamples") else None, seed if given(ctx, "seed") else None,
                            None if corpus is None else str(corpus))
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)

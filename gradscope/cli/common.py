@@ -33,6 +33,32 @@ def command_line(ctx: typer.Context) -> str:
     return shlex.join(p for p in parts if p)
 
 
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` (its Python name) was given (command line or environment), not left
+    at its default: an option given where it does not apply is refused, one left alone is not."""
+    source = ctx.get_parameter_source(name)  # typer's own click's ParameterSource: compared by name
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def refuse_given(ctx: typer.Context, names: list[str], why: str) -> None:
+    """One line naming every option of ``names`` that was given, with ``why`` they do not apply."""
+    flags = [f"--{n.replace('_', '-')}" for n in names if given(ctx, n)]
+    if flags:
+        raise GradscopeError(f"{'/'.join(flags)}: {why}; remove {' and '.join(flags)}")
+
+
+def split_list(text: str, flag: str, example: str) -> list[str]:
+    """A comma-separated option's items, stripped. An empty list or an empty item is an error
+    naming ``flag``, never "all" or "the default"."""
+    items = [v.strip() for v in text.split(",")]
+    if not any(items):
+        raise GradscopeError(f"{flag}: got {text!r}, an empty list; give comma-separated values such as {example}")
+    if not all(items):
+        raise GradscopeError(f"{flag}: got {text!r}, which has an empty item; give comma-separated values "
+                             f"such as {example}")
+    return items
+
+
 def default_out(kind: str, source: Path) -> Path:
     """<kind>-<name>.zarr in the working directory, numbered -2, -3… so nothing is overwritten."""
     name = source.name if source.is_dir() else source.stem

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from .common import make_console
+from .common import make_console, refuse_given
 from .errors import user_errors
 
 console = make_console()
@@ -21,6 +21,7 @@ corpus_app = typer.Typer(name="corpus", help="Text corpora for language modellin
 @corpus_app.command("prepare")
 @user_errors
 def prepare_command(
+    ctx: typer.Context,
     raw: Annotated[Path, typer.Argument(help="UTF-8 text, one paragraph per line (e.g. WikiText-103's wiki.train.raw); WikiText headings and blank lines are dropped.", show_default=False)],
     out: Annotated[Path, Opt("--out", "-o", help="Corpus directory to create (must not exist).")],
     vocab: Annotated[int, Opt(help="SentencePiece pieces K (the paper: 32768).")] = 32_768,
@@ -37,6 +38,9 @@ def prepare_command(
     the splits as memory-mapped token arrays with counts and a manifest."""
     from gradscope.workflows.corpus import CorpusSettings, prepare_corpus
 
+    if valid_file is not None or test_file is not None:  # the split files are the held-out splits
+        refuse_given(ctx, ["valid", "test", "split_seed"], "they split one file's paragraphs; with --valid-file "
+                     "and --test-file the held-out splits are those files")
     settings = CorpusSettings(vocab_size=vocab, model_type=model_type, character_coverage=character_coverage,
                               valid=valid, test=test, split_seed=split_seed)
     if quiet:

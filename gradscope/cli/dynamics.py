@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 
-from .common import check_out, command_line, default_out, make_console, warn
+from .common import refuse_given, check_out, command_line, default_out, make_console, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -144,6 +144,17 @@ def dynamics_command(
 
     opts = DynamicsOptions(parts, sequences, grid_sequences, sv, trajectories, steps, warmup, reorth, seed, device,
                            exponents, qr_dtype, budget_seconds)
+    uses = {"lyapunov": ["trajectories", "steps", "warmup", "exponents", "qr_dtype", "reorth"],
+            "grid": ["grid_sequences"], "spectra": ["sv"]}
+    for part, names in uses.items():  # an option of a part left out would be recorded and ignored
+        if part not in opts.parts:
+            refuse_given(ctx, names, f"they set the {part} part, which --parts leaves out")
+    if not {"flow", "grid", "spectra", "gates"} & set(opts.parts):
+        refuse_given(ctx, ["sequences", "target_freq", "disturbant"], "they set the probe sequences, which only "
+                     "the flow, grid, spectra and gates parts read")
+    if model_factory is not None:
+        refuse_given(ctx, ["target_freq", "disturbant", "corpus"], "a --model-factory model has no task groups or "
+                     "corpus of its own (describe its tokens with --token-counts)")
     if model_factory is None and config is not None:
         raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
     if model_factory is None and (length is not None or token_counts is not None):

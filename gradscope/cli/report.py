@@ -10,7 +10,7 @@ from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, make_console
+from .common import command_line, make_console, refuse_given
 from .errors import user_errors
 
 console = make_console()
@@ -50,6 +50,9 @@ def report_command(
         raise GradscopeError(f"--resamples: got {resamples}; it must be positive")
     check_out(out, overwrite)
     items = load_inputs(list(inputs or []))
+    if not any(i.kind == "stability" for i in items):  # only stability stores are bootstrapped and scored here
+        refuse_given(ctx, ["score", "resamples", "seed"], "they set the stability figures, and no input is a "
+                     "stability store")
     opts = ReportOptions(score, iteration, resamples, seed, title, command_line(ctx))
     page, sections = render_report(items, opts)
     images = export_static(sections, out, static, overwrite) if static else []

@@ -10,7 +10,7 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, make_console
+from .common import command_line, make_console, refuse_given, split_list
 from .errors import user_errors
 from .progress import make_progress
 from .summarize import summary_table
@@ -24,10 +24,22 @@ Opt = typer.Option
 
 
 def _ints(text: str, name: str) -> list[int]:
+    """Distinct comma-separated integers; an empty list is an error, never the default."""
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in split_list(text, name, "1,2,3")]
     except ValueError:
         raise GradscopeError(f"{name}: got {text!r}; give comma-separated integers such as 1,2,3") from None
+    if len(set(values)) != len(values):
+        raise GradscopeError(f"{name}: got {text!r}; a value repeats (each names one run)")
+    return values
+
+
+def _names(text: str, name: str) -> list[str]:
+    """Distinct comma-separated names; an empty list is an error, never the default."""
+    values = split_list(text, name, "gru,lstm")
+    if len(set(values)) != len(values):
+        raise GradscopeError(f"{name}: got {text!r}; a value repeats (each names its runs)")
+    return values
 
 
 def seconds_per_step(run: PlannedRun) -> float:
@@ -112,10 +124,24 @@ def reproduce_command(
     from gradscope.workflows.stability import StabilityOptions
     from gradscope.workflows.summarize import group_records, summarize_groups
 
+    from gradscope.presets import SCALES
+
     if study not in ("reverse", "lm"):
         raise GradscopeError(f"--study: got {study!r}; valid studies are reverse, lm")
-    if study == "lm" and models is not None and models.replace(" ", "") != "lstm":
+    if scale not in SCALES:
+        raise GradscopeError(f"--scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
+    model_names = None if models is None else _names(models, "--models")
+    seed_values = None if seeds is None else _ints(seeds, "--seeds")
+    if study == "lm" and model_names is not None and model_names != ["lstm"]:
         raise GradscopeError(f"--models: got {models!r}; the lm study trains the paper's LSTM only")
+    if study != "lm":
+        refuse_given(ctx, ["target_pos", "probe_length"], "they set the lm study's probes (--study lm)")
+    if not dry_run:
+        refuse_given(ctx, ["measure"], "it goes with --dry-run")
+    if iterations is not None and iterations < 1:
+        raise GradscopeError(f"--iterations: got {iterations}; it must be positive")
+    if triplets < 1:
+        raise GradscopeError(f"--triplets: got {triplets}; it must be positive")
     if (extend_to is not None or extend_iterations is not None) and (study != "reverse" or extend_to is None):
         raise GradscopeError("--extend-to/--extend-iterations: the extension experiment extends the synthetic "
                              "study's runs (--study reverse); give --extend-to K'")
@@ -128,14 +154,12 @@ def reproduce_command(
         if scale in ROW_LENGTH:  # before any work (an unknown scale is refused where the corpus is made)
             check_probe_shape(target_pos, probe_length, ROW_LENGTH[scale], "probe_length")
         corpus = prepare_study_corpus(scale, out, corpus_text, valid_file, test_file)
-        runs = plan_lm_runs(scale, corpus, _ints(seeds or default_seeds, "--seeds"), iterations)
+        runs = plan_lm_runs(scale, corpus, seed_values or _ints(default_seeds, "--seeds"), iterations)
     else:
         if corpus_text is not None or valid_file is not None or test_file is not None:
             raise GradscopeError("--corpus-text/--valid-file/--test-file: they belong to --study lm")
         stability_opts = StabilityOptions(triplets=triplets)
-        runs = plan_runs(scale, [m.strip() for m in (models or "gru,lstm,s4d").split(",") if m.strip()],
-                         _ints(seeds or "1,2,3", "--seeds"),
-                         iterations)
+        runs = plan_runs(scale, model_names or ["gru", "lstm", "s4d"], seed_values or [1, 2, 3], iterations)
     for r in runs:  # before anything runs: every run's training and stability must fit in memory
         check_run_sizes(r, stability_opts)
     if extend_to is not None or extend_iterations is not None:  # checked now, not after hours of training

@@ -9,7 +9,7 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import check_out, command_line, default_out, make_console, warn
+from .common import check_out, command_line, default_out, make_console, refuse_given, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -102,6 +102,8 @@ def stability_command(
     if model_factory is None and (token_counts is not None or filler is not None):
         raise GradscopeError("--token-counts/--filler: they describe probes for --model-factory models; "
                              "gradscope checkpoints generate their own")
+    if model_factory is not None:
+        refuse_given(ctx, ["corpus"], "it names an lm checkpoint's corpus; a --model-factory model has none")
     opts = StabilityOptions(tuple(target_freq or ()), tuple(disturbant or ()), target_pos, triplets, probes, seed,
                             method, batch_size, sv, device, token_counts, length, filler, corpus=corpus)
     out_path = out if out is not None else default_out("stability", checkpoints[0] if checkpoints else Path("x"))

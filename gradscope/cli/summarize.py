@@ -12,7 +12,7 @@ from rich.markup import escape  # store labels and paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, default_out, make_console
+from .common import command_line, default_out, make_console, refuse_given, split_list
 from .errors import user_errors
 
 if TYPE_CHECKING:
@@ -104,10 +104,13 @@ def summarize_command(
         raise GradscopeError(f"--ci: got {ci}; it must lie strictly between 0 and 1")
     if resamples < 1:
         raise GradscopeError(f"--resamples: got {resamples}; it must be positive")
+    split_list(by, "--by", "model,pe")  # an empty --by would pool every configuration into one group
     fields = parse_by(by)
     paths = expand_store_paths(stores, kind)
     records = [r for p in paths for r in trial_records(p, score)]
     kinds = list(dict.fromkeys(r.kind for r in records))
+    if "stability" not in kinds:
+        refuse_given(ctx, ["score"], "it chooses the stability score, and these stores hold no stability results")
     targets = {k: (_per_kind(out, k, kinds, "--out") if out is not None else None,
                    _per_kind(csv, k, kinds, "--csv") if csv is not None else None) for k in kinds}
     for store_path, csv_path in targets.values():  # refuse before any work; writing refuses again, atomically

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from gradscope.config import ModelConfig, RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes, check_ids, check_tensor
-from gradscope.models import SeqModel
+from gradscope.models import SeqModel, core_class
 from gradscope.models.pe import pe_numbers
 from gradscope.tasks import Batch, HeldOut, Task, supports_grid
 from gradscope.tasks.base import IGNORE
@@ -172,12 +172,14 @@ def check_training_memory(cfg: RunConfig, task: Task, device: torch.device, what
         if supports_grid(task) else 0
     heldout = 8 * (2 * cfg.task.heldout_size * task.total_len + grid)  # int64 rows, inputs and targets
     # per token: the core's input, a few H-wide activations per layer, logits and their gradients
-    batch = FLOAT_BYTES * t.batch_size * task.total_len * (m.core_input_size + 8 * m.hidden_size * m.num_layers
+    own = core_class(m.core).token_floats(m.hidden_size, m.core_config)  # e.g. a selective scan's E × N state
+    batch = FLOAT_BYTES * t.batch_size * task.total_len * (m.core_input_size + (8 * m.hidden_size + own) * m.num_layers
                                                            + 3 * m.vocab_size)
     template = model_template(m, what, copies=1, extra=heldout)
     params = tensor_bytes(template.values())
     label = f"{what}: training batch {t.batch_size} × {task.total_len} steps of a model with hidden size " \
-            f"{m.hidden_size} and vocabulary {m.vocab_size}"
+            f"{m.hidden_size} and vocabulary {m.vocab_size}" + (f" (and {own:,} floats of the {m.core} core's own "
+                                                                f"state per token and layer)" if own else "")
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         if 4 * params + batch > free:

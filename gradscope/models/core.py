@@ -68,6 +68,17 @@ class Core(nn.Module):
     out_dim: int
 
     @classmethod
+    def token_floats(cls, hidden_size: int, config: Any) -> int:
+        """Floats per token and layer that a training step keeps for the backward pass beyond the
+        shared estimate (a few H-wide activations): e.g. a selective scan's E × N state per step."""
+        return 0
+
+    @classmethod
+    def check_steps(cls, config: Any, steps: int) -> None:
+        """Refuse (GradscopeError, naming the setting) own settings that make no sense for sequences
+        of ``steps`` steps, before a run starts (e.g. a convolution wider than the sequence)."""
+
+    @classmethod
     def build(cls, input_size: int, hidden_size: int, num_layers: int, config: Any) -> "Core":
         """The core of a :class:`~gradscope.models.config.ModelConfig`: input width, hidden size H,
         layers and its own ``Config``."""

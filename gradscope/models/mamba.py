@@ -147,6 +147,17 @@ class MambaCore(Core):
                                     for _ in range(num_layers))
 
     @classmethod
+    def token_floats(cls, hidden_size: int, config: MambaConfig) -> int:
+        """The scan keeps exp(ΔA), ΔB·c and the state before and after each step: 4 × E × N per token."""
+        return 4 * config.expand * hidden_size * config.state_size
+
+    @classmethod
+    def check_steps(cls, config: MambaConfig, steps: int) -> None:
+        check(config.conv_width <= steps, f"conv_width: got {config.conv_width}; the task's sequences are {steps} "
+                                          f"steps long, and a causal convolution wider than that sees nothing more "
+                                          f"(give at most {steps})")
+
+    @classmethod
     def build(cls, input_size: int, hidden_size: int, num_layers: int, config: MambaConfig) -> "MambaCore":
         return cls(input_size, hidden_size, num_layers, config)
 

@@ -107,6 +107,12 @@ def build_pe(kind: str, dim: int, max_len: int) -> nn.Module | None:
     return None if cls is None else cls.build(dim, max_len)  # type: ignore[attr-defined]
 
 
+def reads_max_len(kind: str) -> bool:
+    """Whether the PE of ``kind`` holds a table of ``max_len`` positions (learnable, random)."""
+    cls = PE_TYPES[kind]
+    return cls is not None and issubclass(cls, TablePE)
+
+
 def pe_numbers(kind: str, dim: int, max_len: int) -> int:
     """The numbers the PE of ``kind`` holds (a position table: max_len × dim)."""
     cls = PE_TYPES[kind]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,23 @@ def probes_from_store(path: Path) -> Probes:
     check("probe_tokens" in ds, f"probes: {path} has no probe_tokens variable")
     return Probes(torch.from_numpy(ds["probe_tokens"].values.astype(np.int64)),
                   tuple(map(str, ds["target_group"].values)), tuple(map(str, ds["disturbant_group"].values)))
+
+
+def probe_table_source(path: Path) -> tuple[str | None, int | None]:
+    """What the probe ids of the stability store at ``path`` index: the recorded model inputs
+    ("tokens" or "vectors") and seed (a vector model's ids index the table of sphere points of that
+    seed); None where the store does not say."""
+    ds = read_store(path, kind="stability")
+
+    def attr(name: str) -> Any:
+        value = ds.attrs.get(name)
+        try:
+            return json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            return None
+
+    model, options = attr("model_config"), attr("options")
+    inputs = model.get("inputs", "tokens") if isinstance(model, dict) else None
+    seed = options.get("seed") if isinstance(options, dict) else None
+    return (inputs if isinstance(inputs, str) else None,
+            seed if isinstance(seed, int) and not isinstance(seed, bool) else None)

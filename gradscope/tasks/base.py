@@ -12,6 +12,9 @@ from gradscope.tasks.vocab import sample_tokens
 if TYPE_CHECKING:  # TaskConfig checks names against the registry
     from gradscope.tasks.config import TaskConfig
 
+# TaskConfig fields that only some tasks read (each task's ``settings``); the others (name, vocab_size,
+# length, heldout_size and the extension's fields) every task has.
+OPTIONAL_SETTINGS = ("distribution", "rarity", "grid_per_cell", "min_length", "hold_min", "hold_max", "dim", "corpus")
 IGNORE = -100  # target value of unscored positions (cross-entropy ignore_index)
 
 
@@ -50,6 +53,10 @@ class Task:
     corpus_probes: ClassVar[bool] = False  # probes drawn from a text corpus (lm), not from ``probes``'s phases
     disjoint_heldout: ClassVar[bool] = False  # held-out rows come from their own split: nothing to exclude
     default_length: ClassVar[int | None] = None  # L when none is given (None: the preset's)
+    # The optional TaskConfig fields (:data:`OPTIONAL_SETTINGS`) this task reads; a given option
+    # setting any other is refused, not recorded and ignored. Token tasks draw their tokens from the
+    # uniform or dual distribution (rarity: dual only).
+    settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity")
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 class Copy(Task):
     name: ClassVar[str] = "copy"
+    settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity", "hold_min", "hold_max")
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:

@@ -51,6 +51,7 @@ def paragraph_rows(split: Split, index: np.ndarray, length: int, start: int, wid
 
 class LanguageModel(Task):
     name: ClassVar[str] = "lm"
+    settings: ClassVar[tuple[str, ...]] = ("corpus",)  # its tokens follow the corpus
     corpus_probes: ClassVar[bool] = True  # stability/dynamics probes come from the held-out text
     disjoint_heldout: ClassVar[bool] = True
     default_length: ClassVar[int | None] = 1024  # the paper's first 1,024 tokens of each paragraph
@@ -59,6 +60,9 @@ class LanguageModel(Task):
     def check_config(cls, cfg: "TaskConfig") -> None:
         check(bool(cfg.corpus), "corpus: the lm task needs a corpus directory (make one with "
                                 "`gradscope corpus prepare RAW.txt -o DIR`, then pass --corpus DIR)")
+        check(cfg.distribution == "uniform",
+              f"distribution: got {cfg.distribution!r}; the lm task's tokens follow its corpus (uniform sampling "
+              f"of paragraphs, no dual distribution)")
 
     @classmethod
     def resolve(cls, cfg: "TaskConfig") -> "TaskConfig":

@@ -11,6 +11,7 @@ from gradscope.tasks.base import IGNORE, Batch, Task
 
 class Reverse(Task):
     name: ClassVar[str] = "reverse"
+    settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity", "grid_per_cell")  # the grid: dual reverse only
     probes: ClassVar[bool] = True
 
     def n_patterns(self) -> int:

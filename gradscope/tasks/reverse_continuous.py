@@ -31,6 +31,7 @@ def sphere_points(shape: tuple[int, ...], dim: int, gen: torch.Generator) -> tor
 
 class ReverseContinuous(Task):
     name: ClassVar[str] = "reverse-continuous"
+    settings: ClassVar[tuple[str, ...]] = ("dim",)  # points of a sphere: one frequency class
     probes: ClassVar[bool] = True
     inputs: ClassVar[str] = "vectors"
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class ReverseVariable(Task):
     name: ClassVar[str] = "reverse-variable"
+    settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity", "min_length")
     probes: ClassVar[bool] = True
 
     @classmethod

@@ -13,6 +13,7 @@ class Sort(Reverse):
     """Reverse's input/query layout with sorted targets."""
 
     name: ClassVar[str] = "sort"
+    settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity")
 
     def recall(self, x: torch.Tensor) -> torch.Tensor:
         return x.sort(dim=1).values

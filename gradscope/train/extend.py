@@ -26,6 +26,7 @@ from gradscope.config import ExtendConfig, RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.models import SeqModel
 from gradscope.tasks import make_task
+from gradscope.tasks.registry import check_settings
 from gradscope.files.checkpoint import load_checkpoint, resolve_checkpoints
 from gradscope.files.io import sha256_file
 
@@ -96,6 +97,7 @@ def extension_config(parent: Path, vocab_size: int, *, new_item_share: float | N
             flag = "--task" if key == "name" else "--dim"
             raise GradscopeError(f"{flag}: got {task_opts[key]!r}; the checkpoint {path} was trained with "
                                  f"{key} {getattr(cfg.task, key)!r}, and an extended model keeps its task")
+    check_settings(cfg.task.name, task_opts, task_opts.get("distribution", cfg.task.distribution))
     check(cfg.model.inputs == "tokens" and make_task(cfg.task).inputs == "tokens",
           f"{what} is a checkpoint of the {cfg.task.name} task, whose tokens are vectors: it has no vocabulary "
           f"to extend")

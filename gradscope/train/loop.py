@@ -26,7 +26,7 @@ from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import as_int
 from gradscope.files.publish import WRITE_ERRORS, disk_error, remove_stale_temporaries
-from gradscope.models import SeqModel
+from gradscope.models import SeqModel, core_class
 from gradscope.tasks.decoding import decode_logits, teacher_inputs
 from gradscope.tasks import Batch, Excluder, HeldOut, Task, build_heldout, make_task, sample_excluding
 from gradscope.tasks.base import IGNORE
@@ -198,6 +198,7 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
     device = resolve_device(cfg.train.device)
     task = make_task(cfg.task)
     check_fits(cfg, task)
+    core_class(cfg.model.core).check_steps(cfg.model.core_config, task.total_len)  # the core's own sizes
     check_training_memory(cfg, task, device)
     if run_dir.exists() and not run_dir.is_dir():
         raise GradscopeError(f"run directory: {run_dir} is a file, not a directory; choose another path")

@@ -42,15 +42,17 @@ class AccuracyOptions:
     the checkpoint has one; True = require it, False = skip it. ``batch_size``: sequences per forward pass.
     ``decoding`` (feedback models, paper App. B.2): both = self-fed (autoregressive, the main
     figures) and ground-truth fed (teacher) side by side, or one of them. ``resamples``: bootstrap
-    resamples of the per-position cosine-similarity intervals (vector tasks), seeded by ``seed``."""
+    resamples of the per-position cosine-similarity intervals (vector tasks; None: 10,000), seeded by
+    ``seed`` (None: 0). An option given (not None) where it does not apply (resamples or seed on a
+    token task, corpus on a checkpoint that is not lm) is refused, not ignored."""
 
     bins: int | tuple[int, ...] = 4
     grid: bool | None = None
     device: str = "auto"
     batch_size: int = 1024
     decoding: str = "both"
-    resamples: int = 10_000
-    seed: int = 0
+    resamples: int | None = None
+    seed: int | None = None
     corpus: str | None = None  # lm checkpoints: read this corpus directory instead of the recorded one
     chunk: InitVar[int | None] = None  # batch_size's name before issue #24 (a keyword only; read batch_size)
 
@@ -60,8 +62,18 @@ class AccuracyOptions:
             object.__setattr__(self, "batch_size", chunk)
         object.__setattr__(self, "batch_size", as_count(self.batch_size, "batch_size", 1, MAX_COUNT))
         one_of("decoding", self.decoding, DECODING_CHOICES)
-        as_int(self.resamples, "resamples", 1, MAX_RESAMPLES)
-        as_int(self.seed, "seed", 0, 2**63 - 1)
+        if self.resamples is not None:
+            as_int(self.resamples, "resamples", 1, MAX_RESAMPLES)
+        if self.seed is not None:
+            as_int(self.seed, "seed", 0, 2**63 - 1)
+
+    @property
+    def resamples_used(self) -> int:
+        return 10_000 if self.resamples is None else self.resamples
+
+    @property
+    def seed_used(self) -> int:
+        return 0 if self.seed is None else self.seed
 
 
 def decodings_for(loaded: Loaded, opts: AccuracyOptions) -> tuple[str, ...]:
@@ -78,12 +90,13 @@ def evaluate_vectors(loaded: Loaded, opts: AccuracyOptions, device: torch.device
     per sequence and time, with a bootstrap interval of its mean per scored time."""
     decodings_for(loaded, opts)  # a vector model has no feedback input: no decoding to choose
     check(not opts.grid, f"grid: {loaded.path} has no frequency grid (a vector task has one frequency class)")
+    check(opts.corpus is None, f"corpus: {loaded.path} is not an lm checkpoint; corpus applies to lm runs only")
     model = loaded.model.to(device)
     held = loaded.heldout.uniform
     cos = cosine_similarity(predict_vectors(model, held.inputs, opts.batch_size), held.targets).numpy()  # (n, T)
     model.to("cpu")
     times = np.flatnonzero(np.isfinite(cos).any(0))
-    mean, low, high = position_mean_ci(cos[:, times], resamples=opts.resamples, seed=opts.seed)
+    mean, low, high = position_mean_ci(cos[:, times], resamples=opts.resamples_used, seed=opts.seed_used)
     return CosineResult(loaded.path, loaded.iteration, loaded.path.parent.name, cos, times, mean, low, high)
 
 
@@ -98,6 +111,12 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
     vocabulary's also per old and new target item."""
     task = make_task(loaded.config.task)
     decodings = decodings_for(loaded, opts)
+    for name in ("resamples", "seed"):
+        check(getattr(opts, name) is None, f"{name}: applies to vector tasks (reverse-continuous: the bootstrap of "
+                                           f"the cosine similarity); {loaded.path} is a {loaded.config.task.name} "
+                                           f"checkpoint; remove {name}")
+    check(opts.corpus is None or isinstance(task, LanguageModel),
+          f"corpus: {loaded.path} is a {loaded.config.task.name} checkpoint, not lm; corpus applies to lm runs only")
     if isinstance(task, LanguageModel):  # perplexity on the corpus's test split
         return evaluate_lm_checkpoint(loaded, device, opts.corpus)
     model = loaded.model.to(device)
@@ -159,7 +178,7 @@ class AccuracyRun:
     def to_xarray(self) -> xr.Dataset:
         options = {"bins": bins_arg(self.options.bins), "grid": self.options.grid, "decoding": self.options.decoding}
         if self.results and isinstance(self.results[0], CosineResult):
-            options = {"resamples": self.options.resamples, "seed": self.options.seed}
+            options = {"resamples": self.options.resamples_used, "seed": self.options.seed_used}
             ds = cosine_dataset(self.results, self.config, options, self.command, self.device)  # type: ignore[arg-type]
         else:
             ds = accuracy_dataset(self.results, self.config, options, self.command, self.device)  # type: ignore[arg-type]
@@ -198,8 +217,9 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
                        tuple(configs))
 
 
-def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None = None, device: str = "auto",
-             batch_size: int = 1024, decoding: str = "both", resamples: int = 10_000, seed: int = 0,
+def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None = None,
+             device: str = "auto", batch_size: int = 1024, decoding: str = "both", resamples: int | None = None,
+             seed: int | None = None,
              corpus: str | Path | None = None) -> xr.Dataset:
     """Accuracy on the held-out sets (SPEC §5) as an xarray Dataset with the variables of an accuracy
     store: token, sequence and Damerau–Levenshtein accuracy per checkpoint, and the frequency grid
@@ -210,7 +230,7 @@ def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None 
     held-out set: evaluate it in your own code.
     bins: the grid's target-position bins, a count (4 = quarters) or 0-based edges.
     decoding: a feedback model's decodings (both, autoregressive, teacher). A vector task's store holds
-    cosine similarity per position with bootstrap CIs (resamples, seed). An lm checkpoint's holds
+    cosine similarity per position with bootstrap CIs (resamples, None: 10,000; seed, None: 0). An lm checkpoint's holds
     perplexity on its corpus's test split; ``corpus`` names that corpus's directory if it moved.
     """
     opts = AccuracyOptions(bins, grid, device, batch_size, decoding, resamples, seed,

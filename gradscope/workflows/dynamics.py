@@ -169,8 +169,11 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
                                  f"{flags[part]}, or raise --budget-seconds")
     if "lyapunov" not in opts.parts:
         return DynamicsPlan(D, "none", "")
+    check(opts.exponents is None or opts.exponents <= D,
+          f"exponents: got {opts.exponents}; the model's state has D = {D} dimensions, so it has at most {D} "
+          f"Lyapunov exponents (leave exponents out for all {D})")
     if not structure.is_dense:
-        k = D if opts.exponents is None else min(opts.exponents, D)
+        k = D if opts.exponents is None else opts.exponents
         flops = lyapunov_flops(D, D, m, S, structure)
         check(flops <= budget, f"lyapunov: ~{flops / NOMINAL_FLOPS:,.0f} s on a laptop CPU (budget "
                                f"{opts.budget_seconds:g} s); use fewer --trajectories or --steps")
@@ -182,7 +185,7 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
         return lyapunov_flops(D, k, m, S, apply="jacobian" if k == D else "jvp", step_flops=8.0 * D * max(D, H))
 
     if opts.exponents is not None:
-        k = min(opts.exponents, D)
+        k = opts.exponents
         check(cost(k) <= budget, f"exponents: the top {k} of D = {D} would take ~{cost(k) / NOMINAL_FLOPS:,.0f} s on a "
                                  f"laptop CPU (budget {opts.budget_seconds:g} s); ask for fewer --exponents, "
                                  f"--trajectories or --steps")

@@ -17,7 +17,7 @@ import xarray as xr
 from gradscope.config import RunConfig
 from gradscope.errors import check
 from gradscope.guard import check_bytes, safe_component
-from gradscope.models import SeqModel
+from gradscope.models import SeqModel, core_class
 from gradscope.presets import SCALES, scale_configs
 from gradscope.models.pe import pe_numbers
 from gradscope.tasks.registry import probe_tasks
@@ -62,7 +62,8 @@ class PlannedRun:
         weights = (m.vocab_size + 1) * m.embed_size + m.num_layers * m.hidden_size ** 2 + m.hidden_size * m.vocab_size
         weights += pe_numbers(m.pe, m.embed_size, m.max_len)  # a position table
         steps = 2 * task.length  # every task reads its input, then answers (at least as long)
-        width = m.embed_size + 2 * m.hidden_size * m.num_layers + m.vocab_size
+        own = core_class(m.core).token_floats(m.hidden_size, m.core_config)  # e.g. a selective scan's state
+        width = m.embed_size + (2 * m.hidden_size + own) * m.num_layers + m.vocab_size
         grid = 4 * task.grid_per_cell * task.length * task.length
         return 4 * (4 * weights + t.batch_size * steps * width) + 8 * steps * (2 * task.heldout_size + grid)
 

@@ -23,7 +23,7 @@ from gradscope.errors import check
 from gradscope.guard import check_bytes
 from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.records import CheckpointResult
-from gradscope.store.stability import probes_from_store, stability_dataset
+from gradscope.store.stability import probe_table_source, probes_from_store, stability_dataset
 from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_groups, make_probes, read_counts_file,
                                     read_probe_arrays, validate_probes)
 from gradscope.files.checkpoint import Loaded
@@ -132,6 +132,23 @@ def probe_vocab(task: TaskConfig) -> int:
     return TABLE_SIZE if make_task(task).inputs == "vectors" else task.vocab_size
 
 
+def check_store_table(path: Path, first: Loaded, seed: int) -> None:
+    """Probes from the stability store ``path`` on ``first``: a vector model's probe ids index the
+    table of sphere points of a seed, so they must come from a vector model's store of the same
+    seed (another seed's table would score other vectors); a token model's from a token model's."""
+    inputs, stored = probe_table_source(path)
+    vectors = first.config.model.inputs == "vectors"
+    if inputs is not None:
+        check((inputs == "vectors") == vectors,
+              f"probes: {path} holds probes of a {inputs} model; {first.path} reads "
+              f"{'vectors' if vectors else 'tokens'}, whose probe ids mean other inputs")
+    if vectors:
+        check(stored is not None, f"probes: {path} does not record the seed of its sphere-point table; "
+                                  f"a vector model's probe ids cannot be read without it")
+        check(stored == seed, f"seed: got {seed}; the probes of {path} index the sphere points of seed {stored} "
+                              f"(give seed {stored}, or leave probes out for new probes)")
+
+
 def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) -> Probes:
     """The probes for ``first``'s task: read from ``opts.probes`` or generated, checked against
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
@@ -146,6 +163,8 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
         groups = opts.target_freq or PROBE_GROUPS
         check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
         return lm_probes(lm, opts.triplets, opts.target_pos, length, groups, opts.seed)
+    check(opts.corpus is None, f"corpus: {first.path} is a {task.name} checkpoint, not lm; corpus applies to lm "
+                               f"checkpoints only")
     check(opts.length is None, "length: sets the probe length of lm checkpoints (or with token_counts, of your "
                                "own model); other gradscope checkpoints use their task's L")
     check(task.name in probe_tasks(),
@@ -156,6 +175,8 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     kept = min(opts.sv, first.model.core.out_dim, first.model.core.state_dim)
     if opts.probes is not None:
         probes = read_probes_file(opts.probes, length)
+        if opts.probes.is_dir():
+            check_store_table(opts.probes, first, opts.seed)
     else:
         conditions = conditions_for(task, opts.target_freq, opts.disturbant)
         check_bytes(result_bytes(len(conditions) * opts.triplets, length, checkpoints, kept), "triplets")

@@ -77,6 +77,8 @@ class Analyses:
     def describe(self) -> dict[str, Any]:
         """JSON-ready description (stored in the manifest; a re-run must match it)."""
         def opts(o: Any) -> Any:
+            if isinstance(o, AccuracyOptions):  # the values used (None: the default), as manifests have held them
+                o = dataclasses.replace(o, resamples=o.resamples_used, seed=o.seed_used)
             return None if o is None else {k: (str(v) if isinstance(v, Path) else v)
                                            for k, v in dataclasses.asdict(o).items()}
         described = {"accuracy": opts(self.accuracy), "accuracy_checkpoints": self.accuracy_checkpoints,
