@@ -198,6 +198,10 @@ def test_the_tokens_are_cached_beside_the_text_and_verified(saved, tmp_path: Pat
     with pytest.warns(TokenCacheWarning, match="does not verify"):
         fresh = tokenize_text(copy, model_dir)
     assert not fresh.from_cache and np.array_equal(fresh.tokens, first.tokens)
+    with open(first.cache, "wb") as fh:  # members that expand far beyond the file (a zip bomb): not read
+        np.savez_compressed(fh, tokens=np.zeros(50_000_000, np.int32), offsets=data["offsets"], meta=data["meta"])
+    with pytest.warns(TokenCacheWarning, match="does not verify"):
+        assert not tokenize_text(copy, model_dir).from_cache
     copy.write_text(copy.read_text() + "the cat\n")  # another text: another key
     assert not tokenize_text(copy, model_dir).from_cache
 
@@ -278,3 +282,27 @@ def test_options_that_do_not_apply_to_text_are_refused(saved, runner, tmp_path: 
     refused(runner.invoke(app, ["accuracy", str(model_dir), "--max-length", "8", "-o", out]), "--max-length")
     refused(runner.invoke(app, ["accuracy", str(model_dir), "--model", "hf", "--text", str(text), "--max-length",
                                 "1", "-o", out]), "--max-length")
+
+
+def test_without_a_start_token_the_first_token_is_context_only(saved, tmp_path: Path) -> None:  # noqa: ANN001
+    """A tokenizer with neither BOS nor EOS: position 1 is never scored, every later token is, and the
+    perplexity is the model's own over those tokens. A model in memory takes tokenizer=."""
+    import gradscope
+
+    model_dir, text = saved
+    tok_dir = tmp_path / "tok"
+    save_tokenizer(tok_dir, text.read_text(), bos=False)
+    model = transformers.MambaForCausalLM.from_pretrained(str(model_dir)).eval()
+    ds = gradscope.text_accuracy(model, text, tokenizer=tok_dir, max_length=64, resamples=20)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    assert tok.bos_token_id is None and tok.eos_token_id is None
+    losses = []
+    with torch.no_grad():
+        for p in paragraphs(text.read_text()):
+            x = tok(p, add_special_tokens=False)["input_ids"]
+            if len(x) >= 2:
+                logp = torch.log_softmax(model(torch.tensor([x])).logits[0].double(), -1)
+                losses += [-float(logp[t - 1, x[t]]) for t in range(1, len(x))]
+    assert int(ds["pos_n"].values[0]) == 0 and int(ds["pos_n"].sum()) == len(losses)
+    assert float(ds["perplexity"].values[0]) == pytest.approx(math.exp(sum(losses) / len(losses)), rel=1e-5)
+    assert ds.attrs["options"].count('"start_token": null') == 1

@@ -53,7 +53,7 @@ def windows(n: int, max_length: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def target_nll(logits: torch.Tensor, targets: torch.Tensor, budget: int = 1 << 26) -> tuple[torch.Tensor, torch.Tensor]:
+def target_nll(logits: torch.Tensor, targets: torch.Tensor, budget: int = 1 << 24) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy (float64, nats) and argmax of logits (n, T, V) at targets (n, T) (every entry
     scored by the caller's mask), the log-softmax in float64 over slices of at most ``budget``
     elements: (n, T), (n, T)."""

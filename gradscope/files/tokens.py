@@ -56,7 +56,11 @@ def read_token_cache(path: Path, key: dict[str, Any]) -> tuple[np.ndarray, np.nd
     size = path.stat().st_size
     check_bytes(2 * size, f"token cache: {path}")
     try:
-        with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as data:
+        blob = io.BytesIO(path.read_bytes())
+        with zipfile.ZipFile(blob) as z:  # what the members expand to, before any is read (a zip bomb)
+            if sum(i.file_size for i in z.infolist()) > 2 * size + (1 << 20):
+                return None
+        with np.load(blob, allow_pickle=False) as data:
             if sorted(data.files) != ["meta", "offsets", "tokens"]:
                 return None
             meta = json.loads(data["meta"].tobytes().decode("utf-8"))

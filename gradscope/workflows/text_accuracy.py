@@ -179,7 +179,7 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
     start = text.start
     with torch.no_grad():
         vocab = int(forward(torch.tensor([[start if start is not None else 0]], device=device)).shape[-1])
-    counts = (counts_text or text).counts(vocab)
+    counts = (counts_text if counts_text is not None else text).counts(vocab)
     text.counts(vocab)  # every id of the scored text within the model's vocabulary
     check(start is None or start < vocab, f"tokenizer: its start token {start} is beyond the model's vocabulary of {vocab}")
     bins = text_bins(counts)  # (13, V)
@@ -201,8 +201,8 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
     shift = 0 if start is not None else 1  # paragraph position of sequence index j: j (start token) or j + 1
     k = 0
     while k < len(rows):
-        width = rows[min(len(rows), k + opts.batch_size) - 1][2] - rows[min(len(rows), k + opts.batch_size) - 1][1]
-        fit = max(1, LOGITS_BUDGET // max(1, width * vocab * 4))
+        _, a, b, _ = rows[min(len(rows), k + opts.batch_size) - 1]  # rows are sorted: the batch's longest
+        fit = max(1, LOGITS_BUDGET // max(1, (b - a) * vocab * 4))
         batch = rows[k:k + min(opts.batch_size, fit)]
         width = max(b - a for _, a, b, _ in batch)
         ids = torch.full((len(batch), width), start if start is not None else 0, dtype=torch.long)
