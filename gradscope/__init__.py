@@ -8,6 +8,8 @@ command line start fast):
 - workflows, one signature shape ``(source, *, options…) → xarray.Dataset`` (a store's variables;
   ``source`` a path, a :class:`Loaded` or a model in memory; options named as the CLI's flags):
   :func:`stability`, :func:`accuracy`, :func:`dynamics`, :func:`summarize` (``source``: stores);
+- :func:`text_accuracy` — a pretrained causal LM (a ``save_pretrained`` directory) on raw text:
+  perplexity and accuracy by token frequency and position (docs/real-text.md);
 - tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`;
 - :func:`make_probes`, :func:`frequency_groups`, :class:`Probes` — probe triplets;
 - the configs, :class:`GradscopeError` (every user error), ``__version__``.
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name i
     from gradscope.workflows.dynamics import dynamics
     from gradscope.workflows.stability import stability
     from gradscope.workflows.summarize import summarize
+    from gradscope.workflows.text_accuracy import text_accuracy
 
 _EXPORTS = {
     "__version__": "gradscope.version",
@@ -44,6 +47,7 @@ _EXPORTS = {
     "lyapunov_spectrum": "gradscope.analysis.lyapunov", "LyapunovResult": "gradscope.analysis.lyapunov",
     "stability": "gradscope.workflows.stability", "dynamics": "gradscope.workflows.dynamics",
     "accuracy": "gradscope.workflows.accuracy", "summarize": "gradscope.workflows.summarize",
+    "text_accuracy": "gradscope.workflows.text_accuracy",
     "Probes": "gradscope.tasks.probes", "make_probes": "gradscope.tasks.probes",
     "frequency_groups": "gradscope.tasks.probes",
     "ModelConfig": "gradscope.config", "RunConfig": "gradscope.config", "TaskConfig": "gradscope.config",
@@ -51,7 +55,7 @@ _EXPORTS = {
 }
 __all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedModel", "state_jacobian",
            "JacobianResult", "probe_stability", "StabilityResult", "lyapunov_spectrum", "LyapunovResult",
-           "stability", "dynamics", "accuracy", "summarize", "Probes", "make_probes", "frequency_groups",
+           "stability", "dynamics", "accuracy", "summarize", "text_accuracy", "Probes", "make_probes", "frequency_groups",
            "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/test_startup.py)
 
 

@@ -56,13 +56,14 @@ class LMCounts:
     pos_n: np.ndarray
     pos_correct: np.ndarray
     edges: tuple[tuple[int, int], ...]
+    labels: tuple[str, ...] = FREQ_LABELS  # the frequency bins' names (raw text adds "unseen": analysis/text.py)
 
     def __add__(self, other: "LMCounts") -> "LMCounts":
-        check(self.edges == other.edges, "LMCounts: position bins differ")
+        check(self.edges == other.edges and self.labels == other.labels, "LMCounts: bins differ")
         return LMCounts(self.nll + other.nll, self.n + other.n, self.correct + other.correct,
                         self.freq_nll + other.freq_nll, self.freq_n + other.freq_n,
                         self.freq_correct + other.freq_correct, self.pos_nll + other.pos_nll,
-                        self.pos_n + other.pos_n, self.pos_correct + other.pos_correct, self.edges)
+                        self.pos_n + other.pos_n, self.pos_correct + other.pos_correct, self.edges, self.labels)
 
     @property
     def perplexity(self) -> float:

@@ -10,7 +10,7 @@ from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from .common import check_out, command_line, default_out, given, make_console
+from .common import check_out, command_line, default_out, given, make_console, refuse_given
 from .errors import user_errors
 from .progress import make_progress
 
@@ -139,13 +139,24 @@ def accuracy_command(
     resamples: Annotated[int, Opt(help="reverse-continuous: bootstrap resamples of the per-position cosine-similarity CIs.")] = 10_000,
     seed: Annotated[int, Opt(help="reverse-continuous: seed of the bootstrap resamples.")] = 0,
     corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
+    model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="With --text: hf or hf:CLASS, a transformers causal LM from the save_pretrained directory given as CHECKPOINT.")] = None,
+    text: Annotated[Optional[Path], Opt(help="A raw UTF-8 text to score a pretrained LM on (with --model hf): perplexity and accuracy by token frequency and position, with bootstrap CIs over paragraphs (docs/real-text.md).")] = None,
+    counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency bins (default: the scored text).")] = None,
+    tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
+    max_length: Annotated[int, Opt(help="With --text: tokens per row, start token included; longer paragraphs are scored in overlapping windows.")] = 1024,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (SPEC §5)."""
+    """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (SPEC §5);
+    with --model hf --text FILE, perplexity and accuracy of a pretrained LM on raw text."""
     from gradscope.store.io import write_store
     from gradscope.store.records import AccuracyResult, CosineResult
     from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
 
+    if text is not None or model_factory is not None:
+        text_command(ctx, checkpoints, out, overwrite, device, batch_size, resamples, seed, model_factory, text,
+                     counts_text, tokenizer, max_length, quiet)
+        return
+    refuse_given(ctx, ["counts_text", "tokenizer", "max_length"], "they apply to --text (a pretrained LM on raw text)")
     if batch_size < 1:
         raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
     opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size, decoding,
@@ -176,4 +187,61 @@ def accuracy_command(
         lengths = [(n, c / t) for n, (c, t) in enumerate(zip(last.length_correct, last.length_total)) if t]
         console.print("token accuracy by sequence length: " + ", ".join(f"L={n}: {a:.3f}" for n, a in lengths))
     write_store(run.to_xarray(), out_path, overwrite=overwrite)
+    console.print(escape(f"wrote {out_path}"))
+
+
+def text_table(ds: Any) -> Any:
+    """Perplexity and accuracy of a pretrained LM on raw text, with their bootstrap intervals."""
+    from rich.table import Table
+
+    table = Table(title=f"{int(ds['pos_n'].sum())} scored tokens; 95% bootstrap CIs over paragraphs",
+                  title_justify="left")
+    for col in ("tokens", "n", "perplexity", "95% CI", "token accuracy", "95% CI "):
+        table.add_column(col, justify="right" if col != "tokens" else "left")
+    last = ds.isel(checkpoint=-1)
+
+    def row(label: str, n: Any, ppl: str, acc: str, sel: dict[str, Any]) -> None:
+        v = lambda name: float(last[name].sel(sel)) if sel else float(last[name])  # noqa: E731
+        table.add_row(label, str(int(n)), f"{v(ppl):.2f}", escape(f"[{v(ppl + '_low'):.2f}, {v(ppl + '_high'):.2f}]"),
+                      f"{v(acc):.4f}", escape(f"[{v(acc + '_low'):.4f}, {v(acc + '_high'):.4f}]"))
+
+    row("all", ds["pos_n"].sum(), "perplexity", "token_accuracy", {})
+    for b, n in zip(ds["freq_bin"].values, ds["freq_n"].values):
+        row(str(b), n, "freq_perplexity", "freq_accuracy", {"freq_bin": b})
+    for i, (a, e, n) in enumerate(zip(ds["pos_start"].values, ds["pos_end"].values, ds["pos_n"].values)):
+        row(f"positions {a}–{e}", n, "pos_perplexity", "pos_accuracy", {"pos_bin": i})
+    return table
+
+
+def text_command(ctx: typer.Context, checkpoints: list[Path], out: Optional[Path], overwrite: bool, device: str,
+                 batch_size: int, resamples: int, seed: int, model_factory: Optional[str], text: Optional[Path],
+                 counts_text: Optional[Path], tokenizer: Optional[Path], max_length: int, quiet: bool) -> None:
+    """``accuracy DIR --model hf --text FILE``: parse → gradscope.workflows.text_accuracy → table + store."""
+    from gradscope.store.io import write_store
+    from gradscope.workflows.text_accuracy import DEFAULT_RESAMPLES, TextAccuracyOptions, run_text_accuracy
+
+    if text is None or model_factory is None:
+        raise GradscopeError("--text/--model: they go together: gradscope accuracy DIR --model hf --text FILE "
+                             "(a pretrained LM on raw text)")
+    refuse_given(ctx, ["bins", "grid", "decoding", "corpus"], "they apply to gradscope checkpoints, not to --text")
+    if len(checkpoints) != 1:
+        raise GradscopeError("checkpoint: with --text give exactly one model directory")
+    opts = TextAccuracyOptions(str(text), None if counts_text is None else str(counts_text),
+                               None if tokenizer is None else str(tokenizer), max_length,
+                               batch_size if given(ctx, "batch_size") else 16,
+                               resamples if given(ctx, "resamples") else DEFAULT_RESAMPLES, seed, device)
+    out_path = out if out is not None else default_out("accuracy", checkpoints[0])
+    check_out(out_path, overwrite)
+    with make_progress(console) as progress:
+        bar = progress.add_task("scoring", total=None, visible=not quiet)
+        run = run_text_accuracy(checkpoints[0], opts, model_factory=model_factory,
+                                on_start=lambda n: progress.update(bar, total=n),
+                                on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
+    ds = run.to_xarray()
+    console.print(escape(f"{run.text.path}: {len(run.text)} paragraphs, {run.text.tokens.size} tokens "
+                         f"({'read from the cache' if run.text.from_cache else 'tokenised'}"
+                         f"{f', cached in {run.text.cache}' if run.text.cache and not run.text.from_cache else ''}); "
+                         f"frequency bins from the token counts of the {run.counts_source.replace('_', ' ')}"))
+    console.print(text_table(ds))
+    write_store(ds, out_path, overwrite=overwrite)
     console.print(escape(f"wrote {out_path}"))

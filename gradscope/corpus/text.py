@@ -59,3 +59,36 @@ def split_paragraphs(n: int, valid: float, test: float, seed: int) -> dict[str, 
     n_valid, n_test = int(round(valid * n)), int(round(test * n))
     parts = {"valid": order[:n_valid], "test": order[n_valid:n_valid + n_test], "train": order[n_valid + n_test:]}
     return {k: np.sort(v) for k, v in parts.items()}
+
+
+def iter_paragraphs(path: Path, what: str = "text", batch: int = 4096):  # noqa: ANN201 - a generator of lists
+    """The paragraphs of a UTF-8 text file, exactly as :func:`paragraphs` of the whole text gives
+    them, read line by line (memory bounded by one line and one batch): lists of up to ``batch``
+    paragraphs. A non-UTF-8 byte is a one-line error naming its offset in the file.
+
+    Reading splits at ``\\n`` first, then :meth:`str.splitlines` splits each piece: the boundaries
+    splitlines knows include ``\\n``, and ``\\r\\n`` never straddles a piece, so the result is the same."""
+    path = Path(path)
+    check(path.is_file(), f"{what}: {path} is not a file")
+    out: list[str] = []
+    offset = 0
+    try:
+        with open(path, "rb") as fh:
+            for raw in fh:
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise GradscopeError(f"{what}: {path} is not UTF-8 text (byte {offset + exc.start}: "
+                                         f"{exc.reason})") from None
+                offset += len(raw)
+                for piece in line.splitlines():
+                    s = piece.strip()
+                    if s and not is_heading(s):
+                        out.append(s)
+                if len(out) >= batch:
+                    yield out
+                    out = []
+    except OSError as exc:
+        raise GradscopeError(f"{what}: cannot read {path} ({exc.strerror})") from None
+    if out:
+        yield out

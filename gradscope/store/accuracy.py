@@ -9,7 +9,7 @@ import numpy as np
 import xarray as xr
 
 from gradscope.analysis.accuracy import bin_edges
-from gradscope.analysis.lm import FREQ_LABELS, perplexity
+from gradscope.analysis.lm import perplexity
 from gradscope.config import RunConfig
 from gradscope.store.io import provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES
@@ -44,16 +44,18 @@ def lm_variables(results: list[AccuracyResult]) -> dict[str, Any]:
 def lm_coords(first: AccuracyResult) -> dict[str, Any]:
     assert first.lm is not None and first.freq_types is not None
     edges = first.lm.edges
-    return {"freq_bin": np.asarray(FREQ_LABELS, dtype=object), "freq_types": ("freq_bin", first.freq_types),
+    return {"freq_bin": np.asarray(first.lm.labels, dtype=object), "freq_types": ("freq_bin", first.freq_types),
             "pos_bin": np.arange(len(edges)), "pos_start": ("pos_bin", np.array([a for a, _ in edges])),
             "pos_end": ("pos_bin", np.array([b for _, b in edges]))}
 
 
-def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, options: dict[str, Any], command: str,
-                     device: str) -> xr.Dataset:
+def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str, dict[str, Any]],
+                     options: dict[str, Any], command: str, device: str) -> xr.Dataset:
     """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin, length;
     for lm checkpoints also freq_bin and pos_bin.
-    ``options``: ``bins`` (a count or a list of edges) and ``grid``, recorded as given."""
+    ``config``: the run's, or the three config dicts (model_config, task_config, train_config) of a
+    model gradscope did not train. ``options``: ``bins`` (a count or a list of edges) and ``grid``
+    (token tasks), recorded as given."""
     first = results[0]
     stack = lambda name: np.stack([getattr(r, name) for r in results])  # noqa: E731
     scored_times = np.flatnonzero(first.time_scored > 0)
@@ -114,9 +116,8 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig, options: 
     checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run,
                     "sha256": sha256_file(r.path) if r.path.is_file() else ""} for r in results]
     coords["sha256"] = ("checkpoint", np.asarray([c["sha256"] for c in checkpoints], dtype=object))
-    attrs = provenance("accuracy", command, device, {
+    configs = config if isinstance(config, dict) else {
         "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
-        "train_config": dataclasses.asdict(config.train), "checkpoints": checkpoints,
-        "options": options,
-    })
+        "train_config": dataclasses.asdict(config.train)}
+    attrs = provenance("accuracy", command, device, {**configs, "checkpoints": checkpoints, "options": options})
     return xr.Dataset(data, coords=coords, attrs=attrs)

@@ -67,7 +67,12 @@ LAYOUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                  "pos_perplexity": (("checkpoint", "pos_bin"), FLOAT),
                  "pos_accuracy": (("checkpoint", "pos_bin"), FLOAT), "pos_n": (("pos_bin",), COUNT),
                  "freq_bin": (("freq_bin",), STR), "freq_types": (("freq_bin",), COUNT),
-                 "pos_bin": (("pos_bin",), INT), "pos_start": (("pos_bin",), INT), "pos_end": (("pos_bin",), INT)},
+                 "pos_bin": (("pos_bin",), INT), "pos_start": (("pos_bin",), INT), "pos_end": (("pos_bin",), INT),
+                 # raw text (issue #38): bootstrap bounds over paragraphs
+                 **{f"{v}_{end}": (("checkpoint", *dims), FLOAT) for end in ("low", "high") for v, dims in (
+                     ("perplexity", ()), ("token_accuracy", ()), ("freq_perplexity", ("freq_bin",)),
+                     ("freq_accuracy", ("freq_bin",)), ("pos_perplexity", ("pos_bin",)),
+                     ("pos_accuracy", ("pos_bin",)))}},
     "dynamics": {**_CHECKPOINT, "flow_fro": (("checkpoint", "sequence", "step"), FLOAT),
                  "flow_spectral": (("checkpoint", "sequence", "step"), FLOAT),
                  "tT_grid": (("checkpoint", "grid_sequence", "t", "T"), FLOAT),
