@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -64,3 +65,21 @@ def test_lyapunov_memory_uses_the_declared_structure() -> None:
     plan = plan_dynamics(opts, 1, 4, D, 768, structure, 1, 1000, 1, shape=shape)
     assert plan.engine == "structured" and plan.exponents == D
     assert plan_bytes(plan, 1, 4, shape) < 8 * 2**30  # 62,808.7 GB before: D × D
+
+
+def test_a_block_triangular_sample_is_estimated_matrix_free_with_error_bars_stored(tmp_path) -> None:
+    """The shipped Mamba sample (D = 1,536, block-triangular): grid, step singular values and ‖J_t‖_F
+    would form D × D (minutes); the plan estimates them from JVPs and the store keeps their errors."""
+    import gradscope
+    from gradscope.store.io import write_store
+
+    opts = DynamicsOptions(parts="grid,spectra", sequences=1, grid_sequences=1, sv=2, budget_seconds=40)
+    run = run_dynamics([SAMPLES / "mamba-none-s1" / "step-0006000.pt"], opts)
+    assert run.plan.methods == {"grid": "estimate", "spectra": "estimate"}
+    write_store(run.to_xarray(), tmp_path / "d.zarr")
+    ds = gradscope.open_store(tmp_path / "d.zarr") if hasattr(gradscope, "open_store") else run.to_xarray()
+    for name in ("tT_grid_se", "step_sv_bound"):
+        assert name in ds
+    assert not any(run.nonfinite.values())
+    upper = np.triu(np.ones(ds.sizes["t"], dtype=bool), k=1)
+    assert (ds["tT_grid_se"].values[0, 0][upper] > 0).all()

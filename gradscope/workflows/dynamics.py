@@ -36,7 +36,9 @@ from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes, check_ids, check_tensor
 from gradscope.models.structure import JacobianStructure, structure_of
-from gradscope.workflows.dynamics_cost import CoreShape, part_bytes, part_seconds
+from gradscope.analysis import estimators as est
+from gradscope.analysis.estimators import ITERATIONS, PROBES
+from gradscope.workflows.dynamics_cost import CoreShape, estimator_seconds, part_bytes, part_seconds
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
@@ -59,6 +61,9 @@ OWNERS = {"flow": ("sequences",), "grid": ("grid_sequences",), "spectra": ("sequ
           "lyapunov": ("trajectories", "steps")}
 FLAGS = {"sequences": "--sequences", "grid_sequences": "--grid-sequences", "trajectories": "--trajectories",
          "steps": "--steps"}
+ESTIMATES = {"grid": f"grid by Hutchinson ({PROBES} probes, standard error in tT_grid_se)",
+             "spectra": f"top singular values by subspace iteration ({ITERATIONS} iterations, Ritz bound in step_sv_bound)",
+             "gates": f"‖J_t‖_F by Hutchinson ({PROBES} probes, standard error in gate_norm_se)"}
 DEFAULT_BUDGET = 60.0  # seconds for the whole command, all parts and checkpoints (600 per part before #37)
 
 
@@ -153,6 +158,7 @@ class DynamicsPlan:
     seconds: dict[str, float] = field(default_factory=dict)  # per checkpoint, estimated
     checkpoints: int = 1
     lines: tuple[str, ...] = ()
+    methods: dict[str, str] = field(default_factory=dict)  # part → exact or estimate (matrix-free, error bars)
 
     def describe(self) -> str:
         """The plan in a few lines, printed before any work."""
@@ -201,11 +207,24 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
         return any(getattr(opts, x) is not None for x in OWNERS[part] if x != "sequences") or \
             (part == "lyapunov" and opts.exponents is not None)
 
-    def estimate() -> dict[str, float]:
-        seq = values["sequences"] * conditions if conditions > 0 else n
-        sec = part_seconds(shape, n=seq, T=T, grid_sequences=values["grid_sequences"], sv=opts.sv,
-                           trajectories=values["trajectories"], steps=values["steps"], exponents=k, flow_method=method)
+    def estimate(at: dict[str, int] | None = None) -> dict[str, float]:
+        v = values if at is None else at
+        seq = v["sequences"] * conditions if conditions > 0 else n
+        sizes = dict(n=seq, T=T, grid_sequences=v["grid_sequences"], sv=opts.sv)
+        sec = part_seconds(shape, **sizes, trajectories=v["trajectories"], steps=v["steps"], exponents=k,
+                           flow_method=method)
+        sec.update({p: c for p, c in estimator_seconds(shape, **sizes, probes=PROBES, iterations=ITERATIONS).items()
+                    if methods.get(p) == "estimate"})
         return {p: sec[p] for p in parts}
+
+    # exact stays the default wherever it fits: a part switches to its matrix-free estimator (an error
+    # bar stored beside each value) only when even its smallest exact run would take a quarter of the budget
+    methods: dict[str, str] = {p: "exact" for p in parts}
+    bottom = {x: rungs[x][-1] if x in auto else values[x] for x in LADDERS}
+    smallest = estimate(bottom)
+    for part in estimator_seconds(shape, n=1, T=T, grid_sequences=1, sv=opts.sv, probes=PROBES, iterations=ITERATIONS):
+        if part in parts and smallest[part] * checkpoints > budget / 4:
+            methods[part] = "estimate"
 
     while True:
         sec = estimate()
@@ -265,12 +284,20 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
             note = (f"lyapunov: the top {k} of {D} exponents (all {D} would not fit the {budget:g} s budget; "
                     f"--exponents or --budget-seconds change it)")
     total = sum(sec.values()) * checkpoints
+    estimated = [p for p in parts if methods.get(p) == "estimate"]
     lines.append("plan: " + ", ".join(f"{p} ~{sec[p] * checkpoints:,.1f} s" for p in parts)
                  + f" (total ~{total:,.0f} s for {checkpoints} checkpoint(s), estimated at this workplace's "
-                   f"measured CPU rates; budget {budget:g} s); every value exact")
+                   f"measured CPU rates; budget {budget:g} s)")
+    if estimated:
+        lines.append(f"plan: {', '.join(estimated)} estimated matrix-free (J_t never formed; exact would take "
+                     f"~{sum(smallest[p] for p in estimated) * checkpoints:,.0f} s at the smallest sizes): "
+                     + "; ".join(ESTIMATES[p] for p in estimated) + "; every other value exact")
+    else:
+        lines.append("plan: every value exact")
     if note:
         lines.append(note)
-    return DynamicsPlan(k if "lyapunov" in parts else D, engine, note, chosen, sec, checkpoints, tuple(lines))
+    return DynamicsPlan(k if "lyapunov" in parts else D, engine, note, chosen, sec, checkpoints, tuple(lines),
+                        {p: methods[p] for p in parts})
 
 
 def plan_core(core: nn.Module, opts: DynamicsOptions, n: int, T: int, *, width: int | None = None,
@@ -310,7 +337,7 @@ def nonfinite_counts(parts: dict[str, np.ndarray]) -> dict[str, int]:
         if name.startswith("lyapunov"):  # −inf is an exact exponent, not a sign of divergence
             counts[name] = int(np.isnan(values).sum() + np.isposinf(values).sum())
             continue
-        if name == "grid":
+        if name in ("grid", "grid_se"):
             values = values[..., np.triu(np.ones(values.shape[-2:], dtype=bool))]
         elif name.startswith("flow_"):
             values = values[..., :-1]
@@ -384,11 +411,15 @@ def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, s
 
 
 def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: torch.Tensor | None,
-                  opts: DynamicsOptions, exponents: int | None = None) -> tuple[dict[str, np.ndarray],
+                  opts: DynamicsOptions, exponents: int | None = None,
+                  methods: dict[str, str] | None = None) -> tuple[dict[str, np.ndarray],
                                                                               dict[str, tuple[float, float]],
                                                                               tuple[str, ...], np.ndarray | None]:
     """Every requested part for one model. probes_inputs: token ids (n, T); trajectories: inputs (m, S, in);
-    exponents: the top k Lyapunov exponents (None: all)."""
+    exponents: the top k Lyapunov exponents (None: all). methods: part → "estimate" for the matrix-free
+    estimators (:mod:`gradscope.analysis.estimators`, seeded ``opts.seed + 2``), else exact."""
+    methods = methods or {}
+    gen = torch.Generator().manual_seed(opts.seed + 2)
     parts: dict[str, np.ndarray] = {}
     cpu = lambda v: v.detach().to("cpu", torch.float64).numpy()  # noqa: E731
     core = model.core
@@ -398,14 +429,30 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
         if "flow" in opts.parts:
             fro, spectral = dyn.gradient_flow(model, probes_inputs)
             parts["flow_fro"], parts["flow_spectral"] = cpu(fro), cpu(spectral)
-        if "grid" in opts.parts:
+        if any(methods.get(p) == "estimate" for p in opts.parts):
+            x = model.core_inputs(probes_inputs)
+            prev = dyn.previous_states(core, x)
+        if "grid" in opts.parts and methods.get("grid") == "estimate":
+            g = opts.grid_sequences
+            grid, se = est.grid_hutchinson(core, x[:g], prev[:g], generator=gen)
+            parts["grid"], parts["grid_se"] = cpu(grid), cpu(se)
+        elif "grid" in opts.parts:
             grid = dyn.tT_grid(model, probes_inputs[:opts.grid_sequences])
             parts["grid"] = cpu(grid)
-        if "spectra" in opts.parts:
+        if "spectra" in opts.parts and methods.get("spectra") == "estimate":
+            k = min(opts.sv, core.state_dim)
+            parts["radius"] = cpu(dyn.block_radius(core, x, prev))
+            values, bound = est.step_top_singular(core, x, prev, k, generator=gen)
+            parts["singular"], parts["singular_bound"] = cpu(values), cpu(bound)
+        elif "spectra" in opts.parts:
             spectra = dyn.step_spectra(model, probes_inputs, top_k=min(opts.sv, core.state_dim))
             parts["radius"] = cpu(spectra["radius"])
             parts["singular"] = cpu(spectra["singular_values"][..., :opts.sv])
-        if "gates" in opts.parts:
+        if "gates" in opts.parts and methods.get("gates") == "estimate":
+            names = tuple(getattr(core, "gate_names", ("step",)))
+            fro, se = est.step_fro_hutchinson(core, x, prev, generator=gen)
+            parts["gates"], parts["gates_se"] = cpu(fro[..., None]), cpu(se[..., None])
+        elif "gates" in opts.parts:
             names, norms = dyn.gate_norms(core, model.core_inputs(probes_inputs))
             parts["gates"] = cpu(norms)
         if "lyapunov" in opts.parts and trajectories is not None:
@@ -487,7 +534,8 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
             lm_trajectories(model, lm, opts.steps, opts.trajectories, opts.seed + 1) if text else \
             task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1,
                               TABLE_SIZE if vectors else None)
-        parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents)
+        parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents,
+                                                         plan.methods)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))
         for k, v in nonfinite_counts(parts).items():
@@ -544,7 +592,8 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
         groups = frequency_groups(torch.as_tensor(counts))
         for name in ("frequent", "rare"):
             classes[np.isin(tokens.numpy(), groups[name].numpy())] = name
-    parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, lyap, plan.exponents)
+    parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, lyap, plan.exponents,
+                                                     plan.methods)
     probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), ("given",) * len(tokens), ("given",) * len(tokens))
     own = getattr(model, "config", None)
     config = {"model_config": dataclasses.asdict(own) if dataclasses.is_dataclass(own) else

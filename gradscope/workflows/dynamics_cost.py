@@ -22,6 +22,7 @@ MATMUL64 = 2.0e-11  # float64
 ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t, norms of stored matrices)
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
+JVP_STEPS = 20.0  # one JVP/VJP column through a step, in step costs (measured on the Mamba sample: 3.3e-4 s)
 
 
 def eig_seconds(d: int) -> float:
@@ -91,6 +92,27 @@ def part_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: i
         out["spectra"] = scan + n * T * (shape.form_seconds() + eig + svd_seconds(D, D)) + T * 4 * CALL
         out["gates"] = scan + n * T * shape.gates * (shape.form_seconds() + ELEMENT * D * D) + T * 2 * CALL
     out["lyapunov"] = lyapunov_seconds(shape, trajectories, steps, exponents)
+    return out
+
+
+def estimator_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, probes: int,
+                      iterations: int) -> dict[str, float]:
+    """Seconds of the matrix-free estimators (:mod:`gradscope.analysis.estimators`) for one checkpoint,
+    for the parts that have one on this core: JVPs and VJPs through the step (~3 step costs each)."""
+    if shape.structure.is_diagonal:
+        return {}
+    s = shape.structure
+    scan = n * T * shape.step_flops * STEP_FLOP + T * CALL
+    jvp = JVP_STEPS * shape.step_flops * STEP_FLOP
+    g = min(grid_sequences, n)
+    out = {"grid": scan + g * T * T / 2 * probes * (jvp + ELEMENT * shape.D) + T * 8 * CALL}
+    if not s.is_dense:  # the radius from the blocks, exactly; the singular values by subspace iteration
+        width = min(shape.D, sv + 8)
+        eig = sum(eig_seconds(b.width) if b.form == "dense" else ELEMENT * 4 * b.width for b in s.blocks)
+        out["spectra"] = scan + n * T * ((iterations + 1) * width * 2 * jvp + eig + shape.blocks_seconds()) \
+            + T * (iterations + 1) * 6 * CALL
+    if shape.gates == 1 and not shape.analytic:  # the one term J_t: Hutchinson
+        out["gates"] = scan + n * T * probes * jvp + T * 4 * CALL
     return out
 
 
