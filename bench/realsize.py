@@ -123,7 +123,9 @@ def child(args: list[str]) -> None:
         out = _child_sample(args[1]) if args[0] == "sample" else _child_realsize(*args[1:])
     except Exception as err:  # noqa: BLE001 - reported in the table, not raised
         out = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
-    out["maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["maxrss_bytes"] = usage.ru_maxrss * 1024
+    out["cpu_s"] = usage.ru_utime + usage.ru_stime  # the whole process, imports and loading included
     print("RESULT " + json.dumps(out))
 
 
@@ -164,29 +166,30 @@ def main() -> None:
     if args.samples != "none":
         names = sorted(p.name for p in (ROOT / "sample_checkpoints").iterdir() if p.is_dir()) \
             if args.samples == "all" else args.samples.split(",")
-        print("\n| sample | plan | est. s | measured s | ratio | est. GB | peak GB | load |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("\n| sample | plan | est. s | wall s | CPU s | wall / est. | est. GB | peak GB | load |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name in names:
             r = spawn(["sample", str(ROOT / "sample_checkpoints" / name)], args.timeout, args.threads)
             if "error" in r:
                 print(f"| {name} | {r['error']} | | | | | | {r['load']:.1f} |", flush=True)
                 continue
             print(f"| {name} | {r['parts']}; {r['options']} | {r['estimate_s']:.1f} | {r['wall_s']:.1f} | "
-                  f"{r['wall_s'] / r['estimate_s']:.2f} | {gb(r['estimate_bytes'])} | {gb(r['maxrss_bytes'])} | "
-                  f"{r['load']:.1f} |", flush=True)
+                  f"{r['cpu_s']:.1f} | {r['wall_s'] / r['estimate_s']:.2f} | {gb(r['estimate_bytes'])} | "
+                  f"{gb(r['maxrss_bytes'])} | {r['load']:.1f} |", flush=True)
     if args.realsize:
-        print("\n| model | size | D | item | plan parts | est. s | measured s | peak GB | load |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n| model | size | D | item | plan parts | est. s | wall s | CPU s | peak GB | load |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for kind in ("mamba", "rwkv"):
             for size in ("tiny", "real"):
                 for item in ("defaults", "flow256", "lyapunov1000", "stability"):
                     r = spawn(["realsize", kind, size, item], args.timeout, args.threads)
                     if "error" in r or "skipped" in r:
-                        print(f"| {kind} | {size} | | {item} | {r.get('error') or r.get('skipped')} | | | "
+                        print(f"| {kind} | {size} | | {item} | {r.get('error') or r.get('skipped')} | | | | "
                               f"{gb(r.get('maxrss_bytes', 0))} | {r['load']:.1f} |", flush=True)
                         continue
                     print(f"| {kind} | {size} | {r['D']:,} | {item} | {r['parts']} | {r['estimate_s']:.1f} | "
-                          f"{r['wall_s']:.1f} | {gb(r['maxrss_bytes'])} | {r['load']:.1f} |", flush=True)
+                          f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {gb(r['maxrss_bytes'])} | {r['load']:.1f} |",
+                          flush=True)
 
 
 def calibrate() -> None:

@@ -22,6 +22,7 @@ MATMUL64 = 2.0e-11  # float64
 ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t, norms of stored matrices)
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
+MODULE_CALL = 3.5e-5  # s per submodule of the core per step call (Python dispatch: 1.1 ms for a 2-layer HF Mamba)
 JVP_STEPS = 20.0  # one JVP/VJP column through a step, in step costs (measured on the Mamba sample: 3.3e-4 s)
 
 
@@ -58,6 +59,12 @@ class CoreShape:
     structure: JacobianStructure
     step_flops: float
     analytic: bool
+    modules: int = 1  # submodules of the core: a step call's Python overhead grows with them
+
+    @property
+    def overhead(self) -> float:
+        """Seconds of Python dispatch of one (batched) step call, whatever the batch."""
+        return MODULE_CALL * self.modules
 
     def form_seconds(self) -> float:
         """Forming one J_t (D × D) for one sequence: analytic O(D²), else D reverse passes of a step."""
@@ -72,7 +79,7 @@ def part_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: i
                  exponents: int, flow_method: str) -> dict[str, float]:
     """Estimated seconds of each part for one checkpoint (flow, grid, spectra, gates, lyapunov)."""
     D, H, s = shape.D, shape.H, shape.structure
-    scan = n * T * shape.step_flops * STEP_FLOP + T * CALL
+    scan = n * T * shape.step_flops * STEP_FLOP + T * (CALL + shape.overhead)
     g = min(grid_sequences, n)
     spectral = svd_seconds(H, D) if D <= 2 * H else 2.0 * H * H * D * MATMUL32 + eigh_seconds(H)
     if flow_method == "structured":
@@ -81,7 +88,7 @@ def part_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: i
         flow_step = shape.form_seconds() + 2.0 * H * D * D * MATMUL32
     else:
         flow_step = 3.0 * H * shape.step_flops * STEP_FLOP
-    out = {"flow": scan + n * T * (flow_step + spectral + ELEMENT * H * D) + 6 * T * CALL}
+    out = {"flow": scan + n * T * (flow_step + spectral + ELEMENT * H * D) + 6 * T * CALL + 3 * T * shape.overhead}
     if s.is_diagonal:
         out["grid"] = scan + g * T * T / 2 * ELEMENT * 4 * D + g * T * shape.blocks_seconds() + T * 4 * CALL
         out["spectra"] = scan + n * T * (shape.blocks_seconds() + ELEMENT * 40 * D) + T * 4 * CALL  # sorts
@@ -102,17 +109,17 @@ def estimator_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, 
     if shape.structure.is_diagonal:
         return {}
     s = shape.structure
-    scan = n * T * shape.step_flops * STEP_FLOP + T * CALL
+    scan = n * T * shape.step_flops * STEP_FLOP + T * (CALL + shape.overhead)
     jvp = JVP_STEPS * shape.step_flops * STEP_FLOP
     g = min(grid_sequences, n)
-    out = {"grid": scan + g * T * T / 2 * probes * (jvp + ELEMENT * shape.D) + T * 8 * CALL}
+    out = {"grid": scan + g * T * T / 2 * probes * (jvp + ELEMENT * shape.D) + T * (8 * CALL + 3 * shape.overhead)}
     if not s.is_dense:  # the radius from the blocks, exactly; the singular values by subspace iteration
         width = min(shape.D, sv + 8)
         eig = sum(eig_seconds(b.width) if b.form == "dense" else ELEMENT * 4 * b.width for b in s.blocks)
         out["spectra"] = scan + n * T * ((iterations + 1) * width * 2 * jvp + eig + shape.blocks_seconds()) \
-            + T * (iterations + 1) * 6 * CALL
+            + T * (iterations + 1) * (6 * CALL + 6 * shape.overhead)
     if shape.gates == 1 and not shape.analytic:  # the one term J_t: Hutchinson
-        out["gates"] = scan + n * T * probes * jvp + T * 4 * CALL
+        out["gates"] = scan + n * T * probes * jvp + T * (4 * CALL + 3 * shape.overhead)
     return out
 
 
@@ -131,12 +138,13 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
                 per += (w // b.size) * (2.0 * b.size ** 3 * MATMUL64 + qr_seconds(b.size, b.size)) + ELEMENT * w * b.size
             else:
                 per += ELEMENT * 4 * w
-        return m * S * per
+        return m * S * per + 3 * S * shape.overhead
+    per_call = 3 * S * shape.overhead
     if k == D or shape.analytic:
         per += shape.form_seconds() + 2.0 * D * D * k * MATMUL64
     else:
         per += k * 1.5 * shape.step_flops * STEP_FLOP
-    return m * S * (per + qr_seconds(D, k))
+    return m * S * (per + qr_seconds(D, k)) + per_call
 
 
 def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, trajectories: int, steps: int,
