@@ -17,6 +17,11 @@ stability side is merged; then the command it runs). Items that pass ``--timeout
 printed as such. The machine's load (``os.getloadavg``) is printed beside each figure: the machine is
 shared, so relative figures from one run are fairer than absolute ones.
 
+Columns: "est. s" the plan's estimate of the work (seconds at one thread on an idle machine); "wall s"
+the work itself (not imports, model building or wrapping); "CPU s" the child process's user + system
+time, everything included (imports ~3 s, a real-size model's build and wrap-time check much more): on
+a loaded machine CPU time, not wall time, is what the estimate predicts.
+
 ``--calibrate`` prints the primitive rates the cost model's constants came from
 (gradscope/workflows/dynamics_cost.py), measured here with one torch thread.
 

@@ -243,6 +243,8 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
             elif auto_parts and len(parts) > 1 and not asked(part):
                 parts.remove(part)
                 dropped.append((part, sec[part] * checkpoints))
+                values.update({x: rungs[x][0] for x in auto})  # what the dropped part forced down may grow back
+                k = min(opts.exponents, D) if opts.exponents is not None else D
             else:
                 continue
             progressed = True

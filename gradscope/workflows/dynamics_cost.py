@@ -23,7 +23,7 @@ ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t,
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
 MODULE_CALL = 3.5e-5  # s per submodule of the core per step call (Python dispatch: 1.1 ms for a 2-layer HF Mamba)
-JVP_STEPS = 20.0  # one JVP/VJP column through a step, in step costs (measured on the Mamba sample: 3.3e-4 s)
+JVP_STEPS = 6.0  # one JVP/VJP column through a step, in step costs (Mamba sample: ~1e-4 s of CPU; the bench)
 
 
 def eig_seconds(d: int) -> float:
