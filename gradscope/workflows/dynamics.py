@@ -318,7 +318,8 @@ def plan_bytes(plan: DynamicsPlan, n: int, T: int, shape: CoreShape) -> int:
     o = plan.options
     work, kept = part_bytes(shape, n=n, T=T, grid_sequences=o.grid_sequences, sv=o.sv, trajectories=o.trajectories,
                             steps=o.steps, exponents=plan.exponents,
-                            flow_method=_flow_method(shape.structure, shape.D, shape.H))
+                            flow_method=_flow_method(shape.structure, shape.D, shape.H), methods=plan.methods,
+                            probes=PROBES)
     return max(work[p] for p in o.parts) + 2 * plan.checkpoints * sum(kept[p] for p in o.parts)
 
 

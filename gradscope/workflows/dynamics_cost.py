@@ -148,7 +148,8 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
 
 
 def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, trajectories: int, steps: int,
-               exponents: int, flow_method: str) -> tuple[dict[str, int], dict[str, int]]:
+               exponents: int, flow_method: str, methods: dict[str, str] | None = None,
+               probes: int = 16) -> tuple[dict[str, int], dict[str, int]]:
     """(working set, results kept) of each part for one checkpoint, 8 bytes a number (generously). The
     structured Lyapunov engine holds each block's own frame, never D × D."""
     D, H, s = shape.D, shape.H, shape.structure
@@ -166,6 +167,13 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
             "grid": g * T * (T + 2 * square), "spectra": n * (T * (1 + k) + 3 * square),
             "gates": n * (T * (shape.gates + D) + 2 * shape.gates * square),
             "lyapunov": m * (S * (shape.width + 2) + 2 * lyap_square + 4 * frame + (S // 10 + 12) * e)}
+    estimated = methods or {}
+    if estimated.get("grid") == "estimate":  # the pushed probe vectors, T × probes × D a sequence
+        work["grid"] = g * T * (T + (probes + 2) * D)
+    if estimated.get("spectra") == "estimate":  # subspace blocks of k + 8 vectors, a few copies
+        work["spectra"] = n * (T * (1 + k) + 6 * (k + 8) * D + T * D)
+    if estimated.get("gates") == "estimate":
+        work["gates"] = n * (T * (shape.gates + D) + 2 * probes * D)
     kept = {"flow": 2 * n * T, "grid": g * T * T, "spectra": n * T * (1 + k), "gates": n * T * shape.gates,
             "lyapunov": m * (2 * S // 10 + 8) * e}
     return {p: 8 * (2 * n * T + work[p]) for p in work}, {p: 8 * kept[p] for p in kept}
