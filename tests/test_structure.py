@@ -243,7 +243,7 @@ def test_the_budget_picks_what_fits_and_names_the_option() -> None:
 
 
 def test_options_papercuts() -> None:
-    assert DynamicsOptions(steps=50).warmup == 5 and DynamicsOptions().warmup == 100  # a tenth, at most 100
+    assert DynamicsOptions(steps=50).warmup == 5 and DynamicsOptions().filled().warmup == 100  # a tenth, at most 100
     with pytest.raises(GradscopeError, match="below steps = 50"):
         DynamicsOptions(steps=50, warmup=60)
     assert DynamicsOptions(parts="lyapunov").parts == ("lyapunov",)

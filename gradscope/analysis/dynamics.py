@@ -318,6 +318,15 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
     return {"radius": radius, "singular_values": singular}
 
 
+def block_radius(core: nn.Module, x: Tensor, prev: Tensor) -> Tensor:
+    """ρ(J_t) (B, T) of a core with a declared (block-)triangular structure, from its diagonal blocks
+    only (the eigenvalues of a block-triangular matrix are its diagonal blocks'): x (B, T, in), prev
+    (B, T, D) the states before each step."""
+    structure = structure_of(core)
+    return torch.stack([_magnitudes(structure, diagonal_blocks(core, x[:, t], prev[:, t], t)).amax(dim=-1)
+                        for t in range(x.shape[1])], dim=1)
+
+
 # Lyapunov spectra: gradscope.analysis.lyapunov (dense, partial and structured engines), re-exported here
 
 # ---------------------------------------------------------------------------------------------

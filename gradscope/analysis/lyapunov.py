@@ -113,10 +113,13 @@ def _blocks(T: int, warmup: int, reorth: int) -> list[int]:
     return ends + list(range(warmup + reorth, T, reorth)) + [T]
 
 
-def _analytic(core: nn.Module) -> bool:
+def analytic_jacobian(core: nn.Module) -> bool:
     """Whether the core forms J_t by its own (hand-derived) ``step_jacobian``."""
     own = getattr(type(core), "step_jacobian", None)
     return own is not None and own is not Core.step_jacobian
+
+
+_analytic = analytic_jacobian
 
 
 def frame_method(core: nn.Module, k: int, apply: str = "auto") -> str:
@@ -424,5 +427,5 @@ def lyapunov_flops(D: int, k: int, B: int, T: int, structure: JacobianStructure 
     return float(B) * T * (apply_cost + 8 / 3 * D * k * k)
 
 
-__all__ = ["APPLY", "BATCHES", "DRIFT_T", "ENGINES", "LyapunovResult", "frame_method", "lyapunov_flops",
+__all__ = ["APPLY", "BATCHES", "DRIFT_T", "ENGINES", "LyapunovResult", "analytic_jacobian", "frame_method", "lyapunov_flops",
            "lyapunov_spectrum"]

@@ -112,17 +112,17 @@ def dynamics_command(
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint of a run, oldest first).", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: dynamics-<name>.zarr).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
-    parts: Annotated[str, Opt(help="Comma-separated: flow, grid, spectra, gates, lyapunov (default: all).")] = "flow,grid,spectra,gates,lyapunov",
+    parts: Annotated[Optional[str], Opt(help="Comma-separated: flow, grid, spectra, gates, lyapunov (default: every part that fits --budget-seconds; the plan says which).", show_default=False)] = None,
     target_freq: Annotated[Optional[list[str]], Opt("--target-freq", help="Probe target group(s), as in `gradscope stability`.")] = None,
     disturbant: Annotated[Optional[list[str]], Opt("--disturbant", help="Probe disturbant group(s), as in `gradscope stability`.")] = None,
-    sequences: Annotated[int, Opt(help="Probe sequences per condition (flow, spectra, gates).")] = 8,
-    grid_sequences: Annotated[int, Opt(help="Sequences for the (t, T) grid.")] = 4,
-    trajectories: Annotated[int, Opt(help="Lyapunov trajectories.")] = 8,
-    steps: Annotated[int, Opt(help="Steps per Lyapunov trajectory (the task's episodes back to back).")] = 1000,
+    sequences: Annotated[Optional[int], Opt(help="Probe sequences per condition (flow, spectra, gates; default: 8, fewer if that does not fit --budget-seconds).", show_default=False)] = None,
+    grid_sequences: Annotated[Optional[int], Opt(help="Sequences for the (t, T) grid (default: 4, fewer if that does not fit).", show_default=False)] = None,
+    trajectories: Annotated[Optional[int], Opt(help="Lyapunov trajectories (default: 8, fewer if that does not fit).", show_default=False)] = None,
+    steps: Annotated[Optional[int], Opt(help="Steps per Lyapunov trajectory, the task's episodes back to back (default: 1000, fewer if that does not fit).", show_default=False)] = None,
     warmup: Annotated[Optional[int], Opt(help="Warm-up steps discarded from the Lyapunov estimate (default: a tenth of --steps, at most 100).", show_default=False)] = None,
     exponents: Annotated[Optional[int], Opt(help="Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).", show_default=False)] = None,
     qr_dtype: Annotated[str, Opt(help="dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).")] = "float64",
-    budget_seconds: Annotated[float, Opt(help="Time budget per part and checkpoint, estimated before any work at a laptop CPU's rate.")] = 600.0,
+    budget_seconds: Annotated[float, Opt(help="Time budget of the whole command (every part and checkpoint), estimated before any work at this workplace's measured CPU rates; options left out shrink to fit it.")] = 60.0,
     model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) (runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="With --model-factory hf:CLASS and a weights file: the model's config.json.")] = None,
     length: Annotated[Optional[int], Opt(help="With --model-factory: probe sequence length (default 32); tokens uniform over the embedding's vocabulary.", show_default=False)] = None,
@@ -139,17 +139,18 @@ def dynamics_command(
 
     from gradscope.errors import GradscopeError
     from gradscope.store.io import write_store
-    from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics, run_factory_dynamics
+    from gradscope.workflows.dynamics import PARTS, DynamicsOptions, run_dynamics, run_factory_dynamics
     from gradscope.workflows.common import DivergedWarning
 
     opts = DynamicsOptions(parts, sequences, grid_sequences, sv, trajectories, steps, warmup, reorth, seed, device,
                            exponents, qr_dtype, budget_seconds)
     uses = {"lyapunov": ["trajectories", "steps", "warmup", "exponents", "qr_dtype", "reorth"],
             "grid": ["grid_sequences"], "spectra": ["sv"]}
+    chosen = set(PARTS if opts.parts is None else opts.parts)  # None: every part the budget allows
     for part, names in uses.items():  # an option of a part left out would be recorded and ignored
-        if part not in opts.parts:
+        if part not in chosen:
             refuse_given(ctx, names, f"they set the {part} part, which --parts leaves out")
-    if not {"flow", "grid", "spectra", "gates"} & set(opts.parts):
+    if not {"flow", "grid", "spectra", "gates"} & chosen:
         refuse_given(ctx, ["sequences", "target_freq", "disturbant"], "they set the probe sequences, which only "
                      "the flow, grid, spectra and gates parts read")
     if model_factory is not None:
@@ -169,15 +170,15 @@ def dynamics_command(
             if len(checkpoints) != 1:
                 raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
             run = run_factory_dynamics(model_factory, checkpoints[0], opts, length=length if length is not None else 32,
-                                       token_counts=token_counts, command=command_line(ctx), config=config)
+                                       token_counts=token_counts, command=command_line(ctx), config=config,
+                                       on_plan=lambda plan: console.print(plan.describe()))
         else:
             run = run_dynamics(checkpoints, opts, corpus=corpus, target_freq=tuple(target_freq or ()),
                                disturbant=tuple(disturbant or ()),
                                on_start=lambda n: progress.update(bar, total=n),
-                               on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
+                               on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx),
+                               on_plan=lambda plan: console.print(plan.describe()))
     ds = run.to_xarray()
-    if run.plan is not None and run.plan.note:
-        console.print(run.plan.note)
     console.print(dynamics_table(ds))
     write_store(ds, out_path, overwrite=overwrite)
     bad = {k: v for k, v in run.nonfinite.items() if v}

@@ -31,7 +31,8 @@ class DynamicsResult:
     drift exceeds its error; lyapunov_running_se (c, k) standard error over trajectories of the running
     estimate. Stores written before these existed lack them (readers check).
     gates (n, T, G): ‖term‖_F of each gate term of J_t; blocks: static (spectral norm, radius)
-    of each gate's block of W_hh.
+    of each gate's block of W_hh. Estimated parts (issue #37, matrix-free, :mod:`gradscope.analysis.estimators`)
+    carry their error beside them: grid_se (standard error), singular_bound (Ritz bound), gates_se.
     """
 
     path: Path
@@ -58,9 +59,13 @@ def dynamics_dataset(results: list[DynamicsResult], *, tokens: np.ndarray, token
         data["flow_spectral"] = (("checkpoint", "sequence", "step"), stack("flow_spectral"))
     if "grid" in first:
         data["tT_grid"] = (("checkpoint", "grid_sequence", "t", "T"), stack("grid"))
+        if "grid_se" in first:  # estimated matrix-free (issue #37): its standard error beside each value
+            data["tT_grid_se"] = (("checkpoint", "grid_sequence", "t", "T"), stack("grid_se"))
     if "radius" in first:
         data["step_radius"] = (("checkpoint", "sequence", "step"), stack("radius"))
         data["step_sv"] = (("checkpoint", "sequence", "step", "sv"), stack("singular"))
+        if "singular_bound" in first:  # estimated: each value lies within this of a singular value
+            data["step_sv_bound"] = (("checkpoint", "sequence", "step", "sv"), stack("singular_bound"))
     if "lyapunov" in first:
         data["lyapunov"] = (("checkpoint", "trajectory", "exponent"), stack("lyapunov"))
         if "lyapunov_below_resolution" in first:  # 1: the value is an upper bound below the QR's resolution
@@ -75,6 +80,8 @@ def dynamics_dataset(results: list[DynamicsResult], *, tokens: np.ndarray, token
                 data[name] = (("checkpoint", *dims), stack(name))
     if "gates" in first:
         data["gate_norm"] = (("checkpoint", "sequence", "step", "gate"), stack("gates"))
+        if "gates_se" in first:
+            data["gate_norm_se"] = (("checkpoint", "sequence", "step", "gate"), stack("gates_se"))
     if results[0].blocks:
         names = list(results[0].blocks)
         data["block_norm"] = (("checkpoint", "block"), np.array([[r.blocks[b][0] for b in names] for r in results]))

@@ -31,11 +31,14 @@ import xarray as xr
 from torch import nn
 
 from gradscope.analysis import dynamics as dyn
-from gradscope.analysis.lyapunov import BATCHES, lyapunov_flops
+from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes, check_ids, check_tensor
 from gradscope.models.structure import JacobianStructure, structure_of
+from gradscope.analysis import estimators as est
+from gradscope.analysis.estimators import ITERATIONS, PROBES
+from gradscope.workflows.dynamics_cost import CoreShape, estimator_seconds, part_bytes, part_seconds
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
@@ -50,52 +53,69 @@ from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions
 
 PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")
 QR_DTYPES = {"float64": torch.float64, "float32": torch.float32}
-# The budget rule's nominal rate: what a laptop CPU core pair sustains on float64 BLAS-3 (this workplace's
-# 2-core CPU: ~70 GFLOP/s float32 matmul, about half in float64, less for QR and small products). A fixed
-# number, not a measurement, so the same command chooses the same number of exponents on every machine.
-NOMINAL_FLOPS = 2e10
+# What an option left out (None) may take, largest first: the plan (:func:`plan_dynamics`) starts at the
+# largest, the defaults before issue #37, and steps down the biggest part's options until the estimate
+# fits the budget. Given explicitly, the same numbers reproduce any earlier store.
+LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250)}
+OWNERS = {"flow": ("sequences",), "grid": ("grid_sequences",), "spectra": ("sequences",), "gates": ("sequences",),
+          "lyapunov": ("trajectories", "steps")}
+FLAGS = {"sequences": "--sequences", "grid_sequences": "--grid-sequences", "trajectories": "--trajectories",
+         "steps": "--steps"}
+ESTIMATES = {"grid": f"grid by Hutchinson ({PROBES} probes, standard error in tT_grid_se)",
+             "spectra": f"top singular values by subspace iteration ({ITERATIONS} iterations, Ritz bound in step_sv_bound)",
+             "gates": f"‖J_t‖_F by Hutchinson ({PROBES} probes, standard error in gate_norm_se)"}
+DEFAULT_BUDGET = 60.0  # seconds for the whole command, all parts and checkpoints (600 per part before #37)
 
 
 @dataclass(frozen=True)
 class DynamicsOptions:
     """What to compute. ``sequences`` probe sequences per condition; ``steps`` and ``warmup`` of each of
-    ``trajectories`` Lyapunov trajectories, re-orthonormalised every ``reorth`` steps."""
+    ``trajectories`` Lyapunov trajectories, re-orthonormalised every ``reorth`` steps.
 
-    parts: tuple[str, ...] = PARTS
-    sequences: int = 8  # per condition
-    grid_sequences: int = 4
+    None (the default of parts, sequences, grid_sequences, trajectories, steps, exponents): the plan
+    chooses, the most of each (every part; 8, 4, 8, 1000, all D) that fits ``budget_seconds`` for the
+    whole command, and says what it chose. Given explicitly, an option is kept as given, and work that
+    does not fit the budget is an error naming ``budget_seconds``."""
+
+    parts: tuple[str, ...] | None = None
+    sequences: int | None = None  # per condition
+    grid_sequences: int | None = None
     sv: int = 8  # top singular values kept per step Jacobian
-    trajectories: int = 8
-    steps: int = 1000
+    trajectories: int | None = None
+    steps: int | None = None
     warmup: int | None = None  # None: a tenth of the steps, at most 100
     reorth: int = 1
     seed: int = 0
     device: str = "auto"
     exponents: int | None = None  # None: all D when they fit the time budget, else the top k that fit
     qr_dtype: str = "float64"
-    budget_seconds: float = 600.0  # per part and checkpoint, at NOMINAL_FLOPS
+    budget_seconds: float = DEFAULT_BUDGET  # the whole command's estimated wall time (dynamics_cost)
     top_sv: InitVar[int | None] = None  # sv's name before issue #24 (a keyword only; read sv)
 
     def __post_init__(self, top_sv: int | None) -> None:
         """Types and ranges; the memory and time the sizes imply are checked once the model is known
-        (:func:`dynamics_bytes`, :func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
+        (:func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
         if top_sv is not None:
             warnings.warn("DynamicsOptions(top_sv=…) is now sv=…, as its flag", DeprecationWarning, stacklevel=3)
             object.__setattr__(self, "sv", top_sv)
         if isinstance(self.parts, str):
             object.__setattr__(self, "parts", tuple(p.strip() for p in self.parts.split(",") if p.strip()))
-        check(isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts),
-              f"parts: got {self.parts!r}; valid parts are {', '.join(PARTS)}")
-        bad = [p for p in self.parts if p not in PARTS]
-        check(not bad and bool(self.parts), f"parts: got {', '.join(bad) or 'none'}; valid parts are {', '.join(PARTS)}")
-        object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
+        if self.parts is not None:
+            check(isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts),
+                  f"parts: got {self.parts!r}; valid parts are {', '.join(PARTS)}")
+            bad = [p for p in self.parts if p not in PARTS]
+            check(not bad and bool(self.parts), f"parts: got {', '.join(bad) or 'none'}; valid parts are {', '.join(PARTS)}")
+            object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
         for name in ("sequences", "grid_sequences", "sv", "trajectories", "steps", "reorth"):
-            object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
-        if self.warmup is None:
+            if getattr(self, name) is not None or name in ("sv", "reorth"):
+                object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
+        if self.warmup is None and self.steps is not None:
             object.__setattr__(self, "warmup", min(100, self.steps // 10))
-        check(not isinstance(self.warmup, bool) and isinstance(self.warmup, int) and 0 <= self.warmup < self.steps,
-              f"warmup: got {self.warmup!r}; it must be an integer in [0, {self.steps - 1}] (below steps = {self.steps}; "
-              f"leave it out for a tenth of the steps, here {min(100, self.steps // 10)})")
+        if self.warmup is not None:
+            top = self.steps if self.steps is not None else LADDERS["steps"][0]
+            check(not isinstance(self.warmup, bool) and isinstance(self.warmup, int) and 0 <= self.warmup < top,
+                  f"warmup: got {self.warmup!r}; it must be an integer in [0, {top - 1}] (below steps = {top}; "
+                  f"leave it out for a tenth of the steps, here {min(100, top // 10)})")
         if self.exponents is not None:
             object.__setattr__(self, "exponents", as_count(self.exponents, "exponents", 1, MAX_COUNT))
         check(self.qr_dtype in QR_DTYPES, f"qr_dtype: got {self.qr_dtype!r}; valid values are {', '.join(QR_DTYPES)}")
@@ -106,108 +126,209 @@ class DynamicsOptions:
         check(self.seed < 2**63 - 1, f"seed: got {self.seed}; it must be below {2**63 - 1} (trajectories use seed + 1)")
         check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
 
+    @property
+    def resolved(self) -> bool:
+        """Whether every option the plan chooses is set (as :attr:`DynamicsPlan.options` is)."""
+        return None not in (self.parts, self.sequences, self.grid_sequences, self.trajectories, self.steps)
 
-def dynamics_bytes(opts: DynamicsOptions, n: int, T: int, D: int, H: int, width: int, checkpoints: int = 1, *,
-                   structure: JacobianStructure | None = None, gates: int, exponents: int | None = None) -> int:
-    """Memory the requested parts need for ``n`` probe sequences of T steps of a core with state
-    width D, output width H, input width ``width``, ``gates`` gate terms and Jacobian ``structure``
-    (8 bytes a number, generously): the largest working set of one part, plus every checkpoint's
-    results (held until the store is written, then copied once). A (block-)diagonal structure
-    never holds D × D; ``exponents`` k: the Lyapunov frame is D × k."""
-    g, k, m, S = min(opts.grid_sequences, n), min(opts.sv, D), opts.trajectories, opts.steps
-    e = D if exponents is None else exponents
-    chunk = min(n, 64)
-    diag = structure is not None and structure.is_diagonal
-    square = D if diag else D * D  # one step Jacobian's numbers
-    frame = D if structure is not None and not structure.is_dense else D * e
-    work = {"flow": chunk * (T * (D + 2) + 3 * H * D), "grid": g * T * (T + 2 * square),
-            "spectra": n * (T * (1 + k) + 3 * square), "gates": n * (T * (gates + D) + 2 * gates * square),
-            "lyapunov": m * (S * (width + 2) + 2 * square + 4 * frame + (S // 10 + 2 + BATCHES) * e)}
-    kept = {"flow": 2 * n * T, "grid": g * T * T, "spectra": n * T * (1 + k), "gates": n * T * gates,
-            "lyapunov": m * (2 * S // 10 + 8) * e}
-    parts = [p for p in opts.parts if p in work]
-    return 8 * (2 * n * T + max(work[p] for p in parts) + 2 * checkpoints * sum(kept[p] for p in parts))
+    def filled(self) -> "DynamicsOptions":
+        """Every option left out set to the largest it may take (the defaults before issue #37)."""
+        top = {name: ladder[0] for name, ladder in LADDERS.items() if getattr(self, name) is None}
+        return dataclasses.replace(self, parts=self.parts or PARTS, **top)
 
 
-def part_flops(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structure: JacobianStructure,
-               gates: int) -> dict[str, float]:
-    """Floating-point operations of each asked part except lyapunov (:func:`lyapunov_flops`), per
-    checkpoint: dense J_t cost O(D²) to form, 30·D³ for an eigen- plus singular-value decomposition,
-    2·D³ for a product; (block-)diagonal structures O(D)."""
-    g = min(opts.grid_sequences, n)
-    if structure.is_diagonal:
-        return {"flow": n * T * 6.0 * H * D, "grid": g * T * T * 4.0 * D, "spectra": n * T * 8.0 * D,
-                "gates": n * T * 4.0 * D}
-    tri = not structure.is_dense  # eigenvalues from the blocks, singular values still dense
-    return {"flow": n * T * 2.0 * H * D * D, "grid": g * T * T / 2 * 2.0 * D ** 3,
-            "spectra": n * T * ((10.0 if tri else 30.0) * D ** 3), "gates": n * T * gates * 2.0 * D * D}
+def core_shape(core: nn.Module, width: int) -> CoreShape:
+    """:class:`~gradscope.workflows.dynamics_cost.CoreShape` of a protocol core: a step's flops are two per
+    parameter (its products) plus the state's elementwise work."""
+    params = sum(p.numel() for p in core.parameters())
+    return CoreShape(core.state_dim, core.out_dim, width, len(getattr(core, "gate_names", ("step",))),
+                     structure_of(core), 2.0 * params + 20.0 * core.state_dim, analytic_jacobian(core),
+                     sum(1 for _ in core.modules()))
 
 
 @dataclass(frozen=True)
 class DynamicsPlan:
-    """What :func:`plan_dynamics` decided: the number of exponents and why."""
+    """What :func:`plan_dynamics` decided: every option (``options``, nothing left to choose), the
+    number of Lyapunov exponents and their engine, each part's estimated seconds per checkpoint,
+    and one line per decision (``lines``) for the user."""
 
     exponents: int  # k of the Lyapunov spectrum (D: all)
-    engine: str  # structured, dense or partial
-    note: str  # one line for the user: what was chosen and why
+    engine: str  # structured, dense, partial or none
+    note: str  # the Lyapunov line: what was chosen and why
+    options: DynamicsOptions | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # per checkpoint, estimated
+    checkpoints: int = 1
+    lines: tuple[str, ...] = ()
+    methods: dict[str, str] = field(default_factory=dict)  # part → exact or estimate (matrix-free, error bars)
+
+    def describe(self) -> str:
+        """The plan in a few lines, printed before any work."""
+        return "\n".join(self.lines)
+
+
+def _flow_method(structure: JacobianStructure, D: int, H: int) -> str:
+    """:func:`gradscope.analysis.dynamics.gradient_flow`'s auto method, from the shape."""
+    return "structured" if structure.is_diagonal else "jacobian" if D <= dyn.JACOBIAN_MAX_RATIO * H else "vjp"
 
 
 def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structure: JacobianStructure, gates: int,
-                  steps: int | None = None, trajectories: int | None = None) -> DynamicsPlan:
-    """The budget rule, before anything is allocated: each asked part's estimated time (flops at
-    :data:`NOMINAL_FLOPS`) must fit ``opts.budget_seconds``. Lyapunov: a structured core gives all D
-    exponents; a dense one all D when they fit, else the top k that fit (or ``opts.exponents`` when
-    given, which must fit). What does not fit is a one-line error naming the option that makes it fit."""
-    S = opts.steps if steps is None else steps
-    m = opts.trajectories if trajectories is None else trajectories
-    budget = opts.budget_seconds * NOMINAL_FLOPS
-    flags = {"flow": "--sequences", "grid": "--grid-sequences", "spectra": "--sequences", "gates": "--sequences"}
-    for part, flops in part_flops(opts, n, T, D, H, structure, gates).items():
-        if part in opts.parts and flops > budget:
-            raise GradscopeError(f"parts: {part} would take ~{flops / NOMINAL_FLOPS:,.0f} s on a laptop CPU for D = {D} "
-                                 f"(budget {opts.budget_seconds:g} s); leave it out with --parts, use fewer "
-                                 f"{flags[part]}, or raise --budget-seconds")
-    if "lyapunov" not in opts.parts:
-        return DynamicsPlan(D, "none", "")
-    check(opts.exponents is None or opts.exponents <= D,
+                  steps: int | None = None, trajectories: int | None = None, *, conditions: int = 0,
+                  shape: CoreShape | None = None, checkpoints: int = 1) -> DynamicsPlan:
+    """The budget rule, before anything is allocated: the one estimate (:mod:`gradscope.workflows.dynamics_cost`)
+    of every asked part's seconds and bytes, summed over ``checkpoints``, must fit ``opts.budget_seconds``
+    and the machine's memory. Options left out (None) start at their largest and step down, the biggest
+    part's first, until the estimate fits; a part left out of ``parts`` by default that still does not
+    fit is dropped, and said so. A dense core's Lyapunov spectrum is all D exponents when they fit, else
+    the top k that fit. Explicit options that do not fit are a one-line error naming the option.
+
+    n: probe sequences (``conditions`` × sequences when ``conditions`` > 0, else fixed: the given
+    tokens); steps/trajectories: fixed by given trajectory tokens. shape: the core's cost shape (default
+    from D, H and structure: an analytic J_t and a small step)."""
+    if steps is not None or trajectories is not None:
+        opts = dataclasses.replace(opts, steps=steps or opts.steps, trajectories=trajectories or opts.trajectories,
+                                   warmup=None if opts.warmup is None else min(opts.warmup, (steps or 10**9) - 1))
+    shape = shape or CoreShape(D, H, D, gates, structure, 2.0 * 4 * D * max(D, H), True)
+    budget, method = opts.budget_seconds, _flow_method(structure, D, H)
+    auto_parts = opts.parts is None
+    parts = list(PARTS if auto_parts else opts.parts)
+    auto = {name for name in LADDERS if getattr(opts, name) is None and (name != "sequences" or conditions > 0)}
+    values = {name: LADDERS[name][0] if name in auto else getattr(opts, name) for name in LADDERS}
+    if "steps" in auto and opts.warmup is not None:  # an explicit warm-up needs longer trajectories
+        ladder = [s for s in LADDERS["steps"] if s > opts.warmup] or [opts.warmup + 1]
+    else:
+        ladder = list(LADDERS["steps"])
+    rungs = {**{k: list(v) for k, v in LADDERS.items()}, "steps": ladder}
+    if "steps" in auto:
+        values["steps"] = rungs["steps"][0]
+    dense_k = structure.is_dense and opts.exponents is None
+    check(opts.exponents is None or "lyapunov" not in parts or opts.exponents <= D,
           f"exponents: got {opts.exponents}; the model's state has D = {D} dimensions, so it has at most {D} "
           f"Lyapunov exponents (leave exponents out for all {D})")
-    if not structure.is_dense:
-        k = D if opts.exponents is None else opts.exponents
-        flops = lyapunov_flops(D, D, m, S, structure)
-        check(flops <= budget, f"lyapunov: ~{flops / NOMINAL_FLOPS:,.0f} s on a laptop CPU (budget "
-                               f"{opts.budget_seconds:g} s); use fewer --trajectories or --steps")
-        return DynamicsPlan(k, "structured", f"lyapunov: all {D} exponents exactly from the declared structure "
-                                             f"({structure.describe()})" if k == D else
-                            f"lyapunov: the top {k} of {D} exponents from the declared structure")
+    k = min(opts.exponents, D) if opts.exponents is not None else D
+    lines, dropped = [], []
 
-    def cost(k: int) -> float:
-        return lyapunov_flops(D, k, m, S, apply="jacobian" if k == D else "jvp", step_flops=8.0 * D * max(D, H))
+    def asked(part: str) -> bool:  # an option of the part given explicitly: the user wants that part
+        return any(getattr(opts, x) is not None for x in OWNERS[part] if x != "sequences") or \
+            (part == "lyapunov" and opts.exponents is not None)
 
-    if opts.exponents is not None:
-        k = opts.exponents
-        check(cost(k) <= budget, f"exponents: the top {k} of D = {D} would take ~{cost(k) / NOMINAL_FLOPS:,.0f} s on a "
-                                 f"laptop CPU (budget {opts.budget_seconds:g} s); ask for fewer --exponents, "
-                                 f"--trajectories or --steps")
-        return DynamicsPlan(k, "dense" if k == D else "partial",
-                            f"lyapunov: all {D} exponents" if k == D else f"lyapunov: the top {k} of {D} exponents")
-    if cost(D) <= budget:
-        return DynamicsPlan(D, "dense", f"lyapunov: all {D} exponents (dense Benettin/QR)")
-    low, high = 0, D  # the largest k whose cost fits
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if cost(mid) <= budget else (low, mid)
-    check(low >= 1, f"lyapunov: even the top exponent of D = {D} would take ~{cost(1) / NOMINAL_FLOPS:,.0f} s on a "
-                    f"laptop CPU (budget {opts.budget_seconds:g} s); use fewer --trajectories or --steps")
-    return DynamicsPlan(low, "partial", f"lyapunov: the top {low} of {D} exponents (all {D} would take "
-                                        f"~{cost(D) / NOMINAL_FLOPS:,.0f} s on a laptop CPU, over the "
-                                        f"{opts.budget_seconds:g} s budget; --exponents or --budget-seconds change it)")
+    def estimate(at: dict[str, int] | None = None) -> dict[str, float]:
+        v = values if at is None else at
+        seq = v["sequences"] * conditions if conditions > 0 else n
+        sizes = dict(n=seq, T=T, grid_sequences=v["grid_sequences"], sv=opts.sv)
+        sec = part_seconds(shape, **sizes, trajectories=v["trajectories"], steps=v["steps"], exponents=k,
+                           flow_method=method)
+        sec.update({p: c for p, c in estimator_seconds(shape, **sizes, probes=PROBES, iterations=ITERATIONS).items()
+                    if methods.get(p) == "estimate"})
+        return {p: sec[p] for p in parts}
+
+    # exact stays the default wherever it fits: a part switches to its matrix-free estimator (an error
+    # bar stored beside each value) only when even its smallest exact run would take a quarter of the budget
+    methods: dict[str, str] = {p: "exact" for p in parts}
+    bottom = {x: rungs[x][-1] if x in auto else values[x] for x in LADDERS}
+    smallest = estimate(bottom)
+    for part in estimator_seconds(shape, n=1, T=T, grid_sequences=1, sv=opts.sv, probes=PROBES, iterations=ITERATIONS):
+        if part in parts and smallest[part] * checkpoints > budget / 4:
+            methods[part] = "estimate"
+
+    while True:
+        sec = estimate()
+        total = sum(sec.values()) * checkpoints
+        if total <= budget:
+            break
+        progressed = False
+        for part in sorted(sec, key=sec.get, reverse=True):
+            knobs = [name for name in OWNERS[part] if name in auto and values[name] != rungs[name][-1]]
+            if knobs:
+                name = max(knobs, key=lambda x: values[x] / rungs[x][-1])
+                values[name] = rungs[name][rungs[name].index(values[name]) + 1]
+            elif part == "lyapunov" and dense_k and k > 1:
+                k = max(1, k // 2)
+            elif auto_parts and len(parts) > 1 and not asked(part):
+                parts.remove(part)
+                dropped.append((part, sec[part] * checkpoints))
+                values.update({x: rungs[x][0] for x in auto})  # what the dropped part forced down may grow back
+                k = min(opts.exponents, D) if opts.exponents is not None else D
+            else:
+                continue
+            progressed = True
+            break
+        if not progressed:
+            worst = max(sec, key=sec.get)
+            hint = ", ".join(FLAGS[x] for x in OWNERS[worst]) + (", --exponents" if worst == "lyapunov" else "")
+            raise GradscopeError(f"budget_seconds: the asked work would take ~{total:,.0f} s on this workplace's CPU "
+                                 f"(estimated before any work; {worst} ~{sec[worst] * checkpoints:,.0f} s) over "
+                                 f"{checkpoints} checkpoint(s), above the {budget:g} s budget; raise --budget-seconds, "
+                                 f"leave {worst} out with --parts, or ask for less ({hint})")
+    if dense_k and "lyapunov" in parts and k < D:  # the largest k that fits: bisect between k and 2k
+        low, high = k, min(2 * k, D + 1)
+        while high - low > 1:
+            mid = (low + high) // 2
+            k = mid
+            trial = sum(estimate().values()) * checkpoints
+            low, high = (mid, high) if trial <= budget else (low, mid)
+        k = low
+        sec = estimate()
+    chosen = dataclasses.replace(opts, parts=tuple(parts), **values,
+                                 warmup=opts.warmup if opts.warmup is not None else min(100, values["steps"] // 10))
+    changed = [f"{FLAGS[x]} {LADDERS[x][0]} → {values[x]}" for x in LADDERS if x in auto and values[x] != LADDERS[x][0]]
+    if changed:
+        lines.append(f"plan: {', '.join(changed)} to fit the {budget:g} s budget (give them, or --budget-seconds)")
+    for part, s in dropped:
+        lines.append(f"plan: {part} left out: ~{s:,.0f} s at its smallest (ask for it with --parts and raise --budget-seconds)")
+    engine, note = "none", ""
+    if "lyapunov" in parts:
+        if not structure.is_dense:
+            engine = "structured"
+            note = (f"lyapunov: all {D} exponents exactly from the declared structure ({structure.describe()})"
+                    if k == D else f"lyapunov: the top {k} of {D} exponents from the declared structure")
+        elif k == D:
+            engine, note = "dense", f"lyapunov: all {D} exponents (dense Benettin/QR)"
+        elif opts.exponents is not None:
+            engine, note = "partial", f"lyapunov: the top {k} of {D} exponents"
+        else:
+            engine = "partial"
+            note = (f"lyapunov: the top {k} of {D} exponents (all {D} would not fit the {budget:g} s budget; "
+                    f"--exponents or --budget-seconds change it)")
+    total = sum(sec.values()) * checkpoints
+    estimated = [p for p in parts if methods.get(p) == "estimate"]
+    lines.append("plan: " + ", ".join(f"{p} ~{sec[p] * checkpoints:,.1f} s" for p in parts)
+                 + f" (total ~{total:,.0f} s for {checkpoints} checkpoint(s), estimated at this workplace's "
+                   f"measured CPU rates; budget {budget:g} s)")
+    if estimated:
+        lines.append(f"plan: {', '.join(estimated)} estimated matrix-free (J_t never formed; exact would take "
+                     f"~{sum(smallest[p] for p in estimated) * checkpoints:,.0f} s at the smallest sizes): "
+                     + "; ".join(ESTIMATES[p] for p in estimated) + "; every other value exact")
+    else:
+        lines.append("plan: every value exact")
+    if note:
+        lines.append(note)
+    return DynamicsPlan(k if "lyapunov" in parts else D, engine, note, chosen, sec, checkpoints, tuple(lines),
+                        {p: methods[p] for p in parts})
 
 
-def plan_core(core: nn.Module, opts: DynamicsOptions, n: int, T: int) -> DynamicsPlan:
+def plan_core(core: nn.Module, opts: DynamicsOptions, n: int, T: int, *, width: int | None = None,
+              conditions: int = 0, checkpoints: int = 1, steps: int | None = None,
+              trajectories: int | None = None) -> DynamicsPlan:
     """:func:`plan_dynamics` for a protocol core."""
-    return plan_dynamics(opts, n, T, core.state_dim, core.out_dim, structure_of(core),
-                         len(getattr(core, "gate_names", ("step",))))
+    shape = core_shape(core, width if width is not None else core.state_dim)
+    return plan_dynamics(opts, n, T, core.state_dim, core.out_dim, shape.structure, shape.gates, steps, trajectories,
+                         conditions=conditions, shape=shape, checkpoints=checkpoints)
+
+
+def plan_bytes(plan: DynamicsPlan, n: int, T: int, shape: CoreShape) -> int:
+    """The plan's memory: its largest working set plus every checkpoint's kept results (twice: held,
+    then copied once into the store)."""
+    o = plan.options
+    work, kept = part_bytes(shape, n=n, T=T, grid_sequences=o.grid_sequences, sv=o.sv, trajectories=o.trajectories,
+                            steps=o.steps, exponents=plan.exponents,
+                            flow_method=_flow_method(shape.structure, shape.D, shape.H), methods=plan.methods,
+                            probes=PROBES)
+    return max(work[p] for p in o.parts) + 2 * plan.checkpoints * sum(kept[p] for p in o.parts)
+
+
+def check_plan_bytes(plan: DynamicsPlan, n: int, T: int, shape: CoreShape, what: str) -> None:
+    """Refuse the plan if its memory (:func:`plan_bytes`) exceeds what the machine has."""
+    check_bytes(plan_bytes(plan, n, T, shape), what)
 
 
 LYAPUNOV_ERRORS = ("lyapunov_se_batch", "lyapunov_se_trajectories", "lyapunov_drift", "lyapunov_running_se")
@@ -223,7 +344,7 @@ def nonfinite_counts(parts: dict[str, np.ndarray]) -> dict[str, int]:
         if name.startswith("lyapunov"):  # −inf is an exact exponent, not a sign of divergence
             counts[name] = int(np.isnan(values).sum() + np.isposinf(values).sum())
             continue
-        if name == "grid":
+        if name in ("grid", "grid_se"):
             values = values[..., np.triu(np.ones(values.shape[-2:], dtype=bool))]
         elif name.startswith("flow_"):
             values = values[..., :-1]
@@ -258,7 +379,9 @@ class DynamicsRun:
                               command=self.command, device=self.device)
         ds.attrs["nonfinite_values"] = json.dumps(self.nonfinite)
         if self.plan is not None:
-            ds.attrs["lyapunov_plan"] = json.dumps(dataclasses.asdict(self.plan))
+            ds.attrs["lyapunov_plan"] = json.dumps({"exponents": self.plan.exponents, "engine": self.plan.engine,
+                                                    "note": self.plan.note})
+            ds.attrs["plan"] = self.plan.describe()
         return ds
 
 
@@ -295,11 +418,15 @@ def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, s
 
 
 def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: torch.Tensor | None,
-                  opts: DynamicsOptions, exponents: int | None = None) -> tuple[dict[str, np.ndarray],
+                  opts: DynamicsOptions, exponents: int | None = None,
+                  methods: dict[str, str] | None = None) -> tuple[dict[str, np.ndarray],
                                                                               dict[str, tuple[float, float]],
                                                                               tuple[str, ...], np.ndarray | None]:
     """Every requested part for one model. probes_inputs: token ids (n, T); trajectories: inputs (m, S, in);
-    exponents: the top k Lyapunov exponents (None: all)."""
+    exponents: the top k Lyapunov exponents (None: all). methods: part → "estimate" for the matrix-free
+    estimators (:mod:`gradscope.analysis.estimators`, seeded ``opts.seed + 2``), else exact."""
+    methods = methods or {}
+    gen = torch.Generator().manual_seed(opts.seed + 2)
     parts: dict[str, np.ndarray] = {}
     cpu = lambda v: v.detach().to("cpu", torch.float64).numpy()  # noqa: E731
     core = model.core
@@ -309,14 +436,30 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
         if "flow" in opts.parts:
             fro, spectral = dyn.gradient_flow(model, probes_inputs)
             parts["flow_fro"], parts["flow_spectral"] = cpu(fro), cpu(spectral)
-        if "grid" in opts.parts:
+        if any(methods.get(p) == "estimate" for p in opts.parts):
+            x = model.core_inputs(probes_inputs)
+            prev = dyn.previous_states(core, x)
+        if "grid" in opts.parts and methods.get("grid") == "estimate":
+            g = opts.grid_sequences
+            grid, se = est.grid_hutchinson(core, x[:g], prev[:g], generator=gen)
+            parts["grid"], parts["grid_se"] = cpu(grid), cpu(se)
+        elif "grid" in opts.parts:
             grid = dyn.tT_grid(model, probes_inputs[:opts.grid_sequences])
             parts["grid"] = cpu(grid)
-        if "spectra" in opts.parts:
+        if "spectra" in opts.parts and methods.get("spectra") == "estimate":
+            k = min(opts.sv, core.state_dim)
+            parts["radius"] = cpu(dyn.block_radius(core, x, prev))
+            values, bound = est.step_top_singular(core, x, prev, k, generator=gen)
+            parts["singular"], parts["singular_bound"] = cpu(values), cpu(bound)
+        elif "spectra" in opts.parts:
             spectra = dyn.step_spectra(model, probes_inputs, top_k=min(opts.sv, core.state_dim))
             parts["radius"] = cpu(spectra["radius"])
             parts["singular"] = cpu(spectra["singular_values"][..., :opts.sv])
-        if "gates" in opts.parts:
+        if "gates" in opts.parts and methods.get("gates") == "estimate":
+            names = tuple(getattr(core, "gate_names", ("step",)))
+            fro, se = est.step_fro_hutchinson(core, x, prev, generator=gen)
+            parts["gates"], parts["gates_se"] = cpu(fro[..., None]), cpu(se[..., None])
+        elif "gates" in opts.parts:
             names, norms = dyn.gate_norms(core, model.core_inputs(probes_inputs))
             parts["gates"] = cpu(norms)
         if "lyapunov" in opts.parts and trajectories is not None:
@@ -338,11 +481,12 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
                  target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (),
                  corpus: str | Path | None = None,
                  on_start: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None,
-                 command: str = "") -> DynamicsRun:
+                 command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
     """Dynamics of every checkpoint (run directories expand to all of theirs, oldest first), on the
     same probe sequences and the same trajectories. ``on_progress(1)`` after each checkpoint.
     Checkpoints are loaded one at a time, each dropped before the next is loaded; a diverged one
-    (NaN/Inf values) is stored as it is, with a :class:`DivergedWarning`."""
+    (NaN/Inf values) is stored as it is, with a :class:`DivergedWarning`. ``on_plan(plan)`` before any
+    work: what :func:`plan_dynamics` chose for options left out, and why."""
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)
     loaded = load_source(files[0])
@@ -363,11 +507,14 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     vocab = TABLE_SIZE if vectors else task.vocab_size
     core, query = probed.core, probed.query_token
     width = probed.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
-    n, T = len(conditions) * opts.sequences, (1 if text else 2) * task.length
-    plan = plan_core(core, opts, n, T)
-    check_bytes(dynamics_bytes(opts, n, T, core.state_dim, core.out_dim, width, len(files), structure=structure_of(core),
-                               gates=len(getattr(core, "gate_names", ("step",))), exponents=plan.exponents),
-                "sequences/grid_sequences/trajectories/steps/exponents")
+    T = (1 if text else 2) * task.length
+    plan = plan_core(core, opts, len(conditions) * (opts.sequences or 0), T, width=width, conditions=len(conditions),
+                     checkpoints=len(files))
+    opts = plan.options
+    n = len(conditions) * opts.sequences
+    check_plan_bytes(plan, n, T, core_shape(core, width), "sequences/grid_sequences/trajectories/steps/exponents")
+    if on_plan is not None:
+        on_plan(plan)
     if text:
         lm = lm_task(loaded, corpus)
         tokens = lm_sequences(lm, opts.sequences, opts.seed)
@@ -394,7 +541,8 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
             lm_trajectories(model, lm, opts.steps, opts.trajectories, opts.seed + 1) if text else \
             task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1,
                               TABLE_SIZE if vectors else None)
-        parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents)
+        parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents,
+                                                         plan.methods)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))
         for k, v in nonfinite_counts(parts).items():
@@ -409,7 +557,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
 
 def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOptions = DynamicsOptions(), *,
                        trajectory_tokens: torch.Tensor | None = None, counts: torch.Tensor | None = None,
-                       command: str = "") -> DynamicsRun:
+                       command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
     """Dynamics of one in-memory model (``gradscope.wrap(...)`` or a loaded gradscope model).
 
     tokens: the probe sequences (n, T) token ids. trajectory_tokens: the Lyapunov trajectories' token
@@ -427,20 +575,21 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
             if vocab is not None:
                 check_ids(ids, name, int(vocab))
     width = model.core_inputs(tokens[:1, :1].to(next(model.parameters()).device)).shape[-1]
-    lyap = opts if trajectory_tokens is None else dataclasses.replace(
-        opts, trajectories=trajectory_tokens.shape[0], steps=trajectory_tokens.shape[1],
-        warmup=min(opts.warmup, trajectory_tokens.shape[1] - 1))
     core = model.core
-    plan = plan_core(core, lyap, tokens.shape[0], tokens.shape[1])
-    check_bytes(dynamics_bytes(lyap, tokens.shape[0], tokens.shape[1], core.state_dim, core.out_dim, width,
-                               structure=structure_of(core), gates=len(getattr(core, "gate_names", ("step",))),
-                               exponents=plan.exponents), "tokens/trajectories/steps/exponents")
+    n, T = tokens.shape
+    fixed = {} if trajectory_tokens is None else {"steps": trajectory_tokens.shape[1],
+                                                  "trajectories": trajectory_tokens.shape[0]}
+    plan = plan_core(core, dataclasses.replace(opts, sequences=opts.sequences or n), n, T, width=width, **fixed)
+    lyap = plan.options
+    check_plan_bytes(plan, n, T, core_shape(core, width), "tokens/trajectories/steps/exponents")
+    if on_plan is not None:
+        on_plan(plan)
     device = resolve_device(opts.device)
     model = model.to(device)
-    if "lyapunov" in opts.parts and trajectory_tokens is None:
+    if "lyapunov" in lyap.parts and trajectory_tokens is None:
         check(vocab is not None, "trajectory_tokens: give the Lyapunov trajectories' token ids (m, S) for this model")
         gen = torch.Generator().manual_seed(opts.seed + 1)
-        trajectory_tokens = torch.randint(0, int(vocab), (opts.trajectories, opts.steps), generator=gen)
+        trajectory_tokens = torch.randint(0, int(vocab), (lyap.trajectories, lyap.steps), generator=gen)
     traj = None
     if trajectory_tokens is not None:
         with torch.no_grad():
@@ -450,21 +599,23 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
         groups = frequency_groups(torch.as_tensor(counts))
         for name in ("frequent", "rare"):
             classes[np.isin(tokens.numpy(), groups[name].numpy())] = name
-    parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, lyap, plan.exponents)
+    parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, lyap, plan.exponents,
+                                                     plan.methods)
     probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), ("given",) * len(tokens), ("given",) * len(tokens))
     own = getattr(model, "config", None)
     config = {"model_config": dataclasses.asdict(own) if dataclasses.is_dataclass(own) else
               (model.describe() if hasattr(model, "describe") else {"core": type(model.core).__name__}),
               "task_config": {}, "train_config": {}}
     result = DynamicsResult(Path("<in memory>"), -1, "", parts, blocks)
-    out = DynamicsRun(config, probes, classes, [result], names, lyap_steps, opts, command, str(device),
+    out = DynamicsRun(config, probes, classes, [result], names, lyap_steps, lyap, command, str(device),
                       nonfinite_counts(parts), plan)
     warn_diverged_values(out)
     return out
 
 
 def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = DynamicsOptions(), *, length: int = 32,
-                         token_counts: Path | None = None, command: str = "", config: Path | None = None) -> DynamicsRun:
+                         token_counts: Path | None = None, command: str = "", config: Path | None = None,
+                         on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
     """``gradscope dynamics --model-factory FILE.py:FUNC CKPT`` (or ``hf[:CLASS]``, with ``config``: see
     :func:`gradscope.workflows.factory.build_model`): the model that ``FUNC(CKPT)`` builds, on
     ``opts.sequences`` probe sequences of ``length`` tokens drawn uniformly (seed ``opts.seed``) from its
@@ -475,10 +626,14 @@ def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = Dy
     check(vocab is not None, f"model_factory: {spec} built a model without an nn.Embedding input; dynamics draws its "
                              f"probe tokens from the embedding's vocabulary (use gradscope.dynamics(model, tokens=…) "
                              f"in Python for float inputs)")
+    if opts.sequences is None:  # the plan chooses how many probe sequences fit, as for a checkpoint
+        width = model.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
+        opts = dataclasses.replace(opts, sequences=plan_core(model.core, opts, 0, length, width=width,
+                                                             conditions=1).options.sequences)
     gen = torch.Generator().manual_seed(opts.seed)
     tokens = torch.randint(0, int(vocab), (opts.sequences, length), generator=gen)
     counts = read_counts_file(token_counts) if token_counts is not None else None
-    run = run_model_dynamics(model, tokens, opts, counts=counts, command=command)
+    run = run_model_dynamics(model, tokens, opts, counts=counts, command=command, on_plan=on_plan)
     result = dataclasses.replace(run.results[0], path=Path(checkpoint), run=Path(checkpoint).stem)
     return dataclasses.replace(run, results=[result])
 

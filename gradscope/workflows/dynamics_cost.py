@@ -1,0 +1,182 @@
+"""The one estimate of what a dynamics run costs (issue #37 part 2): seconds per part and bytes,
+from the model's shape and declared Jacobian structure, before anything is allocated.
+
+The model counts the calls each part makes (per step: forming J_t, products, decompositions, step
+functions through autograd) and prices each kind at a rate measured on this workplace's 2-core CPU
+with one torch thread (``python bench/realsize.py --calibrate`` prints the measurement; 2026-11-25):
+BLAS-3 products ~100 GFLOP/s in float32 (half in float64); LAPACK eigenvalues, SVD and QR of small
+matrices with their own d²·overhead; a step function through ``torch.func`` (vmap/jvp/vjp: many
+small kernels) ~10 GFLOP/s of its own flops; a Python-level call ~30 µs. The rates are constants, not
+measured at run time, so the same command plans the same work on every machine; ``bench/realsize.py``
+compares the estimate with the measured time on every shipped sample (within 3×, the issue's bar).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradscope.models.structure import JacobianStructure
+
+MATMUL32 = 1.0e-11  # s per float32 BLAS-3 flop (≈ 100 GFLOP/s, one thread)
+MATMUL64 = 2.0e-11  # float64
+ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t, norms of stored matrices)
+STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
+CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
+MODULE_CALL = 3.5e-5  # s per submodule of the core per step call (Python dispatch: 1.1 ms for a 2-layer HF Mamba)
+JVP_STEPS = 6.0  # one JVP/VJP column through a step, in step costs (Mamba sample: ~1e-4 s of CPU; the bench)
+
+
+def eig_seconds(d: int) -> float:
+    """One d × d general eigenvalue decomposition (LAPACK geev)."""
+    return 6e-10 * d ** 3 + 2.5e-8 * d * d
+
+
+def svd_seconds(m: int, n: int) -> float:
+    """Singular values of one m × n matrix."""
+    lo, hi = min(m, n), max(m, n)
+    return 4.5e-10 * lo * lo * hi + 3e-8 * lo * hi  # batched svdvals as the parts call it (×3 a bare one)
+
+
+def eigh_seconds(d: int) -> float:
+    """Eigenvalues of one symmetric d × d matrix."""
+    return 8e-11 * d ** 3 + 5e-9 * d * d
+
+
+def qr_seconds(d: int, k: int) -> float:
+    """One float64 Householder QR of a d × k frame, Q formed."""
+    return 2.8e-10 * d * k * k + 1e-8 * d * k
+
+
+@dataclass(frozen=True)
+class CoreShape:
+    """What the estimate needs of a core: state width D, output width H, input width, gate terms,
+    the declared structure, the flops of one step for one sequence, and whether J_t is analytic."""
+
+    D: int
+    H: int
+    width: int
+    gates: int
+    structure: JacobianStructure
+    step_flops: float
+    analytic: bool
+    modules: int = 1  # submodules of the core: a step call's Python overhead grows with them
+
+    @property
+    def overhead(self) -> float:
+        """Seconds of Python dispatch of one (batched) step call, whatever the batch."""
+        return MODULE_CALL * self.modules
+
+    def form_seconds(self) -> float:
+        """Forming one J_t (D × D) for one sequence: analytic O(D²), else D reverse passes of a step."""
+        return ELEMENT * self.D * self.D if self.analytic else 3.0 * self.D * self.step_flops * STEP_FLOP
+
+    def blocks_seconds(self) -> float:
+        """The compact diagonal blocks of one J_t, one sequence."""
+        return ELEMENT * 4 * self.D + self.step_flops * STEP_FLOP
+
+
+def part_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, trajectories: int, steps: int,
+                 exponents: int, flow_method: str) -> dict[str, float]:
+    """Estimated seconds of each part for one checkpoint (flow, grid, spectra, gates, lyapunov)."""
+    D, H, s = shape.D, shape.H, shape.structure
+    scan = n * T * shape.step_flops * STEP_FLOP + T * (CALL + shape.overhead)
+    g = min(grid_sequences, n)
+    spectral = svd_seconds(H, D) if D <= 2 * H else 2.0 * H * H * D * MATMUL32 + eigh_seconds(H)
+    if flow_method == "structured":
+        flow_step = ELEMENT * 10 * H * D + shape.blocks_seconds()  # G · diag, complex views, a norm
+    elif flow_method == "jacobian":
+        flow_step = shape.form_seconds() + 2.0 * H * D * D * MATMUL32
+    else:
+        flow_step = 3.0 * H * shape.step_flops * STEP_FLOP
+    out = {"flow": scan + n * T * (flow_step + spectral + ELEMENT * H * D) + 6 * T * CALL + 3 * T * shape.overhead}
+    if s.is_diagonal:
+        out["grid"] = scan + g * T * T / 2 * ELEMENT * 4 * D + g * T * shape.blocks_seconds() + T * 4 * CALL
+        out["spectra"] = scan + n * T * (shape.blocks_seconds() + ELEMENT * 40 * D) + T * 4 * CALL  # sorts
+        out["gates"] = scan + n * T * (shape.blocks_seconds() + ELEMENT * D) * max(shape.gates, 1) + T * 2 * CALL
+    else:
+        eig = sum(eig_seconds(b.width) if b.form == "dense" else ELEMENT * 4 * b.width for b in s.blocks)
+        out["grid"] = scan + g * T * shape.form_seconds() + g * T * T / 2 * (2.0 * D ** 3 * MATMUL32 + ELEMENT * D * D)
+        out["spectra"] = scan + n * T * (shape.form_seconds() + eig + svd_seconds(D, D)) + T * 4 * CALL
+        out["gates"] = scan + n * T * shape.gates * (shape.form_seconds() + ELEMENT * D * D) + T * 2 * CALL
+    out["lyapunov"] = lyapunov_seconds(shape, trajectories, steps, exponents)
+    return out
+
+
+def estimator_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, probes: int,
+                      iterations: int) -> dict[str, float]:
+    """Seconds of the matrix-free estimators (:mod:`gradscope.analysis.estimators`) for one checkpoint,
+    for the parts that have one on this core: JVPs and VJPs through the step (~3 step costs each)."""
+    if shape.structure.is_diagonal:
+        return {}
+    s = shape.structure
+    scan = n * T * shape.step_flops * STEP_FLOP + T * (CALL + shape.overhead)
+    jvp = JVP_STEPS * shape.step_flops * STEP_FLOP
+    g = min(grid_sequences, n)
+    out = {"grid": scan + g * T * T / 2 * probes * (jvp + ELEMENT * shape.D) + T * (8 * CALL + 3 * shape.overhead)}
+    if not s.is_dense:  # the radius from the blocks, exactly; the singular values by subspace iteration
+        width = min(shape.D, sv + 8)
+        eig = sum(eig_seconds(b.width) if b.form == "dense" else ELEMENT * 4 * b.width for b in s.blocks)
+        out["spectra"] = scan + n * T * ((iterations + 1) * width * 2 * jvp + eig + shape.blocks_seconds()) \
+            + T * (iterations + 1) * (6 * CALL + 6 * shape.overhead)
+    if shape.gates == 1 and not shape.analytic:  # the one term J_t: Hutchinson
+        out["gates"] = scan + n * T * probes * jvp + T * (4 * CALL + 3 * shape.overhead)
+    return out
+
+
+def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents: int) -> float:
+    """:func:`gradscope.analysis.lyapunov.lyapunov_spectrum` over ``trajectories`` × ``steps``, the top
+    ``exponents`` (a structured core: all, from its blocks)."""
+    m, S, D, k, s = trajectories, steps, shape.D, exponents, shape.structure
+    per = shape.step_flops * STEP_FLOP + 6 * CALL / m  # the state's own step, and the loop
+    if not s.is_dense:
+        per += shape.blocks_seconds()
+        for b in s.blocks:
+            w = b.width
+            if b.form == "dense":
+                per += 2.0 * w ** 3 * MATMUL64 + qr_seconds(w, w)
+            elif b.form == "block_diagonal":
+                per += (w // b.size) * (2.0 * b.size ** 3 * MATMUL64 + qr_seconds(b.size, b.size)) + ELEMENT * w * b.size
+            else:
+                per += ELEMENT * 4 * w
+        return m * S * per + 3 * S * shape.overhead
+    per_call = 3 * S * shape.overhead
+    if k == D or shape.analytic:
+        per += shape.form_seconds() + 2.0 * D * D * k * MATMUL64
+    else:
+        per += k * 1.5 * shape.step_flops * STEP_FLOP
+    return m * S * (per + qr_seconds(D, k)) + per_call
+
+
+def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, trajectories: int, steps: int,
+               exponents: int, flow_method: str, methods: dict[str, str] | None = None,
+               probes: int = 16) -> tuple[dict[str, int], dict[str, int]]:
+    """(working set, results kept) of each part for one checkpoint, 8 bytes a number (generously). The
+    structured Lyapunov engine holds each block's own frame, never D × D."""
+    D, H, s = shape.D, shape.H, shape.structure
+    chunk, g, k = min(n, 64), min(grid_sequences, n), min(sv, D)
+    m, S, e = trajectories, steps, exponents
+    square = D if s.is_diagonal else D * D  # one step Jacobian's numbers (grid, spectra and gates form it)
+    if s.is_dense:
+        lyap_square, frame = D * D, D * e
+    else:  # the structured engine: each block's own frame, never D × D
+        lyap_square = sum(b.width * (b.width if b.form == "dense" else b.size if b.form == "block_diagonal" else 1)
+                          for b in s.blocks)
+        frame = lyap_square
+    rows = chunk * (3 * H * D if flow_method != "structured" else 2 * H * D)
+    work = {"flow": chunk * T * (D + 2) + rows + (chunk * D * D if flow_method == "jacobian" else 0),
+            "grid": g * T * (T + 2 * square), "spectra": n * (T * (1 + k) + 3 * square),
+            "gates": n * (T * (shape.gates + D) + 2 * shape.gates * square),
+            "lyapunov": m * (S * (shape.width + 2) + 2 * lyap_square + 4 * frame + (S // 10 + 12) * e)}
+    estimated = methods or {}
+    if estimated.get("grid") == "estimate":  # the pushed probe vectors, T × probes × D a sequence
+        work["grid"] = g * T * (T + (probes + 2) * D)
+    if estimated.get("spectra") == "estimate":  # subspace blocks of k + 8 vectors, a few copies
+        work["spectra"] = n * (T * (1 + k) + 6 * (k + 8) * D + T * D)
+    if estimated.get("gates") == "estimate":
+        work["gates"] = n * (T * (shape.gates + D) + 2 * probes * D)
+    kept = {"flow": 2 * n * T, "grid": g * T * T, "spectra": n * T * (1 + k), "gates": n * T * shape.gates,
+            "lyapunov": m * (2 * S // 10 + 8) * e}
+    return {p: 8 * (2 * n * T + work[p]) for p in work}, {p: 8 * kept[p] for p in kept}
+
+
+PROCESS_BYTES = 400 * 2**20  # the interpreter with torch, xarray and zarr loaded (measured maxrss: ~350 MB)

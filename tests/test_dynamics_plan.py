@@ -1,0 +1,85 @@
+"""The dynamics plan (issue #37 part 2): one estimate of time and memory from the declared structure
+decides; defaults shrink to fit the budget, and say so, instead of refusing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gradscope.errors import GradscopeError
+from gradscope.models.structure import JacobianStructure, StateBlock
+from gradscope.workflows.dynamics import DynamicsOptions, core_shape, plan_bytes, plan_dynamics, run_dynamics
+from gradscope.workflows.dynamics_cost import CoreShape
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_checkpoints"
+
+
+class Planned(Exception):
+    """Raised from on_plan: the plan is made, no work is done."""
+
+
+@pytest.mark.parametrize("name", ["mamba-none-s1", "lstm-none-s1", "s4d-none-s1", "gru-none-s1"])
+def test_defaults_plan_work_that_fits_the_budget_on_the_shipped_samples(name: str) -> None:
+    plans = []
+
+    def stop(plan) -> None:  # noqa: ANN001
+        plans.append(plan)
+        raise Planned
+
+    with pytest.raises(Planned):
+        run_dynamics([SAMPLES / name], DynamicsOptions(), on_plan=stop)
+    plan = plans[0]
+    assert sum(plan.seconds.values()) * plan.checkpoints <= DynamicsOptions().budget_seconds
+    assert plan.options.resolved and "lyapunov" in plan.options.parts and plan.lines
+    assert "plan:" in plan.describe()
+
+
+def test_explicit_work_over_the_budget_names_budget_seconds() -> None:
+    with pytest.raises(GradscopeError, match="--budget-seconds"):
+        run_dynamics([SAMPLES / "lstm-none-s1"], DynamicsOptions(trajectories=8, steps=1000, exponents=256))
+    big = DynamicsOptions(trajectories=8, steps=1000, budget_seconds=1e6)  # the defaults before #37, exactly
+    with pytest.raises(Planned):
+        run_dynamics([SAMPLES / "lstm-none-s1"], big, on_plan=lambda plan: (_ for _ in ()).throw(Planned()))
+
+
+def _mamba130m() -> JacobianStructure:
+    """mamba-130m's declared structure: per layer a conv shift register (3 × 1536, per-channel 3 × 3
+    blocks) and 1536 × 16 diagonal SSM modes; D = 700,416."""
+    blocks, at = [], 0
+    for layer in range(24):
+        blocks.append(StateBlock(f"l{layer}/conv", at, at + 4608, "block_diagonal", 3))
+        blocks.append(StateBlock(f"l{layer}/ssm", at + 4608, at + 29184, "diagonal"))
+        at += 29184
+    return JacobianStructure(tuple(blocks))
+
+
+def test_lyapunov_memory_uses_the_declared_structure() -> None:
+    structure = _mamba130m()
+    D = structure.state_dim
+    assert D == 700_416
+    shape = CoreShape(D, 768, 768, 1, structure, 2.0 * 130e6, False)
+    opts = DynamicsOptions(parts="lyapunov", budget_seconds=3600)
+    plan = plan_dynamics(opts, 1, 4, D, 768, structure, 1, 1000, 1, shape=shape)
+    assert plan.engine == "structured" and plan.exponents == D
+    assert plan_bytes(plan, 1, 4, shape) < 8 * 2**30  # 62,808.7 GB before: D × D
+
+
+def test_a_block_triangular_sample_is_estimated_matrix_free_with_error_bars_stored(tmp_path) -> None:
+    """The shipped Mamba sample (D = 1,536, block-triangular): grid, step singular values and ‖J_t‖_F
+    would form D × D (minutes); the plan estimates them from JVPs and the store keeps their errors."""
+    import gradscope
+    from gradscope.store.io import write_store
+
+    opts = DynamicsOptions(parts="grid,spectra", sequences=1, grid_sequences=1, sv=2, budget_seconds=40)
+    run = run_dynamics([SAMPLES / "mamba-none-s1" / "step-0006000.pt"], opts)
+    assert run.plan.methods == {"grid": "estimate", "spectra": "estimate"}
+    write_store(run.to_xarray(), tmp_path / "d.zarr")
+    ds = gradscope.open_store(tmp_path / "d.zarr") if hasattr(gradscope, "open_store") else run.to_xarray()
+    for name in ("tT_grid_se", "step_sv_bound"):
+        assert name in ds
+    assert not any(run.nonfinite.values())
+    upper = np.triu(np.ones(ds.sizes["t"], dtype=bool), k=1)
+    assert (ds["tT_grid_se"].values[0, 0][upper] > 0).all()
