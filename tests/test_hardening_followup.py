@@ -1,0 +1,64 @@
+"""A hostile pass after issue #36's fixes (library models, corpora, parents, options): each test is a
+defect found by trying the CLI and the Python API as a careless or unlucky user would, shown failing
+before its fix. Tiny models in tmp dirs; nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import adapterkit  # noqa: E402
+
+from gradscope.cli.app import app  # noqa: E402
+from gradscope.errors import GradscopeError  # noqa: E402
+
+V = 20
+
+
+def refused(result, *words: str) -> None:  # noqa: ANN001
+    assert result.exit_code == 2, (result.exit_code, result.stderr, result.exception)
+    lines = [ln for ln in result.stderr.strip().splitlines() if not ln.startswith("warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def tiny_mamba() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=V, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
+                                   conv_kernel=3, time_step_rank=2, use_bias=True)
+    return transformers.MambaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_library_model_is_analysed_in_float32(tmp_path: Path, runner, dtype: str) -> None:  # noqa: ANN001
+    """A save_pretrained directory in half precision (most published checkpoints) gave a traceback
+    ("linalg_svd_cpu" not implemented for 'Half', exit 1) in stability, and dynamics the same in eig.
+    It is loaded in float32 (every half value is exact there), as the analyses need."""
+    d = tmp_path / "m"
+    tiny_mamba().to(getattr(torch, dtype)).save_pretrained(d)
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg.get("dtype", cfg.get("torch_dtype")) == dtype
+    probes = tmp_path / "p.npy"
+    np.save(probes, adapterkit.probes(V, 3, 6, 2, seed=6).numpy())
+    out = tmp_path / "s.zarr"
+    result = runner.invoke(app, ["stability", str(d), "--model-factory", "hf", "--probes", str(probes), "--target-pos", "2",
+                                 "-o", str(out), "-q", "--resamples", "100"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert out.is_dir()
+
+
+def test_wrap_refuses_a_half_precision_model_in_one_line() -> None:
+    """gradscope.wrap on a float16 model wrapped it, then every analysis failed deep inside torch."""
+    import gradscope
+
+    with pytest.raises(GradscopeError, match=r"float16.*model\.float\(\)"):
+        gradscope.wrap(tiny_mamba().half())
+    with pytest.raises(GradscopeError, match=r"bfloat16"):
+        gradscope.wrap(torch.nn.GRU(3, 4, batch_first=True).to(torch.bfloat16))
