@@ -62,3 +62,19 @@ def test_wrap_refuses_a_half_precision_model_in_one_line() -> None:
         gradscope.wrap(tiny_mamba().half())
     with pytest.raises(GradscopeError, match=r"bfloat16"):
         gradscope.wrap(torch.nn.GRU(3, 4, batch_first=True).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_factory_that_calls_sys_exit_is_one_line(tmp_path: Path, runner, code: int) -> None:  # noqa: ANN001
+    """A factory calling sys.exit(0) ended `gradscope stability` with exit 0, no output and no store;
+    sys.exit(3) with exit 3."""
+    factory = tmp_path / "fac.py"
+    factory.write_text(f"import sys\ndef build(path):\n    sys.exit({code})\n")
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"")
+    probes = tmp_path / "p.npy"
+    np.save(probes, adapterkit.probes(V, 3, 6, 2, seed=6).numpy())
+    result = runner.invoke(app, ["stability", str(ckpt), "--model-factory", f"{factory}:build", "--probes", str(probes),
+                                 "--target-pos", "2", "-o", str(tmp_path / "s.zarr"), "-q"])
+    refused(result, "--model-factory", "SystemExit")
+    assert not (tmp_path / "s.zarr").exists()

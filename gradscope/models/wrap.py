@@ -226,7 +226,7 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     """
     warn_nonfinite(rnn, f"model: {type(rnn).__name__}")  # NaN/Inf weights named before any work (issue #36)
     half = next(((n, t.dtype) for n, t in rnn.state_dict().items() if t.dtype in (torch.float16, torch.bfloat16)), None)
-    check(half is None, f"rnn: {type(rnn).__name__} holds {str(half[1]).replace('torch.', '')} tensors ({half[0]}, …); "
+    check(half is None, f"model: {type(rnn).__name__} holds {str(half[1]).replace('torch.', '')} tensors ({half[0]}, …); "
                         "gradscope's analyses (SVD, eigenvalues) need float32 or float64: wrap model.float() "
                         "(every half-precision value is exact in float32)" if half else "")
     if isinstance(rnn, nn.RNNBase):
