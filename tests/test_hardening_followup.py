@@ -78,3 +78,18 @@ def test_a_factory_that_calls_sys_exit_is_one_line(tmp_path: Path, runner, code:
                                  "--target-pos", "2", "-o", str(tmp_path / "s.zarr"), "-q"])
     refused(result, "--model-factory", "SystemExit")
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_vocab_on_the_continuous_task_is_refused_not_recorded(tmp_path: Path, runner) -> None:  # noqa: ANN001
+    """`train --task reverse-continuous --dim 4 --vocab 5` trained (its width is --dim) and recorded
+    vocab_size 5 in config.json: an option accepted, ignored and recorded."""
+    out = tmp_path / "r"
+    result = runner.invoke(app, ["train", "--task", "reverse-continuous", "--dim", "4", "--vocab", "5", "--iterations",
+                                 "2", "--checkpoint-every", "2", "-o", str(out), "-q"])
+    refused(result, "--vocab", "--dim")
+    assert not out.exists()
+    from gradscope.presets import build_config
+
+    with pytest.raises(GradscopeError, match="vocab"):
+        build_config("tiny", {"task": "reverse-continuous", "dim": 4, "vocab": 5})
+    assert build_config("tiny", {"task": "reverse-continuous", "dim": 4}).model.vocab_size == 4
