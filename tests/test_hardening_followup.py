@@ -93,3 +93,15 @@ def test_vocab_on_the_continuous_task_is_refused_not_recorded(tmp_path: Path, ru
     with pytest.raises(GradscopeError, match="vocab"):
         build_config("tiny", {"task": "reverse-continuous", "dim": 4, "vocab": 5})
     assert build_config("tiny", {"task": "reverse-continuous", "dim": 4}).model.vocab_size == 4
+
+
+def test_a_manifest_format_version_as_a_string_is_named_as_one(tmp_path: Path) -> None:
+    """A manifest whose format_version is the string "1" was refused as "has format_version 1; this
+    gradscope reads version 1"."""
+    from gradscope.corpus.store import _manifest
+
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps({"format": "gradscope-corpus", "format_version": "1"}))
+    with pytest.raises(GradscopeError, match=r"format_version '1'; this gradscope reads version 1"):
+        _manifest(d)
