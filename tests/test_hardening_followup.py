@@ -105,3 +105,17 @@ def test_a_manifest_format_version_as_a_string_is_named_as_one(tmp_path: Path) -
     (d / "manifest.json").write_text(json.dumps({"format": "gradscope-corpus", "format_version": "1"}))
     with pytest.raises(GradscopeError, match=r"format_version '1'; this gradscope reads version 1"):
         _manifest(d)
+
+
+def test_a_plain_gru_with_a_nan_weight_is_flagged_not_blamed_on_its_architecture() -> None:
+    """A plain nn.GRU with one NaN weight was named in a warning, then refused as "disagree by nan ... the
+    module is not a standard GRU"; library models were already scored and flagged (issue #36)."""
+    import gradscope
+    from gradscope.guard import NonFiniteWeightsWarning
+
+    gru = torch.nn.GRU(3, 4, batch_first=True)
+    with torch.no_grad():
+        gru.weight_hh_l0[0, 0] = float("nan")
+    with pytest.warns(NonFiniteWeightsWarning, match="weight_hh_l0"):
+        model = gradscope.wrap(gru)
+    assert model.core.state_dim == 4
