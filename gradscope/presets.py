@@ -161,6 +161,9 @@ def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:
     task = dataclasses.replace(base.task, **sections["task"])
     if task.name in TASKS:
         given = sections["task"].get("vocab_size")
+        check(given is None or TASKS[task.name].inputs == "tokens",
+              f"vocab: the {task.name} task's tokens are vectors whose width is dim (--dim), not a vocabulary; "
+              f"leave --vocab out")
         task = TASKS[task.name].resolve(task)
         check(given is None or given == task.vocab_size,
               f"vocab: got {given}; the {task.name} task's corpus has {task.vocab_size} tokens (leave --vocab out)")

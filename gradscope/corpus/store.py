@@ -214,7 +214,7 @@ def _manifest(path: Path) -> tuple[dict[str, Any], str]:
     check(isinstance(manifest, dict) and manifest.get("format") == FORMAT,
           f"corpus: {file} is not a gradscope corpus manifest")
     check(manifest.get("format_version") == FORMAT_VERSION,
-          f"corpus: {file} has format_version {str(manifest.get('format_version'))[:20]}; this gradscope reads "
+          f"corpus: {file} has format_version {manifest.get('format_version')!r:.20}; this gradscope reads "
           f"version {FORMAT_VERSION}")
     return manifest, sha256_bytes(data)
 

@@ -114,6 +114,14 @@ def _check_agreement(core: RNNCore, tolerance: float, seed: int) -> None:
     with torch.no_grad():
         fused = core(x)
         functional, _ = scan(core, x)
+    finite = torch.isfinite(fused)
+    if not bool(finite.all()):  # NaN/Inf weights (named in a warning before): the same places, the finite rest compared
+        check(torch.equal(finite, torch.isfinite(functional)) and torch.equal(torch.isnan(fused), torch.isnan(functional)),
+              f"rnn: its fused forward and gradscope's functional {core.name} cell give NaN or Inf in different "
+              f"places; the module is not a standard {type(core.rnn).__name__}")
+        fused, functional = fused[finite], functional[finite]
+        if fused.numel() == 0:
+            return
     err = float((fused - functional).abs().max())
     scale = max(1.0, float(fused.abs().max()))
     if not err <= tolerance * scale:
@@ -225,6 +233,10 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     checks: run the protocol checks (:mod:`gradscope.models.protocol`) on a protocol core or adapter.
     """
     warn_nonfinite(rnn, f"model: {type(rnn).__name__}")  # NaN/Inf weights named before any work (issue #36)
+    half = next(((n, t.dtype) for n, t in rnn.state_dict().items() if t.dtype in (torch.float16, torch.bfloat16)), None)
+    check(half is None, f"model: {type(rnn).__name__} holds {str(half[1]).replace('torch.', '')} tensors ({half[0]}, …); "
+                        "gradscope's analyses (SVD, eigenvalues) need float32 or float64: wrap model.float() "
+                        "(every half-precision value is exact in float32)" if half else "")
     if isinstance(rnn, nn.RNNBase):
         core: nn.Module = _rnn_core(rnn)
         _check_agreement(core, 1e-5 if tolerance is None else tolerance, seed)  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ def load_factory(spec: str) -> Callable[[Path], nn.Module]:
     if not file.endswith(".py") and all(part.isidentifier() for part in file.split(".")):
         try:
             module = importlib.import_module(file)
-        except Exception as exc:  # noqa: BLE001 - the user's module failed to import: one line
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module failed to import: one line
             raise GradscopeError(f"model_factory: importing {file} failed ({type(exc).__name__}: "
                                  f"{' '.join(str(exc).split())[:200]})") from None
         func = getattr(module, name, None)
@@ -51,7 +51,7 @@ def load_factory(spec: str) -> Callable[[Path], nn.Module]:
     sys.modules[module_name] = module
     try:
         loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except Exception as exc:  # noqa: BLE001 - the user's code failed; say where, in one line
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code failed; say where, in one line
         sys.modules.pop(module_name, None)
         raise GradscopeError(f"model_factory: importing {path} failed ({type(exc).__name__}: "
                              f"{' '.join(str(exc).split())[:200]})") from None
@@ -73,7 +73,7 @@ def build_model(spec: str, checkpoint: Path, config: Path | None = None) -> Wrap
         model = func(Path(checkpoint))
     except GradscopeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the user's code failed; say where, in one line
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code failed; say where, in one line
         raise GradscopeError(f"model_factory: {spec}({checkpoint}) raised {type(exc).__name__}: "
                              f"{' '.join(str(exc).split())[:200]}") from None
     if isinstance(model, WrappedModel):

@@ -4,7 +4,7 @@ directory), loaded exactly or not at all (issue #36).
 - ``hf`` / ``hf:CLASS`` with a **directory** (what ``model.save_pretrained(dir)`` writes: ``config.json``
   plus ``model.safetensors``, or shards listed in ``model.safetensors.index.json``); CLASS defaults to
   the config's ``architectures[0]``; the model's dtype is the config's (else the weights'), as
-  ``from_pretrained``'s ``dtype="auto"``.
+  ``from_pretrained``'s ``dtype="auto"``, except that half precision is loaded as float32 (exactly).
 - ``hf:CLASS`` with a **weights file** and ``config`` (a ``config.json``): ``.safetensors``, or a
   ``.pt``/``.pth``/``.bin`` state dict read with ``torch.load(weights_only=True)``.
 
@@ -89,11 +89,14 @@ def _construct(cls: Any, cfg: Any, dtype: torch.dtype | None) -> nn.Module:
 
 
 def _auto_dtype(data: dict[str, Any], tensors: dict[str, TensorInfo]) -> torch.dtype:
-    """from_pretrained's ``dtype="auto"``: the config's dtype, else the weights' first floating dtype, else float32."""
-    for key in ("dtype", "torch_dtype"):
-        if isinstance(data.get(key), str) and data[key] in AUTO_DTYPES:
-            return AUTO_DTYPES[data[key]]
-    return next((t.dtype for t in tensors.values() if t.dtype in AUTO_DTYPES.values()), torch.float32)
+    """from_pretrained's ``dtype="auto"`` (the config's dtype, else the weights' first floating dtype,
+    else float32), half precision raised to float32: the analyses (SVD, eigenvalues) have no half
+    kernels, and every float16/bfloat16 value is exact in float32."""
+    dtype = next((AUTO_DTYPES[data[key]] for key in ("dtype", "torch_dtype")
+                  if isinstance(data.get(key), str) and data[key] in AUTO_DTYPES), None)
+    if dtype is None:
+        dtype = next((t.dtype for t in tensors.values() if t.dtype in AUTO_DTYPES.values()), torch.float32)
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _expected(model: nn.Module) -> tuple[dict[str, nn.Parameter | torch.Tensor], list[list[str]]]:
