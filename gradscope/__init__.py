@@ -10,7 +10,8 @@ command line start fast):
   :func:`stability`, :func:`accuracy`, :func:`dynamics`, :func:`summarize` (``source``: stores);
 - :func:`text_accuracy` — a pretrained causal LM (a ``save_pretrained`` directory) on raw text:
   perplexity and accuracy by token frequency and position (docs/real-text.md);
-- tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`;
+- tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`, and the
+  matrix-free products :func:`jvp_products` (J V) and :func:`vjp_products` (U J), which never form J;
 - :func:`make_probes`, :func:`frequency_groups`, :class:`Probes` — probe triplets;
 - the configs, :class:`GradscopeError` (every user error), ``__version__``.
 """
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gradscope.errors import GradscopeError
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name is imported on first use
-    from gradscope.analysis.jacobian import JacobianResult, state_jacobian
+    from gradscope.analysis.jacobian import JacobianResult, jvp_products, state_jacobian, vjp_products
     from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum
     from gradscope.analysis.stability import StabilityResult, probe_stability
     from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
@@ -43,6 +44,7 @@ _EXPORTS = {
     "load": "gradscope.files.checkpoint", "Loaded": "gradscope.files.checkpoint",
     "wrap": "gradscope.models.wrap", "WrappedModel": "gradscope.models.wrap",
     "state_jacobian": "gradscope.analysis.jacobian", "JacobianResult": "gradscope.analysis.jacobian",
+    "jvp_products": "gradscope.analysis.jacobian", "vjp_products": "gradscope.analysis.jacobian",
     "probe_stability": "gradscope.analysis.stability", "StabilityResult": "gradscope.analysis.stability",
     "lyapunov_spectrum": "gradscope.analysis.lyapunov", "LyapunovResult": "gradscope.analysis.lyapunov",
     "stability": "gradscope.workflows.stability", "dynamics": "gradscope.workflows.dynamics",
@@ -54,8 +56,9 @@ _EXPORTS = {
     "TrainConfig": "gradscope.config", "CORES": "gradscope.models.registry",
 }
 __all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedModel", "state_jacobian",
-           "JacobianResult", "probe_stability", "StabilityResult", "lyapunov_spectrum", "LyapunovResult",
-           "stability", "dynamics", "accuracy", "summarize", "text_accuracy", "Probes", "make_probes", "frequency_groups",
+           "JacobianResult", "jvp_products", "vjp_products", "probe_stability", "StabilityResult", "lyapunov_spectrum",
+           "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "text_accuracy", "Probes", "make_probes",
+           "frequency_groups",
            "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/test_startup.py)
 
 

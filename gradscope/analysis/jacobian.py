@@ -42,10 +42,10 @@ from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
-from torch.func import jacrev, vjp, vmap
+from torch.func import jacrev, jvp, vjp, vmap
 
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import scan, step_at
+from gradscope.models.core import initial_state, scan, step_at
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,40 @@ def rows_vjp(fn: Callable[[Tensor], Tensor], primal: Tensor, rows: Tensor) -> Te
     return vmap(lambda c: pullback(c)[0], in_dims=1, out_dims=1)(rows)
 
 
-def _vjp_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
-    """Reverse chaining with torch.func.vjp of one step at a time. → (B, H, D)."""
-    B, T, _ = x.shape
-    eye = torch.eye(core.out_dim, dtype=x.dtype, device=x.device).expand(B, -1, -1)
+def _vjp_chain(core: nn.Module, x: Tensor, zs: Tensor, p: int, rows: Tensor) -> Tensor:
+    """rows (B, R, H) of cotangents on y_T → rows · ∂y_T/∂z_p (B, R, D), chained backwards one step
+    at a time with torch.func.vjp."""
+    T = x.shape[1]
     if p == T:
-        return rows_vjp(lambda z: state_readout(core, x[:, T - 1], z), zs[:, T - 1], eye)
-    G = rows_vjp(lambda z: step_at(core, x[:, T - 1], z, T - 1)[0], zs[:, T - 2], eye)  # ∂y_T/∂z_{T−1}
+        return rows_vjp(lambda z: state_readout(core, x[:, T - 1], z), zs[:, T - 1], rows)
+    G = rows_vjp(lambda z: step_at(core, x[:, T - 1], z, T - 1)[0], zs[:, T - 2], rows)  # ∂y_T/∂z_{T−1}
     for t in range(T - 2, p - 1, -1):  # 0-based step t maps zs[:, t−1] to zs[:, t]
         G = rows_vjp(lambda z: step_at(core, x[:, t], z, t)[1], zs[:, t - 1], G)
     return G
+
+
+def _vjp_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
+    """Reverse chaining with torch.func.vjp of one step at a time. → (B, H, D)."""
+    eye = torch.eye(core.out_dim, dtype=x.dtype, device=x.device).expand(x.shape[0], -1, -1)
+    return _vjp_chain(core, x, zs, p, eye)
+
+
+def _jvp_chain(core: nn.Module, x: Tensor, z_p: Tensor, p: int, tangents: Tensor) -> tuple[Tensor, Tensor]:
+    """Forward chaining from z_p (B, D) with tangents (B, m, D): (y_T (B, H), ∂y_T/∂z_p · tangents
+    (B, H, m)). Steps p+1 … T run once for the primal and batched (vmap) for the m tangents, so the
+    cost is about (1 + m) forward passes of the tail and nothing of size H × D is formed."""
+    T = x.shape[1]
+
+    def run(v: Tensor) -> tuple[Tensor, Tensor]:  # v (B, D) → y_T (B, H), J v (B, H)
+        if p == T:
+            return jvp(lambda a: state_readout(core, x[:, T - 1], a), (z_p,), (v,))
+        z, dz = z_p, v
+        for t in range(p, T):  # 0-based step t reads x[:, t]
+            (y, z), (dy, dz) = jvp(lambda a, t=t: step_at(core, x[:, t], a, t), (z,), (dz,))
+        return y, dy
+
+    y, jv = vmap(run, in_dims=1, out_dims=(None, 2))(tangents)
+    return y, jv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,10 +159,8 @@ def resolve_method(core: nn.Module, method: str) -> str:
     return method
 
 
-def iter_state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, method: str = "auto",
-                        chunk: int = 64) -> Iterator[tuple[slice, JacobianResult]]:
-    """:func:`state_jacobian` chunk by chunk: yields (rows of ``tokens``, result for those rows), each
-    result holding ``jac`` (b, H, D), ``output`` (b, H), ``state`` (b, D) for b ≤ ``chunk`` sequences."""
+def _checked(model: nn.Module, tokens: Tensor, position: int, chunk: int) -> int:
+    """The checks every public entry point makes on its arguments; returns the position as an int."""
     floats = isinstance(tokens, Tensor) and tokens.is_floating_point()
     check(isinstance(tokens, Tensor) and tokens.dim() == (3 if floats else 2) and not tokens.is_complex(),
           f"tokens: expected integer token ids (B, T), or float input vectors (B, T, in) for a model that "
@@ -155,6 +177,15 @@ def iter_state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, meth
     check(hasattr(model, "core") and hasattr(model, "core_inputs"),
           f"model: expected a gradscope model (gradscope.load(...).model or gradscope.wrap(...)); got "
           f"{type(model).__name__}, which has no core/core_inputs (wrap it with gradscope.wrap)")
+    return position
+
+
+def iter_state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, method: str = "auto",
+                        chunk: int = 64) -> Iterator[tuple[slice, JacobianResult]]:
+    """:func:`state_jacobian` chunk by chunk: yields (rows of ``tokens``, result for those rows), each
+    result holding ``jac`` (b, H, D), ``output`` (b, H), ``state`` (b, D) for b ≤ ``chunk`` sequences."""
+    position = _checked(model, tokens, position, chunk)
+    T = tokens.shape[1]
     core = model.core
     name = resolve_method(core, method)
     engine = METHODS[name]
@@ -207,3 +238,56 @@ def wirtinger_view(jac: Tensor, model: nn.Module) -> Tensor:
     check(getattr(model.core, "complex_state", False),
           f"model: the Wirtinger view needs a core with a complex state; got {type(model.core).__name__}")
     return 0.5 * torch.complex(jac[..., 0::2], jac[..., 1::2])
+
+
+def _products(model: nn.Module, tokens: Tensor, position: int, vectors: Tensor, width: int, what: str,
+              chunk: int) -> tuple[int, Tensor]:
+    position = _checked(model, tokens, position, chunk)
+    check(isinstance(vectors, Tensor) and vectors.dim() == 3 and vectors.shape[0] == tokens.shape[0]
+          and vectors.shape[2] == width and vectors.is_floating_point(),
+          f"{what}: expected a float tensor (B = {tokens.shape[0]}, k, {width}); got "
+          f"{tuple(vectors.shape) if isinstance(vectors, Tensor) else type(vectors).__name__}")
+    return position, tokens.to(next(model.parameters()).device)
+
+
+def jvp_products(model: nn.Module, tokens: Tensor, position: int, tangents: Tensor, *,
+                 chunk: int = 8) -> tuple[Tensor, Tensor]:
+    """J · V without forming J = ∂y_T/∂z_p: tangents V (B, m, D) on z_p → (y_T (B, H), J V (B, H, m)).
+
+    Matrix-free: steps p+1 … T run forward once with m tangents (forward-mode, ``torch.func.jvp``
+    batched by ``vmap``), about (1 + m) forward passes of the tail; memory O(chunk · m · D) for the
+    tangents, never B · H · D or T · D. ``chunk`` sequences at a time. Each column of V gives all H
+    rows of J v at once, which is what a column sketch of J needs (:mod:`gradscope.analysis.sketch`).
+    """
+    position, tokens = _products(model, tokens, position, tangents, model.core.state_dim, "tangents", chunk)
+    core, ys, out = model.core, [], []
+    for start in range(0, tokens.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        with torch.no_grad():
+            x = model.core_inputs(tokens[rows])  # (b, T, in)
+            z = initial_state(core, x.shape[0], x)
+            for t in range(position):  # the head: z_p
+                z = step_at(core, x[:, t], z, t)[1]
+            y, jv = _jvp_chain(core, x, z, position, tangents[rows].to(z))
+        ys.append(y)
+        out.append(jv)
+    return torch.cat(ys), torch.cat(out)
+
+
+def vjp_products(model: nn.Module, tokens: Tensor, position: int, cotangents: Tensor, *,
+                 chunk: int = 8) -> tuple[Tensor, Tensor]:
+    """U · J without forming J = ∂y_T/∂z_p: cotangents U (B, r, H) on y_T → (y_T (B, H), U J (B, r, D)).
+
+    Matrix-free: one forward scan, then r rows chained backwards through steps T … p+1 (reverse mode,
+    ``torch.func.vjp`` batched by ``vmap``); memory O(chunk · (T + r) · D), never B · H · D. With U
+    the identity rows in chunks this computes J exactly, r rows at a time."""
+    position, tokens = _products(model, tokens, position, cotangents, model.core.out_dim, "cotangents", chunk)
+    core, ys, out = model.core, [], []
+    for start in range(0, tokens.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        with torch.no_grad():
+            x = model.core_inputs(tokens[rows])
+            y, zs = scan(core, x)
+            out.append(_vjp_chain(core, x, zs, position, cotangents[rows].to(zs)))
+        ys.append(y[:, -1].clone())
+    return torch.cat(ys), torch.cat(out)

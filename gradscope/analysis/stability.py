@@ -13,12 +13,19 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gradscope.analysis.jacobian import state_jacobian
+from gradscope.analysis.jacobian import jvp_products, state_jacobian
 from gradscope.analysis.scores import SCORES, companion_stats, finite_matrices, svd_or_nan, wirtinger
-from gradscope.errors import check
+from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tangents
+from gradscope.errors import GradscopeError, check
+from gradscope.guard import memory_budget as available_budget
 from gradscope.tasks.probes import Probes
 
 PAIRS = ("same-target", "same-suffix")
+ESTIMATORS = ("auto", "exact", "sketch")
+# The rate every time estimate assumes: what a laptop CPU core pair sustains on float64 BLAS-3, as the
+# dynamics budget (gradscope.workflows.dynamics.NOMINAL_FLOPS); float32 and narrower run at twice it.
+NOMINAL_FLOPS = 2e10
+UNITS = (4, 16)  # independent sketch units the auto plan chooses between: the fewest it accepts, the most it uses
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,8 @@ class StabilityResult:
     wirtinger_real: torch.Tensor | None
     wirtinger_imag: torch.Tensor | None
     nonfinite: torch.Tensor | None = None
+    errors: dict[str, torch.Tensor] | None = None  # sketch: "se_<variable>" → (2 pair, n) jackknife standard errors
+    estimator: str = "exact"
 
     @property
     def nonfinite_count(self) -> int:
@@ -61,9 +70,96 @@ def triplets_per_chunk(model: nn.Module, requested: int, budget_bytes: int, step
     return max(1, min(requested, budget_bytes // max(per_triplet, 1)))
 
 
+@dataclass(frozen=True)
+class StabilityPlan:
+    """How :func:`probe_stability` computes the scores, decided before any work (:func:`plan_stability`):
+    ``estimator`` "exact" (every Jacobian formed, in chunks of triplets) or "sketch" (``columns``
+    Jacobian–vector products per sequence, ``units`` independent jackknife units, standard errors
+    stored), the estimated ``seconds`` and peak ``bytes``, and ``note``, one line saying why."""
+
+    estimator: str
+    units: int
+    columns: int
+    seconds: float
+    bytes: int
+    note: str
+
+
+def weight_count(core: nn.Module) -> int:
+    """Weights a step of ``core`` multiplies by: its parameters outside embeddings (each tensor once)."""
+    skip = {id(p) for m in core.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
+    seen: dict[int, int] = {}
+    for p in core.parameters():
+        if id(p) not in skip:
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def step_flops(core: nn.Module) -> float:
+    """Estimated flops of one step of one sequence, and of one Jacobian–vector product through it:
+    a multiply-add per weight, plus 20 elementwise operations per state number (gates, norms, the
+    state update of a diagonal structure)."""
+    return 2.0 * weight_count(core) + 20.0 * core.state_dim
+
+
+def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *, estimator: str = "auto",
+                   units: int | None = None, budget_seconds: float = 600.0, element_size: int = 4,
+                   memory_bytes: int | None = None) -> StabilityPlan:
+    """The one estimate of time and memory that decides exact or sketch, for ``sequences`` probe
+    sequences of ``steps`` steps with z_p at ``position``: exact forms J (H × D) per sequence by H
+    reverse products through the tail; a sketch runs ``columns`` forward products, never H × D.
+    Estimates: flops (:func:`step_flops` per step and per product) at :data:`NOMINAL_FLOPS` (twice it
+    for float32 and narrower); memory for one triplet: J, its products and the scan, 3 · (2H + T) · D
+    numbers exact, 3 · 8 · columns · D sketched. ``estimator="auto"``: exact when it fits
+    ``budget_seconds`` and ``memory_bytes`` (default: the memory budget, :func:`gradscope.guard.memory_budget`),
+    else the sketch with the most units in :data:`UNITS` that fits the time budget."""
+    check(estimator in ESTIMATORS, f"estimator: got {estimator!r}; valid values are {', '.join(ESTIMATORS)}")
+    check(units is None or (isinstance(units, int) and not isinstance(units, bool) and 2 <= units <= 1024),
+          f"sketch_units: got {units!r}; it must be an integer in [2, 1024]")
+    D, H = int(core.state_dim), int(core.out_dim)
+    complex_pairs = bool(getattr(core, "complex_state", False))
+    rate = NOMINAL_FLOPS * (2 if element_size <= 4 else 1)
+    f = step_flops(core)
+    tail = steps - position + 1
+    memory = available_budget() if memory_bytes is None else memory_bytes
+    exact_s = sequences * (steps * f + tail * H * f) / rate
+    exact_b = 3 * (2 * H + steps) * D * element_size
+
+    def columns(u: int) -> int:
+        return 2 * u if complex_pairs else u
+
+    def sketch(u: int) -> tuple[float, int]:
+        return sequences * (steps * f + tail * columns(u) * f) / rate, 3 * 8 * columns(u) * D * element_size
+
+    def sketched(u: int, why: str) -> StabilityPlan:
+        secs, nbytes = sketch(u)
+        return StabilityPlan("sketch", u, columns(u), secs, nbytes,
+                             f"stability: estimated from a sketch of {columns(u)} Jacobian–vector products per "
+                             f"sequence ({u} jackknife units; ~{secs:,.0f} s, {nbytes / 1e9:.2f} GB), standard "
+                             f"errors stored beside each score: {why}")
+
+    exact_why = f"exact J = ∂y_T/∂z_p ({H} × {D}) would take ~{exact_s:,.0f} s and {exact_b / 1e9:.2f} GB per triplet"
+    if estimator == "exact" or (estimator == "auto" and units is None and exact_s <= budget_seconds
+                                and exact_b <= memory):
+        why = "asked for" if estimator == "exact" else f"it fits the {budget_seconds:g} s budget and memory"
+        return StabilityPlan("exact", 0, 0, exact_s, exact_b,
+                             f"stability: exact Jacobians ({H} × {D} per sequence; ~{exact_s:,.0f} s, "
+                             f"{exact_b / 1e9:.2f} GB per triplet): {why}")
+    if units is not None:
+        return sketched(units, "asked for" if estimator == "sketch" else exact_why)
+    fits = [u for u in range(UNITS[1], UNITS[0] - 1, -1) if sketch(u)[0] <= budget_seconds]
+    if fits:
+        return sketched(fits[0], "asked for" if estimator == "sketch" else f"{exact_why} (budget {budget_seconds:g} s)")
+    if estimator == "sketch":
+        return sketched(UNITS[0], f"asked for; over the {budget_seconds:g} s budget")
+    raise GradscopeError(f"budget_seconds: {exact_why}, and a sketch of {UNITS[0]} units ~{sketch(UNITS[0])[0]:,.0f} s "
+                         f"(budget {budget_seconds:g} s); raise the budget, or use fewer triplets or shorter probes")
+
+
 def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: str = "auto", chunk: int = 32,
                     top_sv: int = 64, on_chunk: Callable[[int], None] | None = None,
-                    memory_budget: int = 1 << 30, output_phase: int | None | str = "query") -> StabilityResult:
+                    memory_budget: int = 1 << 30, output_phase: int | None | str = "query",
+                    plan: StabilityPlan | None = None, seed: int = 0) -> StabilityResult:
     """Stability scores of ``model`` on ``probes`` at target ``position`` (1-based).
 
     Each probe sequence (L tokens) is followed by an output phase of L copies of one token: the
@@ -73,6 +169,10 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
     would exceed ``memory_budget`` bytes; ``on_chunk(k)`` reports progress.
     A Jacobian with a NaN or Inf entry (a diverged model) gives NaN scores and statistics for its
     pairs, and is flagged in ``nonfinite``; it never stops the analysis.
+    ``plan`` (:func:`plan_stability`; None: exact): a sketch plan estimates the scores, ``fro_*`` and
+    the Wirtinger parts from Jacobian–vector products (:mod:`gradscope.analysis.sketch`) with their
+    standard errors in ``errors``, drawn from ``seed``; statistics that need all of J (row cosines,
+    singular values, effective rank, subspace similarity) are then NaN, ``forward_sim`` stays exact.
     """
     if output_phase == "query":
         output_phase = getattr(model, "query_token", None)
@@ -80,6 +180,9 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
     device = next(model.parameters()).device
     complex_state = bool(getattr(model.core, "complex_state", False))
     steps = probes.length * (1 if output_phase is None else 2)
+    if plan is not None and plan.estimator == "sketch":
+        return _sketch_stability(model, probes, position, plan, chunk=chunk, top_sv=top_sv, on_chunk=on_chunk,
+                                 memory_budget=memory_budget, output_phase=output_phase, seed=seed)
     chunk = triplets_per_chunk(model, chunk, memory_budget, steps)
     parts: dict[str, list[torch.Tensor]] = {}
     nonfinite: list[torch.Tensor] = []
@@ -119,3 +222,88 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
     sv = cat.pop("singular_values")
     wr, wi = cat.pop("wirtinger_real", None), cat.pop("wirtinger_imag", None)
     return StabilityResult(scores, cat, sv, wr, wi, torch.cat(nonfinite, dim=1))
+
+
+def _probe_inputs(tokens: torch.Tensor, length: int, output_phase: int | None) -> torch.Tensor:
+    """Triplets (n, 3, L) → sequences (3n, T) with the output phase appended."""
+    inputs = tokens.reshape(-1, length)
+    if output_phase is not None:
+        inputs = torch.cat([inputs, torch.full((inputs.shape[0], length), int(output_phase))], dim=1)
+    return inputs
+
+
+def _sketch_stability(model: nn.Module, probes: Probes, position: int, plan: StabilityPlan, *, chunk: int,
+                      top_sv: int, on_chunk: Callable[[int], None] | None, memory_budget: int,
+                      output_phase: int | None, seed: int) -> StabilityResult:
+    """:func:`probe_stability` from a sketch (see there). One Gaussian sketch per triplet, shared by its
+    three members (the pairs' cross terms need the same S), drawn from ``seed``."""
+    device = next(model.parameters()).device
+    param = next(model.parameters())
+    core = model.core
+    D, H = core.state_dim, core.out_dim
+    complex_pairs = bool(getattr(core, "complex_state", False))
+    per_triplet = 3 * 8 * plan.columns * D * param.element_size()  # tangents and their step temporaries
+    chunk = max(1, min(chunk, memory_budget // max(per_triplet, 1)))
+    k = min(top_sv, H, D)
+    gen = torch.Generator().manual_seed(seed)
+    parts: dict[str, list[torch.Tensor]] = {}
+    nonfinite: list[torch.Tensor] = []
+
+    def keep(name: str, value: torch.Tensor) -> None:
+        parts.setdefault(name, []).append(value.detach().to("cpu", torch.float64))
+
+    for start in range(0, len(probes), chunk):
+        tokens = probes.tokens[start:start + chunk]
+        n = tokens.shape[0]
+        inputs = _probe_inputs(tokens, probes.length, output_phase).to(device)
+        S = sketch_tangents(n, plan.units, D, complex_pairs=complex_pairs, generator=gen, dtype=param.dtype)
+        V = S.to(device)[:, None].expand(-1, 3, -1, -1).reshape(3 * n, plan.columns, D)  # one S per triplet
+        y, P = jvp_products(model, inputs, position, V, chunk=3 * n)  # (3n, H), (3n, H, m)
+        del V
+        P = P.reshape(n, 3, H, plan.columns)
+        out = y.reshape(n, 3, H)
+        nonfinite.append(~(P.isfinite().all(-1).all(-1) & out.isfinite().all(-1)).T.cpu())  # (3, n)
+        est = sketch_scores(P[:, :1].expand(-1, 2, -1, -1), P[:, 1:], complex_pairs=complex_pairs)
+        ya, yb = out[:, :1].expand(-1, 2, -1), out[:, 1:]
+        nan = torch.full((2, n), float("nan"), dtype=torch.float64)
+        for kind in SCORES:
+            value, se = est[f"score_{kind}"]
+            keep(f"score_{kind}", value.T)
+            keep(f"se_score_{kind}", se.T)
+        for name in ("cos_mean", "cos_min", "cos_max", "spectral_a", "spectral_b", "eff_rank_a", "eff_rank_b",
+                     "subspace_sim"):
+            keep(name, nan)  # they need all of J at once
+        for name in ("fro_a", "fro_b", "fro_diff"):
+            value, se = est[name]
+            keep(name, value.T)
+            keep(f"se_{name}", se.T)
+        dots = (ya * yb).sum(-1)
+        norms = torch.linalg.vector_norm(ya, dim=-1) * torch.linalg.vector_norm(yb, dim=-1)
+        keep("forward_sim", torch.where(norms > 0, dots / norms.where(norms > 0, 1.0), float("nan")).T)
+        keep("singular_values", torch.full((3, n, k), float("nan"), dtype=torch.float64))
+        if complex_pairs:
+            for name in ("wirtinger_real", "wirtinger_imag"):
+                value, se = est[name]
+                keep(name, value.T)
+                keep(f"se_{name}", se.T)
+        if on_chunk is not None:
+            on_chunk(n)
+    cat = {name: torch.cat(values, dim=1) for name, values in parts.items()}
+    scores = {kind: cat.pop(f"score_{kind}") for kind in SCORES}
+    errors = {name: cat.pop(name) for name in list(cat) if name.startswith("se_")}
+    sv = cat.pop("singular_values")
+    wr, wi = cat.pop("wirtinger_real", None), cat.pop("wirtinger_imag", None)
+    bad = torch.cat(nonfinite, dim=1)
+    bad_pairs = bad[:1] | bad[1:]  # (2, n): a pair with a non-finite member
+    for table in (scores, cat, errors):
+        for name, value in table.items():
+            if name != "forward_sim":
+                table[name] = value.masked_fill(bad_pairs, float("nan"))
+    wr = None if wr is None else wr.masked_fill(bad_pairs, float("nan"))
+    wi = None if wi is None else wi.masked_fill(bad_pairs, float("nan"))
+    return StabilityResult(scores, cat, sv, wr, wi, bad, errors, "sketch")
+
+
+def sketch_interval_factor(plan: StabilityPlan) -> float:
+    """value ± this · se is a 95% interval of a sketched value (t with units − 1 degrees of freedom)."""
+    return interval_factor(plan.units)

@@ -84,6 +84,9 @@ def stability_command(
     filler: Annotated[Optional[int], Opt(help="With --model-factory: output phase of L copies of this token id after each probe (default: none).")] = None,
     corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
+    estimator: Annotated[str, Opt(help="auto (exact Jacobians wherever they fit --budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).")] = "auto",
+    sketch_units: Annotated[Optional[int], Opt("--sketch-units", help="Independent units of the sketch (default: the most in 4..16 that fit the budget).", show_default=False)] = None,
+    budget_seconds: Annotated[float, Opt(help="Time budget per checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.")] = 600.0,
 ) -> None:
     """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4)."""
     import warnings
@@ -105,14 +108,16 @@ def stability_command(
     if model_factory is not None:
         refuse_given(ctx, ["corpus"], "it names an lm checkpoint's corpus; a --model-factory model has none")
     opts = StabilityOptions(tuple(target_freq or ()), tuple(disturbant or ()), target_pos, triplets, probes, seed,
-                            method, batch_size, sv, device, token_counts, length, filler, corpus=corpus)
+                            method, batch_size, sv, device, token_counts, length, filler, corpus=corpus,
+                            estimator=estimator, sketch_units=sketch_units, budget_seconds=budget_seconds)
     out_path = out if out is not None else default_out("stability", checkpoints[0] if checkpoints else Path("x"))
     check_out(out_path, overwrite)
     with make_progress(console) as progress, warnings.catch_warnings():
         warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
         bar = progress.add_task("jacobians", total=None, visible=not quiet)
         hooks = {"on_start": lambda total: progress.update(bar, total=total),
-                 "on_progress": lambda k: progress.advance(bar, k)}
+                 "on_progress": lambda k: progress.advance(bar, k),
+                 "on_plan": lambda plan: progress.console.print(plan.note, markup=False, highlight=False)}
         if model_factory is not None:
             if len(checkpoints) != 1:
                 raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")

@@ -38,6 +38,10 @@ def stability_dataset(results: list[CheckpointResult], probes: Probes, options: 
     if first.wirtinger_real is not None:
         data["wirtinger_real"] = (dims3, np.stack([r.result.wirtinger_real.numpy() for r in results]))
         data["wirtinger_imag"] = (dims3, np.stack([r.result.wirtinger_imag.numpy() for r in results]))
+    errors = dict.fromkeys(name for r in results for name in (r.result.errors or {}))
+    for name in errors:  # a sketched run: jackknife standard errors beside each estimated variable (NaN: exact)
+        data[name] = (dims3, np.stack([r.result.errors[name].numpy() if name in (r.result.errors or {})
+                                       else np.full(r.result.scores["default"].shape, np.nan) for r in results]))
     data["singular_values"] = (("checkpoint", "member", "triplet", "sv"),
                                np.stack([r.result.singular_values.numpy() for r in results]))
     data["probe_tokens"] = (("triplet", "member", "position"), probes.tokens.numpy())

@@ -17,7 +17,7 @@ from torch import nn
 
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
 from gradscope.analysis.jacobian import METHODS
-from gradscope.analysis.stability import PAIRS, probe_stability
+from gradscope.analysis.stability import ESTIMATORS, PAIRS, StabilityPlan, plan_stability, probe_stability
 from gradscope.config import ModelConfig
 from gradscope.errors import check
 from gradscope.guard import check_bytes
@@ -65,6 +65,11 @@ class StabilityOptions:
     filler: int | None = None
     split: float = 0.5
     corpus: Path | None = None  # lm checkpoints: this corpus directory instead of the recorded one (it moved)
+    # exact Jacobians, or a sketch with standard errors (issue #37): auto is exact wherever it fits
+    # budget_seconds (per checkpoint, estimated before any work) and memory; sketch_units fixes the sketch's size
+    estimator: str = "auto"
+    sketch_units: int | None = None
+    budget_seconds: float = 600.0
     # the old names (RENAMED_OPTIONS), constructor keywords only: read the new names (opts.position is None)
     target_groups: InitVar[tuple[str, ...] | None] = None
     disturbant_groups: InitVar[tuple[str, ...] | None] = None
@@ -105,6 +110,14 @@ class StabilityOptions:
             object.__setattr__(self, "filler", as_count(self.filler, "filler", 0, MAX_COUNT))
         check(isinstance(self.split, (int, float)) and not isinstance(self.split, bool) and 0 < self.split < 1,
               f"split: got {self.split!r}; it must lie strictly between 0 and 1")
+        check(self.estimator in ESTIMATORS, f"estimator: got {self.estimator!r}; valid values are {', '.join(ESTIMATORS)}")
+        if self.sketch_units is not None:
+            object.__setattr__(self, "sketch_units", as_count(self.sketch_units, "sketch_units", 2, 1024))
+        check(self.estimator != "exact" or self.sketch_units is None,
+              "sketch_units: it sizes a sketch; with estimator 'exact' leave it out")
+        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
+              and 0 < self.budget_seconds < float("inf"),
+              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
 
 
 def read_probes_file(path: Path, length: int | None = None) -> Probes:
@@ -200,6 +213,7 @@ class StabilityRun:
     command: str = ""
     device: str = "cpu"
     configs: tuple[dict[str, Any], ...] = ()
+    plans: tuple[StabilityPlan, ...] = ()  # per checkpoint: exact or sketch, and why
 
     def to_xarray(self) -> xr.Dataset:
         options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self.options).items()}
@@ -208,6 +222,8 @@ class StabilityRun:
         ds = ds.assign_coords(model=("checkpoint", np.asarray(self.models, dtype=object)))
         ds.attrs["nan_scores"] = json.dumps(self.nan_count)
         ds.attrs["nonfinite_jacobians"] = self.nonfinite_jacobians
+        if self.plans:
+            ds.attrs["stability_plan"] = json.dumps([dataclasses.asdict(p) for p in self.plans])
         return ds
 
     @property
@@ -231,6 +247,17 @@ class StabilityRun:
         return sum(r.result.nonfinite_count for r in self.results)
 
 
+def plan_model(model: nn.Module, opts: StabilityOptions, probes: Probes, position: int,
+               output_phase: int | None | str) -> StabilityPlan:
+    """:func:`~gradscope.analysis.stability.plan_stability` for ``model`` on ``probes``: the one estimate
+    every path (checkpoints, factories, ``--model hf``, in-memory models) decides exact or sketch by."""
+    steps = probes.length * (1 if output_phase is None else 2)
+    param = next(model.parameters())
+    return plan_stability(model.core, 3 * len(probes), steps, position, estimator=opts.estimator,
+                          units=opts.sketch_units, budget_seconds=opts.budget_seconds,
+                          element_size=param.element_size())
+
+
 def warn_diverged_jacobians(run: StabilityRun) -> None:
     """:func:`~gradscope.workflows.common.warn_diverged` when some Jacobians were non-finite."""
     bad = run.nonfinite_jacobians
@@ -243,7 +270,8 @@ def warn_diverged_jacobians(run: StabilityRun) -> None:
 def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
                   on_start: Callable[[int], None] | None = None,
                   on_progress: Callable[[int], None] | None = None, *, command: str = "",
-                  device_label: str | None = None, probes: Probes | None = None) -> StabilityRun:
+                  device_label: str | None = None, probes: Probes | None = None,
+                  on_plan: Callable[[StabilityPlan], None] | None = None) -> StabilityRun:
     """Analyse every checkpoint with the same probes. ``on_start(total triplets)`` then
     ``on_progress(k)`` report progress. Checkpoints are loaded one at a time, and each is dropped
     (optimizer state and all) before the next is loaded. Non-finite Jacobians (a diverged model)
@@ -263,7 +291,7 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files) * len(probes))
-    results, configs = [], []
+    results, configs, plans = [], [], []
     for i, item in enumerate(files):
         if i:
             loaded = load_source(item)
@@ -273,14 +301,19 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
         model = loaded.model.to(device)
         if loaded.config.model.inputs == "vectors":  # probe ids index a seeded table of sphere points
             model = vector_probe_model(model, opts.seed)
+        plan = plan_model(model, opts, probes, position, output_phase)
+        if on_plan is not None:
+            on_plan(plan)
+        plans.append(plan)
         result = probe_stability(model, probes, position, method=opts.method, chunk=opts.batch_size,
-                                 top_sv=opts.sv, on_chunk=on_progress, output_phase=output_phase)
+                                 top_sv=opts.sv, on_chunk=on_progress, output_phase=output_phase, plan=plan,
+                                 seed=opts.seed)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(CheckpointResult(path, loaded.iteration, run, result))
         configs.append(config_attrs(loaded.config))
         loaded = model = None  # only one checkpoint in memory at a time
     out = StabilityRun(config, probes, results, opts, command,
-                       device_label if device_label is not None else str(device), tuple(configs))
+                       device_label if device_label is not None else str(device), tuple(configs), tuple(plans))
     warn_diverged_jacobians(out)
     return out
 
@@ -319,7 +352,8 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
                         source: Path | None = None, iteration: int = -1, command: str = "",
                         config: dict[str, Any] | None = None,
                         on_start: Callable[[int], None] | None = None,
-                        on_progress: Callable[[int], None] | None = None) -> StabilityRun:
+                        on_progress: Callable[[int], None] | None = None,
+                        on_plan: Callable[[StabilityPlan], None] | None = None) -> StabilityRun:
     """Stability of one in-memory model (a user's wrapped model, or a loaded gradscope model).
     The output phase holds ``opts.filler`` (None: no output phase) for a wrapped model, the query
     token for a gradscope model. Non-finite Jacobians give NaN scores and a :class:`DivergedWarning`."""
@@ -341,8 +375,11 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
     own_query = getattr(model, "query_token", None)
     output_phase = own_query if own_query is not None and opts.filler is None else opts.filler
     model = model.to(device)
+    plan = plan_model(model, opts, probes, opts.target_pos, output_phase)
+    if on_plan is not None:
+        on_plan(plan)
     result = probe_stability(model, probes, opts.target_pos, method=opts.method, chunk=opts.batch_size, top_sv=opts.sv,
-                             on_chunk=on_progress, output_phase=output_phase)
+                             on_chunk=on_progress, output_phase=output_phase, plan=plan, seed=opts.seed)
     path = Path(source) if source is not None else Path("<in memory>")
     if config is None:
         own = getattr(model, "config", None)
@@ -351,7 +388,7 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
         config = {"model_config": described, "task_config": {}, "train_config": {}}
     run = path.parent.name if source is not None else ""
     out = StabilityRun(config, probes, [CheckpointResult(path, iteration, run, result)], opts, command, str(device),
-                       (config,))
+                       (config,), (plan,))
     warn_diverged_jacobians(out)
     return out
 
@@ -391,7 +428,8 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
               target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (), seed: int = 0,
               method: str = "auto", batch_size: int = 32, sv: int = 64, device: str = "auto",
               token_counts: str | Path | None = None, length: int | None = None, filler: int | None = None,
-              split: float = 0.5, corpus: str | Path | None = None, **renamed: Any) -> xr.Dataset:
+              split: float = 0.5, corpus: str | Path | None = None, estimator: str = "auto",
+              sketch_units: int | None = None, budget_seconds: float = 600.0, **renamed: Any) -> xr.Dataset:
     """Gradient stability (SPEC §4) as an xarray Dataset with the variables of a stability store
     (write it with ``gradscope.store.write_store``). Each option is named as its ``gradscope
     stability`` flag (``target_pos`` is ``--target-pos``); the names before issue #24 (position,
@@ -406,6 +444,10 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
     target_pos: the target position p (1-based). filler: a wrapped model's output-phase token (L
     copies after each probe; None: no output phase). corpus: an lm checkpoint's corpus directory, if
     it moved since training (its manifest must match the run's).
+    estimator: "auto" (exact wherever it fits ``budget_seconds`` per checkpoint and the memory budget,
+    else a sketch), "exact" or "sketch"; sketch_units: the sketch's independent units (default: the
+    most in 4…16 that fit the budget). A sketched store holds ``se_<variable>`` standard errors beside
+    each estimated variable (docs/stores.md).
     """
     given = None
     probes_path = None
@@ -424,8 +466,8 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
         probes_path = Path(renamed["probes_file"])
     opts = StabilityOptions(tuple(target_freq), tuple(disturbant), target_pos, triplets, probes_path, seed,
                             method, batch_size, sv, device, Path(token_counts) if token_counts is not None else None,
-                            length, filler, split, None if corpus is None else Path(corpus),
-                            **{k: v for k, v in renamed.items() if k != "probes_file"})
+                            length, filler, split, None if corpus is None else Path(corpus), estimator,
+                            sketch_units, budget_seconds, **{k: v for k, v in renamed.items() if k != "probes_file"})
     if isinstance(source, nn.Module):
         return run_model_stability(source, opts, probes=given).to_xarray()
     return run_stability(checkpoint_sources(source), opts, probes=given).to_xarray()

@@ -1,0 +1,101 @@
+"""`gradscope stability --model hf` at the size researchers train (issue #37): wall time and peak memory.
+
+Builds transformers Mamba at mamba-130m's configuration and RWKV at RWKV-4-169m's (random init,
+nothing downloaded), saves each with ``save_pretrained``, and runs
+
+    gradscope stability DIR --model hf --token-counts C --length 32 --triplets 64
+
+in a subprocess, printing its wall time, peak resident memory (the child's ``ru_maxrss``), the plan
+line it printed (exact or sketch, and why) and the machine's load (``uptime``), beside the same at
+the tests' tiny sizes. The goal on the shared 2-core CPU: ≤ 5 min and ≤ 8 GB each.
+
+``measure_stability(name, directory)`` is the function ``bench/realsize.py`` imports; run this file
+for the table (``--sizes tiny`` for a quick check, ``--families mamba`` for one family).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+CONFIGS = {  # name → (transformers config class, its arguments)
+    "mamba-130m": ("MambaConfig", dict(hidden_size=768, num_hidden_layers=24, vocab_size=50280, state_size=16,
+                                       expand=2, conv_kernel=4)),
+    "rwkv-169m": ("RwkvConfig", dict(hidden_size=768, num_hidden_layers=12, vocab_size=50277,
+                                     attention_hidden_size=768, intermediate_size=3072)),
+    "mamba-tiny": ("MambaConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=64, state_size=4, expand=2,
+                                       conv_kernel=4)),
+    "rwkv-tiny": ("RwkvConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=64, attention_hidden_size=32,
+                                     intermediate_size=64)),
+}
+MODELS = {"MambaConfig": "MambaForCausalLM", "RwkvConfig": "RwkvForCausalLM"}
+
+
+def save_model(name: str, directory: Path, seed: int = 0) -> tuple[Path, Path]:
+    """A randomly initialised model of configuration ``name`` saved with save_pretrained under
+    ``directory``, and a token-counts file (Zipf-like, every id seen) beside it."""
+    import torch
+    import transformers
+
+    cls, kwargs = CONFIGS[name]
+    torch.manual_seed(seed)
+    config = getattr(transformers, cls)(**kwargs)
+    model = getattr(transformers, MODELS[cls])(config).eval()
+    out = directory / name
+    model.save_pretrained(out)
+    counts = (1e6 / np.arange(1, kwargs["vocab_size"] + 1)).astype(np.int64) + 1
+    np.save(directory / f"{name}-counts.npy", counts)
+    return out, directory / f"{name}-counts.npy"
+
+
+def measure_stability(name: str, directory: Path, *, triplets: int = 64, length: int = 32,
+                      extra: tuple[str, ...] = ()) -> dict[str, object]:
+    """Run ``gradscope stability`` on model ``name`` (a key of CONFIGS) saved under ``directory``: its
+    wall time (s), peak memory (GB), exit status, plan line and the load average before and after."""
+    model, counts = save_model(name, directory)
+    store = directory / f"{name}-stability.zarr"
+    cmd = [sys.executable, "-c", "import sys; from gradscope.cli.app import main; sys.argv[0] = 'gradscope'; main()",
+           "stability", str(model), "--model", "hf", "--token-counts",
+           str(counts), "--length", str(length), "--triplets", str(triplets), "-q", "-o", str(store), "--overwrite",
+           *extra]
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9  # the largest child so far
+    plan = next((line for line in proc.stdout.splitlines() if line.startswith("stability:")), "")
+    return {"model": name, "seconds": wall, "peak_gb": peak, "rc": proc.returncode, "plan": plan,
+            "load": (load, os.getloadavg()[0]), "tail": (proc.stdout + proc.stderr)[-600:]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="tiny,real", help="tiny, real or both (comma-separated)")
+    parser.add_argument("--families", default="mamba,rwkv")
+    parser.add_argument("--triplets", type=int, default=64)
+    parser.add_argument("--length", type=int, default=32)
+    args = parser.parse_args()
+    sizes, families = args.sizes.split(","), args.families.split(",")
+    names = [n for n in CONFIGS if n.split("-")[0] in families and ("tiny" if n.endswith("tiny") else "real") in sizes]
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
+    print(f"{'model':12} {'seconds':>8} {'peak GB':>8} {'rc':>3}  load before/after  plan", flush=True)
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = measure_stability(name, Path(tmp), triplets=args.triplets, length=args.length)
+        print(f"{r['model']:12} {r['seconds']:8.1f} {r['peak_gb']:8.2f} {r['rc']:3}  "
+              f"{r['load'][0]:.1f}/{r['load'][1]:.1f}  {r['plan']}", flush=True)
+        if r["rc"]:
+            print(r["tail"], flush=True)
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
