@@ -193,10 +193,7 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
     for start in range(0, len(probes), chunk):
         tokens = probes.tokens[start:start + chunk]
         n = tokens.shape[0]
-        inputs = tokens.reshape(-1, probes.length)
-        if output_phase is not None:
-            inputs = torch.cat([inputs, torch.full((3 * n, probes.length), int(output_phase))], dim=1)
-        inputs = inputs.to(device)
+        inputs = _probe_inputs(tokens, probes.length, output_phase).to(device)
         res = state_jacobian(model, inputs, position, method=method, chunk=3 * n)
         jac = res.jac.reshape(n, 3, *res.jac.shape[1:])  # (n, 3, D_out, D)
         out = res.output.reshape(n, 3, -1)  # (n, 3, D_out)
