@@ -179,7 +179,6 @@ def companion_stats(ja: Tensor, jb: Tensor, ya: Tensor, yb: Tensor, k: int | Non
     svd_a = svd_a if svd_a is not None else svd_or_nan(ja)
     svd_b = svd_b if svd_b is not None else svd_or_nan(jb)
     sa, sb = svd_a[1], svd_b[1]  # (..., R)
-    fwd_dot, fwd_na, fwd_nb = _rows(ya, yb)
     return {
         "cos_mean": torch.nanmean(cos, dim=-1),
         "cos_min": _nan_extreme(cos, largest=False),
@@ -192,8 +191,14 @@ def companion_stats(ja: Tensor, jb: Tensor, ya: Tensor, yb: Tensor, k: int | Non
         "eff_rank_a": effective_rank(sa),
         "eff_rank_b": effective_rank(sb),
         "subspace_sim": subspace_similarity(ja, jb, k, svd_a, svd_b),
-        "forward_sim": _ratio(fwd_dot, fwd_na * fwd_nb),
+        "forward_sim": forward_similarity(ya, yb),
     }
+
+
+def forward_similarity(ya: Tensor, yb: Tensor) -> Tensor:
+    """Cosine of the outputs ya, yb (..., D_out) → (...); NaN where either is zero."""
+    dot, na, nb = _rows(ya, yb)
+    return _ratio(dot, na * nb)
 
 
 def real_view_columns(jc: Tensor) -> Tensor:

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from gradscope.analysis.jacobian import jvp_products, state_jacobian
-from gradscope.analysis.scores import SCORES, companion_stats, finite_matrices, svd_or_nan, wirtinger
+from gradscope.analysis.scores import (SCORES, companion_stats, finite_matrices, forward_similarity, svd_or_nan,
+                                       wirtinger)
 from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tangents
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget as available_budget
@@ -184,16 +185,9 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
         return _sketch_stability(model, probes, position, plan, chunk=chunk, top_sv=top_sv, on_chunk=on_chunk,
                                  memory_budget=memory_budget, output_phase=output_phase, seed=seed)
     chunk = triplets_per_chunk(model, chunk, memory_budget, steps)
-    parts: dict[str, list[torch.Tensor]] = {}
+    parts, keep = _accumulator()
     nonfinite: list[torch.Tensor] = []
-
-    def keep(name: str, value: torch.Tensor) -> None:
-        parts.setdefault(name, []).append(value.detach().to("cpu", torch.float64))
-
-    for start in range(0, len(probes), chunk):
-        tokens = probes.tokens[start:start + chunk]
-        n = tokens.shape[0]
-        inputs = _probe_inputs(tokens, probes.length, output_phase).to(device)
+    for n, inputs in _chunks(probes, chunk, output_phase, device):
         res = state_jacobian(model, inputs, position, method=method, chunk=3 * n)
         jac = res.jac.reshape(n, 3, *res.jac.shape[1:])  # (n, 3, D_out, D)
         out = res.output.reshape(n, 3, -1)  # (n, 3, D_out)
@@ -215,10 +209,15 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
         if on_chunk is not None:
             on_chunk(n)
     cat = {name: torch.cat(values, dim=1) for name, values in parts.items()}
-    scores = {kind: cat.pop(f"score_{kind}") for kind in SCORES}
-    sv = cat.pop("singular_values")
-    wr, wi = cat.pop("wirtinger_real", None), cat.pop("wirtinger_imag", None)
+    scores, sv, wr, wi = _split(cat)
     return StabilityResult(scores, cat, sv, wr, wi, torch.cat(nonfinite, dim=1))
+
+
+def _chunks(probes: Probes, chunk: int, output_phase: int | None, device: torch.device):  # noqa: ANN202 - a generator
+    """(n, sequences (3n, T) on ``device``) for each run of up to ``chunk`` triplets, the output phase appended."""
+    for start in range(0, len(probes), chunk):
+        tokens = probes.tokens[start:start + chunk]  # (n, 3, L)
+        yield tokens.shape[0], _probe_inputs(tokens, probes.length, output_phase).to(device)
 
 
 def _probe_inputs(tokens: torch.Tensor, length: int, output_phase: int | None) -> torch.Tensor:
@@ -227,6 +226,23 @@ def _probe_inputs(tokens: torch.Tensor, length: int, output_phase: int | None) -
     if output_phase is not None:
         inputs = torch.cat([inputs, torch.full((inputs.shape[0], length), int(output_phase))], dim=1)
     return inputs
+
+
+def _accumulator() -> tuple[dict[str, list[torch.Tensor]], Callable[[str, torch.Tensor], None]]:
+    """Per-chunk values by name, kept in float64 on the CPU (joined along the triplet axis at the end)."""
+    parts: dict[str, list[torch.Tensor]] = {}
+
+    def keep(name: str, value: torch.Tensor) -> None:
+        parts.setdefault(name, []).append(value.detach().to("cpu", torch.float64))
+
+    return parts, keep
+
+
+def _split(cat: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None,
+                                                  torch.Tensor | None]:
+    """Take the scores, singular values and Wirtinger parts out of the joined values; the rest stay in ``cat``."""
+    scores = {kind: cat.pop(f"score_{kind}") for kind in SCORES}
+    return scores, cat.pop("singular_values"), cat.pop("wirtinger_real", None), cat.pop("wirtinger_imag", None)
 
 
 def _sketch_stability(model: nn.Module, probes: Probes, position: int, plan: StabilityPlan, *, chunk: int,
@@ -243,16 +259,9 @@ def _sketch_stability(model: nn.Module, probes: Probes, position: int, plan: Sta
     chunk = max(1, min(chunk, memory_budget // max(per_triplet, 1)))
     k = min(top_sv, H, D)
     gen = torch.Generator().manual_seed(seed)
-    parts: dict[str, list[torch.Tensor]] = {}
+    parts, keep = _accumulator()
     nonfinite: list[torch.Tensor] = []
-
-    def keep(name: str, value: torch.Tensor) -> None:
-        parts.setdefault(name, []).append(value.detach().to("cpu", torch.float64))
-
-    for start in range(0, len(probes), chunk):
-        tokens = probes.tokens[start:start + chunk]
-        n = tokens.shape[0]
-        inputs = _probe_inputs(tokens, probes.length, output_phase).to(device)
+    for n, inputs in _chunks(probes, chunk, output_phase, device):
         S = sketch_tangents(n, plan.units, D, complex_pairs=complex_pairs, generator=gen, dtype=param.dtype)
         V = S.to(device)[:, None].expand(-1, 3, -1, -1).reshape(3 * n, plan.columns, D)  # one S per triplet
         y, P = jvp_products(model, inputs, position, V, chunk=3 * n)  # (3n, H), (3n, H, m)
@@ -274,9 +283,7 @@ def _sketch_stability(model: nn.Module, probes: Probes, position: int, plan: Sta
             value, se = est[name]
             keep(name, value.T)
             keep(f"se_{name}", se.T)
-        dots = (ya * yb).sum(-1)
-        norms = torch.linalg.vector_norm(ya, dim=-1) * torch.linalg.vector_norm(yb, dim=-1)
-        keep("forward_sim", torch.where(norms > 0, dots / norms.where(norms > 0, 1.0), float("nan")).T)
+        keep("forward_sim", forward_similarity(ya, yb).T)
         keep("singular_values", torch.full((3, n, k), float("nan"), dtype=torch.float64))
         if complex_pairs:
             for name in ("wirtinger_real", "wirtinger_imag"):
@@ -286,10 +293,8 @@ def _sketch_stability(model: nn.Module, probes: Probes, position: int, plan: Sta
         if on_chunk is not None:
             on_chunk(n)
     cat = {name: torch.cat(values, dim=1) for name, values in parts.items()}
-    scores = {kind: cat.pop(f"score_{kind}") for kind in SCORES}
     errors = {name: cat.pop(name) for name in list(cat) if name.startswith("se_")}
-    sv = cat.pop("singular_values")
-    wr, wi = cat.pop("wirtinger_real", None), cat.pop("wirtinger_imag", None)
+    scores, sv, wr, wi = _split(cat)
     bad = torch.cat(nonfinite, dim=1)
     bad_pairs = bad[:1] | bad[1:]  # (2, n): a pair with a non-finite member
     for table in (scores, cat, errors):
