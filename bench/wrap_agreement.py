@@ -19,8 +19,7 @@ import types
 import torch
 import transformers
 
-import gradscope
-from gradscope.models.adapters.base import check_against_library, hf_forward
+from gradscope.models.adapters.base import check_against_library
 from gradscope.models.wrap import WrappedModel
 from gradscope.models.adapters import hf_mamba
 

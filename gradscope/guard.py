@@ -193,3 +193,11 @@ def warn_nonfinite(module: Any, what: str) -> list[tuple[str, int, int]]:
         warnings.warn(NonFiniteWeightsWarning(f"{what}: NaN or Inf weights in {len(bad)} tensor(s): {named}; every "
                                               f"number computed from this model is suspect"), stacklevel=2)
     return bad
+
+
+def same_nonfinite(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` (one shape) hold NaN in the same places and the same ±Inf in the same places:
+    two computations of a broken model's outputs that agree wherever they can."""
+    inf = torch.isinf(a)
+    return bool(torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(inf, torch.isinf(b))
+                and torch.equal(a[inf], b[inf]))

@@ -310,7 +310,7 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
                 continue
             J = step_jacobian(core, x[:, t], prev[:, t], t)
             if not structure.is_dense:  # block-triangular: the eigenvalues are the blocks' (no D × D eig)
-                radius[:, t] = _magnitudes(structure, diagonal_blocks(core, x[:, t], prev[:, t], t)).amax(dim=-1)
+                radius[:, t] = _radius_from_blocks(core, structure, x[:, t], prev[:, t], t)
                 singular[:, t] = finite_only(torch.linalg.svdvals, J)[:, :k]
                 continue
             radius[:, t] = finite_only(lambda j: torch.linalg.eigvals(j).abs().amax(dim=-1), J)
@@ -323,8 +323,12 @@ def block_radius(core: nn.Module, x: Tensor, prev: Tensor) -> Tensor:
     only (the eigenvalues of a block-triangular matrix are its diagonal blocks'): x (B, T, in), prev
     (B, T, D) the states before each step."""
     structure = structure_of(core)
-    return torch.stack([_magnitudes(structure, diagonal_blocks(core, x[:, t], prev[:, t], t)).amax(dim=-1)
-                        for t in range(x.shape[1])], dim=1)
+    return torch.stack([_radius_from_blocks(core, structure, x[:, t], prev[:, t], t) for t in range(x.shape[1])], dim=1)
+
+
+def _radius_from_blocks(core: nn.Module, structure: JacobianStructure, x_t: Tensor, prev_t: Tensor, t: int) -> Tensor:
+    """ρ(J_t) (B,) of a (block-)triangular J_t: the largest eigenvalue magnitude of its diagonal blocks."""
+    return _magnitudes(structure, diagonal_blocks(core, x_t, prev_t, t)).amax(dim=-1)
 
 
 # Lyapunov spectra: gradscope.analysis.lyapunov (dense, partial and structured engines), re-exported here

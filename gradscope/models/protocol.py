@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.func import vjp, vmap
 
 from gradscope.errors import GradscopeError
+from gradscope.guard import same_nonfinite
 from gradscope.models.core import initial_state, step_at
 
 
@@ -40,8 +41,7 @@ def _relative(a: Tensor, b: Tensor) -> float:
     a, b = a.detach(), b.detach()
     finite = torch.isfinite(a)
     if not bool(finite.all()) or not bool(torch.isfinite(b).all()):
-        if not (torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(finite, torch.isfinite(b))
-                and torch.equal(a[~finite & ~torch.isnan(a)], b[~finite & ~torch.isnan(a)])):
+        if not same_nonfinite(a, b):
             return math.inf
         a, b = a[finite], b[finite]
         if a.numel() == 0:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import warn_nonfinite
+from gradscope.guard import same_nonfinite, warn_nonfinite
 from gradscope.models.adapters import adapter_for
 from gradscope.models.adapters.base import agreement_tolerance, check_against_library
 from gradscope.models.core import scan
@@ -116,7 +116,7 @@ def _check_agreement(core: RNNCore, tolerance: float, seed: int) -> None:
         functional, _ = scan(core, x)
     finite = torch.isfinite(fused)
     if not bool(finite.all()):  # NaN/Inf weights (named in a warning before): the same places, the finite rest compared
-        check(torch.equal(finite, torch.isfinite(functional)) and torch.equal(torch.isnan(fused), torch.isnan(functional)),
+        check(same_nonfinite(fused, functional),
               f"rnn: its fused forward and gradscope's functional {core.name} cell give NaN or Inf in different "
               f"places; the module is not a standard {type(core.rnn).__name__}")
         fused, functional = fused[finite], functional[finite]

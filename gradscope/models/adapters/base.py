@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import GradscopeError, check
+from gradscope.guard import same_nonfinite
 from gradscope.models.core import Core
 from gradscope.models.structure import JacobianStructure, StateBlock
 
@@ -193,9 +194,7 @@ def check_against_library(wrapped: Callable[[Tensor], Tensor], library_forward: 
     theirs = theirs.to(ours.dtype)
     finite = torch.isfinite(theirs)
     if not bool(finite.all()):  # a broken model's (NaN/Inf weights, named in a warning before): the same pattern
-        same = torch.equal(torch.isnan(ours), torch.isnan(theirs)) and torch.equal(ours[~finite & ~torch.isnan(theirs)],
-                                                                                    theirs[~finite & ~torch.isnan(theirs)])
-        check(same, f"model: gradscope's {what} adapter and the library's own forward give NaN or Inf in different "
+        check(same_nonfinite(ours, theirs), f"model: gradscope's {what} adapter and the library's own forward give NaN or Inf in different "
                     f"places on a small batch; this model is not the architecture the adapter knows")
         ours, theirs = ours[finite], theirs[finite]
         if theirs.numel() == 0:
