@@ -83,3 +83,38 @@ def test_a_block_triangular_sample_is_estimated_matrix_free_with_error_bars_stor
     assert not any(run.nonfinite.values())
     upper = np.triu(np.ones(ds.sizes["t"], dtype=bool), k=1)
     assert (ds["tT_grid_se"].values[0, 0][upper] > 0).all()
+
+
+def test_flow_of_a_real_size_structure_is_estimated_from_vjps_and_stores_its_error(tmp_path) -> None:
+    """At mamba-130m's size the exact flow carries all H = 768 output rows through every step (hours); the
+    plan estimates it from probe rows instead, within the memory of a laptop, and the store keeps the
+    standard error beside each value (and no spectral norm, which is not estimated)."""
+    from gradscope.store.io import write_store
+    from gradscope.workflows.dynamics import run_model_dynamics
+
+    structure = _mamba130m()
+    D = structure.state_dim
+    shape = CoreShape(D, 768, 768, 1, structure, 2.0 * 130e6, False, 221, 129_000_000)
+    plan = plan_dynamics(DynamicsOptions(parts="flow", budget_seconds=3600), 1, 256, D, 768, structure, 1, shape=shape)
+    assert plan.methods == {"flow": "estimate"} and "flow_fro_se" in plan.describe()
+    assert plan_bytes(plan, 1, 256, shape) < 2 * 2**30  # probes × D and a state tape, never 768 × D per step
+
+    from cores import tiny_model
+
+    model = tiny_model("gru", 12, 4, 24)  # H = 24 > 16 probes
+    tokens = torch.randint(0, 12, (2, 12), generator=torch.Generator().manual_seed(0))
+    exact = run_model_dynamics(model, tokens, DynamicsOptions(parts="flow", sequences=2))
+    assert exact.plan.methods == {"flow": "exact"}  # exact wherever it fits: stored numbers unchanged
+    import gradscope.workflows.dynamics as wd
+    est = wd.analyse_model(model, tokens, None, DynamicsOptions(parts="flow", sequences=2), methods={"flow": "estimate"})[0]
+    fro, se = est["flow_fro"], est["flow_fro_se"]
+    assert "flow_spectral" not in est and (se[:, :-1] > 0).all()
+    want = exact.results[0].parts["flow_fro"]
+    assert np.mean(np.abs(fro - want)[:, :-1] <= 3 * se[:, :-1]) > 0.9
+    run = wd.DynamicsRun(**{**exact.__dict__, "results": [wd.DynamicsResult(Path("x"), 0, "r", est)]})
+    write_store(run.to_xarray(), tmp_path / "d.zarr")
+    from typer.testing import CliRunner
+
+    from gradscope.cli.app import app
+    out = CliRunner().invoke(app, ["report", str(tmp_path / "d.zarr"), "-o", str(tmp_path / "r.html")])
+    assert out.exit_code == 0, out.output

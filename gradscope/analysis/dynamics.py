@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from gradscope.analysis.jacobian import rows_vjp, state_readout
 from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum  # noqa: F401 - re-exported
 from gradscope.analysis.scores import finite_only
+from gradscope.analysis.tape import StateTape, state_at
 from gradscope.errors import GradscopeError, check
 from gradscope.models.core import diagonal_blocks, gate_terms, initial_state, scan, step_at, step_jacobian
 from gradscope.models.structure import JacobianStructure, structure_of
@@ -151,7 +152,7 @@ def gradient_flow(model: nn.Module, tokens: Tensor, T: int | None = None, *, met
 
 def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor]:
     B, T, _ = x.shape
-    prev = previous_states(core, x)  # (B, T, D): z_{t−1} for step t = index t−1
+    prev = StateTape(core, x)  # z_{t−1} for step t = index t−1; segments recomputed for long runs
     eye = torch.eye(core.out_dim, dtype=x.dtype, device=x.device).expand(B, -1, -1)
     fro = x.new_full((B, T), math.nan)
     spectral = x.new_full((B, T), math.nan)
@@ -160,13 +161,13 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
         fro[:, k - 1] = torch.linalg.matrix_norm(G)
         spectral[:, k - 1] = _spectral_norm(G)
 
-    z_T = step_at(core, x[:, T - 1], prev[:, T - 1], T - 1)[1]
+    z_T = step_at(core, x[:, T - 1], prev[T - 1], T - 1)[1]
     try:
         G = rows_vjp(lambda z: state_readout(core, x[:, T - 1], z), z_T, eye)  # ∂y_T/∂z_T
     except GradscopeError:  # no readout: g(T) stays NaN, start one step earlier
         if T == 1:
             return fro, spectral
-        G = rows_vjp(lambda z: step_at(core, x[:, T - 1], z, T - 1)[0], prev[:, T - 1], eye)
+        G = rows_vjp(lambda z: step_at(core, x[:, T - 1], z, T - 1)[0], prev[T - 1], eye)
         first = T - 1
     else:
         record(T, G)
@@ -176,11 +177,11 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
     form = diagonal_form(core)
     for k in range(first - 1, 0, -1):  # G ← G · J_{k+1}: step k+1 reads x[:, k] at z_k = prev[:, k]
         if method == "structured":  # (block-)diagonal J_{k+1}: O(H·D)
-            G = _diag_right(form, G, diagonal_blocks(core, x[:, k], prev[:, k], k)[0])
+            G = _diag_right(form, G, diagonal_blocks(core, x[:, k], prev[k], k)[0])
         elif method == "jacobian":
-            G = torch.bmm(G, step_jacobian(core, x[:, k], prev[:, k], k))
+            G = torch.bmm(G, step_jacobian(core, x[:, k], prev[k], k))
         else:
-            G = rows_vjp(lambda z: step_at(core, x[:, k], z, k)[1], prev[:, k], G)
+            G = rows_vjp(lambda z: step_at(core, x[:, k], z, k)[1], prev[k], G)
         record(k, G)
     return fro, spectral
 
@@ -318,12 +319,13 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
     return {"radius": radius, "singular_values": singular}
 
 
-def block_radius(core: nn.Module, x: Tensor, prev: Tensor) -> Tensor:
+def block_radius(core: nn.Module, x: Tensor, prev: Tensor | StateTape) -> Tensor:
     """ρ(J_t) (B, T) of a core with a declared (block-)triangular structure, from its diagonal blocks
     only (the eigenvalues of a block-triangular matrix are its diagonal blocks'): x (B, T, in), prev
-    (B, T, D) the states before each step."""
+    (B, T, D) the states before each step, or a :class:`~gradscope.analysis.tape.StateTape`."""
     structure = structure_of(core)
-    return torch.stack([_radius_from_blocks(core, structure, x[:, t], prev[:, t], t) for t in range(x.shape[1])], dim=1)
+    return torch.stack([_radius_from_blocks(core, structure, x[:, t], state_at(prev, t), t) for t in range(x.shape[1])],
+                       dim=1)
 
 
 def _radius_from_blocks(core: nn.Module, structure: JacobianStructure, x_t: Tensor, prev_t: Tensor, t: int) -> Tensor:

@@ -38,6 +38,7 @@ from gradscope.guard import check_bytes, check_ids, check_tensor
 from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.analysis import estimators as est
 from gradscope.analysis.estimators import ITERATIONS, PROBES
+from gradscope.analysis.tape import StateTape
 from gradscope.workflows.dynamics_cost import CoreShape, estimator_seconds, part_bytes, part_seconds
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
@@ -61,7 +62,9 @@ OWNERS = {"flow": ("sequences",), "grid": ("grid_sequences",), "spectra": ("sequ
           "lyapunov": ("trajectories", "steps")}
 FLAGS = {"sequences": "--sequences", "grid_sequences": "--grid-sequences", "trajectories": "--trajectories",
          "steps": "--steps"}
-ESTIMATES = {"grid": f"grid by Hutchinson ({PROBES} probes, standard error in tT_grid_se)",
+ESTIMATES = {"flow": f"‖∂y_T/∂z_k‖_F by Hutchinson ({PROBES} probes, standard error in flow_fro_se; the spectral norm "
+                     f"is not estimated)",
+             "grid": f"grid by Hutchinson ({PROBES} probes, standard error in tT_grid_se)",
              "spectra": f"top singular values by subspace iteration ({ITERATIONS} iterations, Ritz bound in step_sv_bound)",
              "gates": f"‖J_t‖_F by Hutchinson ({PROBES} probes, standard error in gate_norm_se)"}
 DEFAULT_BUDGET = 60.0  # seconds for the whole command, all parts and checkpoints (600 per part before #37)
@@ -143,7 +146,7 @@ def core_shape(core: nn.Module, width: int) -> CoreShape:
     params = sum(p.numel() for p in core.parameters())
     return CoreShape(core.state_dim, core.out_dim, width, len(getattr(core, "gate_names", ("step",))),
                      structure_of(core), 2.0 * params + 20.0 * core.state_dim, analytic_jacobian(core),
-                     sum(1 for _ in core.modules()))
+                     sum(1 for _ in core.modules()), params)
 
 
 @dataclass(frozen=True)
@@ -433,15 +436,18 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
     names: tuple[str, ...] = ()
     lyap_steps = None
     with torch.no_grad():
-        if "flow" in opts.parts:
-            fro, spectral = dyn.gradient_flow(model, probes_inputs)
-            parts["flow_fro"], parts["flow_spectral"] = cpu(fro), cpu(spectral)
         if any(methods.get(p) == "estimate" for p in opts.parts):
             x = model.core_inputs(probes_inputs)
-            prev = dyn.previous_states(core, x)
+            prev = StateTape(core, x)  # never T × D for long runs: segments recomputed from checkpoints
+        if "flow" in opts.parts and methods.get("flow") == "estimate":
+            fro, se = est.flow_hutchinson(core, x, prev, generator=gen)
+            parts["flow_fro"], parts["flow_fro_se"] = cpu(fro), cpu(se)
+        elif "flow" in opts.parts:
+            fro, spectral = dyn.gradient_flow(model, probes_inputs)
+            parts["flow_fro"], parts["flow_spectral"] = cpu(fro), cpu(spectral)
         if "grid" in opts.parts and methods.get("grid") == "estimate":
             g = opts.grid_sequences
-            grid, se = est.grid_hutchinson(core, x[:g], prev[:g], generator=gen)
+            grid, se = est.grid_hutchinson(core, x[:g], StateTape(core, x[:g]), generator=gen)
             parts["grid"], parts["grid_se"] = cpu(grid), cpu(se)
         elif "grid" in opts.parts:
             grid = dyn.tT_grid(model, probes_inputs[:opts.grid_sequences])

@@ -13,8 +13,10 @@ compares the estimate with the measured time on every shipped sample (within 3×
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from gradscope.analysis.tape import KEEP_BYTES
 from gradscope.models.structure import JacobianStructure
 
 MATMUL32 = 1.0e-11  # s per float32 BLAS-3 flop (≈ 100 GFLOP/s, one thread)
@@ -23,7 +25,17 @@ ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t,
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
 MODULE_CALL = 3.5e-5  # s per submodule of the core per step call (Python dispatch: 1.1 ms for a 2-layer HF Mamba)
-JVP_STEPS = 6.0  # one JVP/VJP column through a step, in step costs (Mamba sample: ~1e-4 s of CPU; the bench)
+# A batched JVP or VJP through one step (torch.func) with c columns costs a fixed part per call (Python
+# dispatch per submodule, and the weights read once: memory-bound at a few columns) plus a part per column
+# (its flops at BLAS rate and its elementwise work on the D state numbers). Fitted 2026-11-25 to calls
+# measured on this CPU, one thread, from the Mamba sample (D = 1,536) to transformers Mamba at mamba-130m's
+# size (D = 700,416, 129 M parameters: VJP 0.097 s for 1 row, 0.34 s for 8; JVP 0.19 s / 0.33 s) and RWKV at
+# 169m's (D = 46,080): python bench/realsize.py --products prints them.
+JVP_MODULE, VJP_MODULE = 2.5e-4, 6e-5  # s per submodule of the core, per call
+JVP_WEIGHT, VJP_WEIGHT = 9e-10, 4e-10  # s per parameter, per call
+JVP_COLUMN = (6.5e-11, 6e-9, 1e-5)  # s per (step flop, state number, column) of each column
+VJP_COLUMN = (2e-11, 4e-8, 1e-4)
+VJP_CHUNK = 6_000_000  # gradscope.analysis.estimators.CHUNK_NUMBERS: a VJP call takes at most this many numbers
 
 
 def eig_seconds(d: int) -> float:
@@ -60,11 +72,24 @@ class CoreShape:
     step_flops: float
     analytic: bool
     modules: int = 1  # submodules of the core: a step call's Python overhead grows with them
+    params: int = 0  # the core's parameters (0: step_flops / 2)
 
     @property
     def overhead(self) -> float:
         """Seconds of Python dispatch of one (batched) step call, whatever the batch."""
         return MODULE_CALL * self.modules
+
+    def products_seconds(self, kind: str, calls: int, columns: int) -> float:
+        """``calls`` batched JVPs (kind "jvp") or VJPs ("vjp") through the step, ``columns`` columns (rows)
+        each, all sequences of the batch together."""
+        params = self.params or self.step_flops / 2
+        if kind == "jvp":
+            fixed, (flop, elem, col) = JVP_MODULE * self.modules + JVP_WEIGHT * params, JVP_COLUMN
+            chunks = 1
+        else:
+            fixed, (flop, elem, col) = VJP_MODULE * self.modules + VJP_WEIGHT * params, VJP_COLUMN
+            chunks = -(-columns * self.D // VJP_CHUNK)
+        return calls * (max(1, chunks) * fixed + columns * (flop * self.step_flops + elem * self.D + col))
 
     def form_seconds(self) -> float:
         """Forming one J_t (D × D) for one sequence: analytic O(D²), else D reverse passes of a step."""
@@ -105,21 +130,26 @@ def part_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: i
 def estimator_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, probes: int,
                       iterations: int) -> dict[str, float]:
     """Seconds of the matrix-free estimators (:mod:`gradscope.analysis.estimators`) for one checkpoint,
-    for the parts that have one on this core: JVPs and VJPs through the step (~3 step costs each)."""
+    for the parts that have one on this core: JVPs and VJPs through the step (:meth:`CoreShape.products_seconds`)."""
     if shape.structure.is_diagonal:
         return {}
     s = shape.structure
     scan = n * T * shape.step_flops * STEP_FLOP + T * (CALL + shape.overhead)
-    jvp = JVP_STEPS * shape.step_flops * STEP_FLOP
     g = min(grid_sequences, n)
-    out = {"grid": scan + g * T * T / 2 * probes * (jvp + ELEMENT * shape.D) + T * (8 * CALL + 3 * shape.overhead)}
+    # grid: at step `end` one JVP of every running start's probes (g · probes · (end − 1) columns)
+    grid_products = sum(shape.products_seconds("jvp", 1, g * probes * (end - 1)) for end in range(2, T + 1))
+    out = {"grid": scan + grid_products + g * T * T / 2 * probes * ELEMENT * shape.D + T * 8 * CALL,
+           # flow: one reverse chain of n · probes rows; the state tape scans once more for long runs
+           "flow": 2 * scan + shape.products_seconds("vjp", T, n * min(probes, shape.H)) + n * T * probes * ELEMENT * shape.D
+           + T * 6 * CALL}
     if not s.is_dense:  # the radius from the blocks, exactly; the singular values by subspace iteration
         width = min(shape.D, sv + 8)
         eig = sum(eig_seconds(b.width) if b.form == "dense" else ELEMENT * 4 * b.width for b in s.blocks)
-        out["spectra"] = scan + n * T * ((iterations + 1) * width * 2 * jvp + eig + shape.blocks_seconds()) \
-            + T * (iterations + 1) * (6 * CALL + 6 * shape.overhead)
+        out["spectra"] = scan + (iterations + 1) * (shape.products_seconds("jvp", T, n * width)
+                                                    + shape.products_seconds("vjp", T, n * width)) \
+            + n * T * (eig + shape.blocks_seconds()) + T * (iterations + 1) * 6 * CALL
     if shape.gates == 1 and not shape.analytic:  # the one term J_t: Hutchinson
-        out["gates"] = scan + n * T * probes * jvp + T * (4 * CALL + 3 * shape.overhead)
+        out["gates"] = scan + shape.products_seconds("jvp", T, n * probes) + T * 4 * CALL
     return out
 
 
@@ -168,6 +198,8 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
             "gates": n * (T * (shape.gates + D) + 2 * shape.gates * square),
             "lyapunov": m * (S * (shape.width + 2) + 2 * lyap_square + 4 * frame + (S // 10 + 12) * e)}
     estimated = methods or {}
+    if estimated.get("flow") == "estimate":  # probes rows, a few copies, and the tape's states
+        work["flow"] = n * 4 * probes * D + min(n * T * D, TAPE_NUMBERS + n * 2 * (math.isqrt(T) + 1) * D)
     if estimated.get("grid") == "estimate":  # the pushed probe vectors, T × probes × D a sequence
         work["grid"] = g * T * (T + (probes + 2) * D)
     if estimated.get("spectra") == "estimate":  # subspace blocks of k + 8 vectors, a few copies
@@ -178,5 +210,7 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
             "lyapunov": m * (2 * S // 10 + 8) * e}
     return {p: 8 * (2 * n * T + work[p]) for p in work}, {p: 8 * kept[p] for p in kept}
 
+
+TAPE_NUMBERS = KEEP_BYTES // 4  # a state tape keeps every state below this many float32 numbers
 
 PROCESS_BYTES = 400 * 2**20  # the interpreter with torch, xarray and zarr loaded (measured maxrss: ~350 MB)
