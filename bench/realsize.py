@@ -11,9 +11,9 @@ Table 2 (``--realsize``): transformers Mamba with mamba-130m's configuration (24
 D = 700,416) and RWKV with RWKV-4-169m's (12 layers, D = 46,080), built from their configs (random
 init, seed 0, nothing downloaded), wrapped with ``gradscope.wrap``, beside the same architectures at
 the tests' tiny sizes (2 layers, width 16/32). Per model, in a subprocess each: ``dynamics`` with
-defaults (8 probe sequences of 32 tokens), ``--parts flow`` on 256-token sequences, ``--parts lyapunov``
-over 1,000 steps (one trajectory), and a ``stability`` hook (``STABILITY``: None until issue #37's
-stability side is merged; then the command it runs). Items that pass ``--timeout`` are killed and
+defaults (8 probe sequences of 32 tokens), ``--parts flow`` on 256-token sequences (estimated matrix-free
+at real size), ``--parts lyapunov`` over 1,000 steps (one trajectory), and ``gradscope stability DIR --model
+hf --length 32 --triplets 64`` on the model saved with save_pretrained (bench/stability_realsize.py). Items that pass ``--timeout`` are killed and
 printed as such. The machine's load (``os.getloadavg``) is printed beside each figure: the machine is
 shared, so relative figures from one run are fairer than absolute ones.
 
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STABILITY = None  # the other half of issue #37 part 1: set to a callable(model, tokens) once merged
+STABILITY_TRIPLETS = 64  # --triplets of the stability item (per condition; 4 conditions)
 
 
 def _child_sample(directory: str) -> dict:
@@ -110,10 +110,8 @@ def _child_realsize(kind: str, size: str, item: str) -> dict:
         traj = torch.randint(0, vocab, (1, 1000), generator=gen)
         run_model_dynamics(model, tokens, DynamicsOptions(parts="lyapunov", budget_seconds=3600),
                            trajectory_tokens=traj, on_plan=plans.append)
-    elif item == "stability" and STABILITY is not None:
-        STABILITY(model, torch.randint(0, vocab, (64, 32), generator=gen))
     else:
-        return {"skipped": "stability side of #37 not merged"}
+        return {"skipped": f"unknown item {item}"}
     wall = time.perf_counter() - start
     plan = plans[0] if plans else None
     return {"wall_s": wall, "estimate_s": sum(plan.seconds.values()) if plan else float("nan"),
@@ -149,6 +147,21 @@ def spawn(args: list[str], timeout: float, threads: int) -> dict:
     return out
 
 
+def stability_item(kind: str, size: str, timeout: float, triplets: int) -> dict:
+    """``gradscope stability DIR --model hf --token-counts C --length 32 --triplets N`` in a subprocess
+    (:func:`stability_realsize.measure_stability`), as a row of table 2."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from stability_realsize import measure_stability
+
+    name = {"mamba": "mamba-130m", "rwkv": "rwkv-169m"}[kind] if size == "real" else f"{kind}-tiny"
+    with tempfile.TemporaryDirectory() as tmp:
+        r = measure_stability(name, Path(tmp), triplets=triplets, timeout=timeout, extra=("--budget-seconds", "86400"))
+    if r["rc"] != 0:
+        return {"error": f"exit {r['rc']}: {r['tail'][-160:]}", "load": r["load"][0], "maxrss_bytes": r["peak_gb"] * 1e9}
+    return {"wall_s": r["seconds"], "estimate_s": r["estimate_s"], "parts": f"stability ×{triplets}: {r['plan'][11:90]}",
+            "D": r["D"], "cpu_s": r["cpu_s"], "maxrss_bytes": r["peak_gb"] * 1e9, "load": r["load"][0]}
+
+
 def gb(x: float) -> str:
     return f"{x / 2**30:.2f}"
 
@@ -159,6 +172,9 @@ def main() -> None:
     parser.add_argument("--realsize", action="store_true", help="also the real-size library models (table 2)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before an item is killed")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--sizes", default="tiny,real", help="table 2's sizes: tiny, real or both")
+    parser.add_argument("--kinds", default="mamba,rwkv", help="table 2's models")
+    parser.add_argument("--triplets", type=int, default=STABILITY_TRIPLETS, help="--triplets of the stability item")
     parser.add_argument("--calibrate", action="store_true", help="print the cost model's primitive rates")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -184,10 +200,13 @@ def main() -> None:
     if args.realsize:
         print("\n| model | size | D | item | plan parts | est. s | wall s | CPU s | peak GB | load |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        for kind in ("mamba", "rwkv"):
-            for size in ("tiny", "real"):
+        for kind in args.kinds.split(","):
+            for size in args.sizes.split(","):
                 for item in ("defaults", "flow256", "lyapunov1000", "stability"):
-                    r = spawn(["realsize", kind, size, item], args.timeout, args.threads)
+                    if item == "stability":  # the CLI on a save_pretrained directory (bench/stability_realsize.py)
+                        r = stability_item(kind, size, args.timeout, args.triplets)
+                    else:
+                        r = spawn(["realsize", kind, size, item], args.timeout, args.threads)
                     if "error" in r or "skipped" in r:
                         print(f"| {kind} | {size} | | {item} | {r.get('error') or r.get('skipped')} | | | | "
                               f"{gb(r.get('maxrss_bytes', 0))} | {r['load']:.1f} |", flush=True)

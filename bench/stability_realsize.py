@@ -57,7 +57,7 @@ def save_model(name: str, directory: Path, seed: int = 0) -> tuple[Path, Path]:
 
 
 def measure_stability(name: str, directory: Path, *, triplets: int = 64, length: int = 32,
-                      extra: tuple[str, ...] = ()) -> dict[str, object]:
+                      extra: tuple[str, ...] = (), timeout: float | None = None) -> dict[str, object]:
     """Run ``gradscope stability`` on model ``name`` (a key of CONFIGS) saved under ``directory``: its
     wall time (s), peak memory (GB), exit status, plan line and the load average before and after."""
     model, counts = save_model(name, directory)
@@ -68,11 +68,30 @@ def measure_stability(name: str, directory: Path, *, triplets: int = 64, length:
            *extra]
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    except subprocess.TimeoutExpired as err:
+        out = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        plan = next((line for line in out.splitlines() if line.startswith("stability:")), "")
+        return {"model": name, "seconds": time.perf_counter() - start, "peak_gb": float("nan"), "rc": 124,
+                "plan": plan, "load": (load, os.getloadavg()[0]), "tail": f"killed after {timeout:g} s; {plan}"}
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9  # the largest child so far
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak = usage.ru_maxrss * 1024 / 1e9  # the largest child so far
     plan = next((line for line in proc.stdout.splitlines() if line.startswith("stability:")), "")
+    estimate = float("nan")
+    if "~" in plan:
+        try:
+            estimate = float(plan.split("~", 1)[1].split(" s", 1)[0].replace(",", ""))
+        except ValueError:
+            pass
+    import xarray as xr
+
+    D = xr.open_zarr(store).attrs.get("state_dim", 0) if proc.returncode == 0 and store.exists() else 0
     return {"model": name, "seconds": wall, "peak_gb": peak, "rc": proc.returncode, "plan": plan,
+            "estimate_s": estimate, "D": D, "cpu_s": usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime,
             "load": (load, os.getloadavg()[0]), "tail": (proc.stdout + proc.stderr)[-600:]}
 
 

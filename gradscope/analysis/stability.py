@@ -13,7 +13,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from gradscope.analysis.cost import MODULE_CALL, ROW_VJP, VJP_MODULE, products_seconds
 from gradscope.analysis.jacobian import jvp_products, state_jacobian
+from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.analysis.scores import (SCORES, companion_stats, finite_matrices, forward_similarity, svd_or_nan,
                                        wirtinger)
 from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tangents
@@ -26,6 +28,7 @@ ESTIMATORS = ("auto", "exact", "sketch")
 # The rate every time estimate assumes: what a laptop CPU core pair sustains on float64 BLAS-3, as the
 # dynamics budget (gradscope.workflows.dynamics.NOMINAL_FLOPS); float32 and narrower run at twice it.
 NOMINAL_FLOPS = 2e10
+CHUNK = 32  # triplets at a time (probe_stability's chunk)
 UNITS = (4, 16)  # independent sketch units the auto plan chooses between: the fewest it accepts, the most it uses
 
 
@@ -110,7 +113,8 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     sequences of ``steps`` steps with z_p at ``position``: exact forms J (H × D) per sequence by H
     reverse products through the tail; a sketch runs ``columns`` forward products, never H × D.
     Estimates: flops (:func:`step_flops` per step and per product) at :data:`NOMINAL_FLOPS` (twice it
-    for float32 and narrower); memory for one triplet: J, its products and the scan, 3 · (2H + T) · D
+    for float32 and narrower), plus each step call's dispatch and each product's fixed and per-column
+    cost (:mod:`gradscope.analysis.cost`; chunks of :data:`CHUNK` triplets); memory for one triplet: J, its products and the scan, 3 · (2H + T) · D
     numbers exact, 3 · 8 · columns · D sketched. ``estimator="auto"``: exact when it fits
     ``budget_seconds`` and ``memory_bytes`` (default: the memory budget, :func:`gradscope.guard.memory_budget`),
     else the sketch with the most units in :data:`UNITS` that fits the time budget."""
@@ -123,14 +127,24 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     f = step_flops(core)
     tail = steps - position + 1
     memory = available_budget() if memory_bytes is None else memory_bytes
-    exact_s = sequences * (steps * f + tail * H * f) / rate
+    # Python and dispatch per step call, by chunk of CHUNK triplets: what a small model's time is made of
+    modules = sum(1 for _ in core.modules())
+    batch = min(sequences, 3 * CHUNK)
+    chunks = -(-sequences // batch)
+    scan_s = chunks * steps * modules * MODULE_CALL
+    exact_s = sequences * (steps * f + tail * H * f) / rate + scan_s
+    if not analytic_jacobian(core):  # the reverse chain: a vmapped pullback of the H rows per step
+        exact_s += chunks * tail * (modules * VJP_MODULE + batch * H * ROW_VJP)
     exact_b = 3 * (2 * H + steps) * D * element_size
 
     def columns(u: int) -> int:
         return 2 * u if complex_pairs else u
 
     def sketch(u: int) -> tuple[float, int]:
-        return sequences * (steps * f + tail * columns(u) * f) / rate, 3 * 8 * columns(u) * D * element_size
+        products = products_seconds("jvp", chunks * tail, batch * columns(u), D=D, modules=modules,
+                                    params=weight_count(core), step_flops=0.0)  # the flops are counted at rate
+        return (sequences * (steps * f + tail * columns(u) * f) / rate + scan_s + products,
+                3 * 8 * columns(u) * D * element_size)
 
     def sketched(u: int, why: str) -> StabilityPlan:
         secs, nbytes = sketch(u)
@@ -157,7 +171,7 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
                          f"(budget {budget_seconds:g} s); raise the budget, or use fewer triplets or shorter probes")
 
 
-def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: str = "auto", chunk: int = 32,
+def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: str = "auto", chunk: int = CHUNK,
                     top_sv: int = 64, on_chunk: Callable[[int], None] | None = None,
                     memory_budget: int = 1 << 30, output_phase: int | None | str = "query",
                     plan: StabilityPlan | None = None, seed: int = 0) -> StabilityResult:

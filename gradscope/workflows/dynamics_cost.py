@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gradscope.analysis.cost import MODULE_CALL, products_seconds
 from gradscope.analysis.tape import KEEP_BYTES
 from gradscope.models.structure import JacobianStructure
 
@@ -24,18 +25,6 @@ MATMUL64 = 2.0e-11  # float64
 ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t, norms of stored matrices)
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
-MODULE_CALL = 3.5e-5  # s per submodule of the core per step call (Python dispatch: 1.1 ms for a 2-layer HF Mamba)
-# A batched JVP or VJP through one step (torch.func) with c columns costs a fixed part per call (Python
-# dispatch per submodule, and the weights read once: memory-bound at a few columns) plus a part per column
-# (its flops at BLAS rate and its elementwise work on the D state numbers). Fitted 2026-11-25 to calls
-# measured on this CPU, one thread, from the Mamba sample (D = 1,536) to transformers Mamba at mamba-130m's
-# size (D = 700,416, 129 M parameters: VJP 0.097 s for 1 row, 0.34 s for 8; JVP 0.19 s / 0.33 s) and RWKV at
-# 169m's (D = 46,080): python bench/realsize.py --products prints them.
-JVP_MODULE, VJP_MODULE = 2.5e-4, 6e-5  # s per submodule of the core, per call
-JVP_WEIGHT, VJP_WEIGHT = 9e-10, 4e-10  # s per parameter, per call
-JVP_COLUMN = (6.5e-11, 6e-9, 1e-5)  # s per (step flop, state number, column) of each column
-VJP_COLUMN = (2e-11, 4e-8, 1e-4)
-VJP_CHUNK = 6_000_000  # gradscope.analysis.estimators.CHUNK_NUMBERS: a VJP call takes at most this many numbers
 
 
 def eig_seconds(d: int) -> float:
@@ -81,15 +70,9 @@ class CoreShape:
 
     def products_seconds(self, kind: str, calls: int, columns: int) -> float:
         """``calls`` batched JVPs (kind "jvp") or VJPs ("vjp") through the step, ``columns`` columns (rows)
-        each, all sequences of the batch together."""
-        params = self.params or self.step_flops / 2
-        if kind == "jvp":
-            fixed, (flop, elem, col) = JVP_MODULE * self.modules + JVP_WEIGHT * params, JVP_COLUMN
-            chunks = 1
-        else:
-            fixed, (flop, elem, col) = VJP_MODULE * self.modules + VJP_WEIGHT * params, VJP_COLUMN
-            chunks = -(-columns * self.D // VJP_CHUNK)
-        return calls * (max(1, chunks) * fixed + columns * (flop * self.step_flops + elem * self.D + col))
+        each, all sequences of the batch together (:func:`gradscope.analysis.cost.products_seconds`)."""
+        return products_seconds(kind, calls, columns, D=self.D, modules=self.modules,
+                                params=self.params or self.step_flops / 2, step_flops=self.step_flops)
 
     def form_seconds(self) -> float:
         """Forming one J_t (D × D) for one sequence: analytic O(D²), else D reverse passes of a step."""

@@ -1,0 +1,36 @@
+"""What a Jacobian–vector product through one step costs on this workplace's CPU (issue #37 part 2): the
+constants both plans use (stability's, :func:`gradscope.analysis.stability.plan_stability`, and dynamics',
+:mod:`gradscope.workflows.dynamics_cost`), so one measured rate prices a product wherever it is planned.
+
+A batched JVP or VJP through one step (torch.func) with c columns costs a fixed part per call (Python
+dispatch per submodule of the core, and the weights read once: memory-bound at a few columns) plus a part
+per column (its flops and its elementwise work on the D state numbers). Fitted 2026-11-25 to calls measured
+on this CPU with one thread, from gradscope's Mamba sample (D = 1,536) to transformers Mamba at mamba-130m's
+size (D = 700,416, 129 M parameters: a VJP of 1 row 0.097 s, of 8 rows 0.34 s; a JVP of 1 column 0.19 s, of
+8 columns 0.33 s) and RWKV at 169m's (D = 46,080). ``python bench/realsize.py`` compares the plans built on
+these with measured runs.
+"""
+
+from __future__ import annotations
+
+JVP_MODULE, VJP_MODULE = 2.5e-4, 6e-5  # s per submodule of the core, per call
+JVP_WEIGHT, VJP_WEIGHT = 9e-10, 4e-10  # s per parameter, per call
+JVP_COLUMN = (6.5e-11, 6e-9, 1e-5)  # s per (step flop, state number, column) of each column
+VJP_COLUMN = (2e-11, 4e-8, 1e-4)
+VJP_CHUNK = 6_000_000  # gradscope.analysis.estimators.CHUNK_NUMBERS: a VJP call takes at most this many numbers
+ROW_VJP = 1.2e-5  # s per cotangent row per step of a vmapped pullback (the exact Jacobian's reverse chain)
+MODULE_CALL = 3.5e-5  # s per submodule of the core per step call (Python dispatch: 1.1 ms for a 2-layer HF Mamba)
+
+
+def products_seconds(kind: str, calls: int, columns: int, *, D: int, modules: int, params: float,
+                     step_flops: float) -> float:
+    """``calls`` batched JVPs (kind "jvp") or VJPs ("vjp") through a step with ``columns`` columns (rows)
+    each, every sequence of the batch together: the fixed part per call (per chunk of rows for a VJP)
+    plus the part per column."""
+    if kind == "jvp":
+        fixed, (flop, elem, col) = JVP_MODULE * modules + JVP_WEIGHT * params, JVP_COLUMN
+        chunks = 1
+    else:
+        fixed, (flop, elem, col) = VJP_MODULE * modules + VJP_WEIGHT * params, VJP_COLUMN
+        chunks = -(-columns * D // VJP_CHUNK)
+    return calls * (max(1, chunks) * fixed + columns * (flop * step_flops + elem * D + col))
