@@ -29,6 +29,7 @@ from torch import Tensor
 import gradscope
 from gradscope.analysis.dynamics import gradient_flow
 from gradscope.analysis.lyapunov import lyapunov_spectrum
+from gradscope.models.core import diagonal_blocks, initial_state, step_and_blocks, step_at
 
 Parts = list[Tensor]
 
@@ -179,6 +180,12 @@ def check_lyapunov_sum(fam: Family, model: torch.nn.Module, tokens: Tensor, warm
     core = model.core
     with torch.no_grad():
         x = model.core_inputs(tokens)
+        z = initial_state(core, x.shape[0], x)
+        for t in range(x.shape[1]):  # the engine's one-pass step and blocks = step and diagonal_blocks, bit for bit
+            new, blocks = step_and_blocks(core, x[:, t], z, t)
+            assert torch.equal(new, step_at(core, x[:, t], z, t)[1])
+            assert all(torch.equal(a, b) for a, b in zip(blocks, diagonal_blocks(core, x[:, t], z, t), strict=True))
+            z = new
     res = lyapunov_spectrum(core, x, warmup=warmup, sum_check=True)
     assert warmup >= 1
     J, logdet = library_step_jacobians(fam, tokens)

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.core import Core, diagonal_blocks, initial_state, step_at, step_jacobian
+from gradscope.models.core import Core, diagonal_blocks, initial_state, step_and_blocks, step_at, step_jacobian
 from gradscope.models.structure import JacobianStructure, structure_of
 
 ENGINES = ("auto", "dense", "structured")
@@ -367,7 +367,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
 
     for end in _blocks(T, warmup, reorth):
         for t in range(start, end):
-            diag = diagonal_blocks(core, x[:, t], z, t)
+            z_next, diag = step_and_blocks(core, x[:, t], z, t)  # one pass where the core offers it
             counted_step = t >= warmup
             for i, (blk, d) in enumerate(zip(structure.blocks, diag)):
                 if blk.form in ("diagonal", "complex_diagonal"):
@@ -381,7 +381,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
                     if log_det is not None and counted_step:
                         log_det += torch.linalg.slogdet(dq.double()).logabsdet.reshape(B, -1).sum(-1)
                     products[i] = dq @ (frames[i] if t == start else products[i])
-            z = step_at(core, x[:, t], z, t)[1]
+            z = z_next
         for i, blk in enumerate(structure.blocks):
             if frames[i] is None:
                 continue

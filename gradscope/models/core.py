@@ -229,6 +229,17 @@ def diagonal_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | 
     return generic_diagonal_blocks(core, x, z, t) if method is None else _call_own(core, method, x, z, t)
 
 
+def step_and_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor,
+                    t: int | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(z_t, :func:`diagonal_blocks`) of one step: from one pass where the core has its own
+    ``step_and_blocks`` (the library adapters: the blocks come from the step's intermediates, so a
+    real-size step is not run twice), else ``step`` and ``diagonal_blocks``."""
+    method = getattr(core, "step_and_blocks", None)
+    if callable(method):
+        return _call_own(core, method, x, z, t)
+    return step_at(core, x, z, t)[1], diagonal_blocks(core, x, z, t)
+
+
 def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> torch.Tensor:
     """J_t = ∂z_t/∂z_{t−1} (B, D, D) of any protocol core from x (B, in) and z (B, D): the core's own
     ``step_jacobian`` where it has one (a user's core may not), else :func:`generic_step_jacobian`.

@@ -146,7 +146,7 @@ def core_shape(core: nn.Module, width: int) -> CoreShape:
     params = sum(p.numel() for p in core.parameters())
     return CoreShape(core.state_dim, core.out_dim, width, len(getattr(core, "gate_names", ("step",))),
                      structure_of(core), 2.0 * params + 20.0 * core.state_dim, analytic_jacobian(core),
-                     sum(1 for _ in core.modules()), params)
+                     sum(1 for _ in core.modules()), params, callable(getattr(core, "step_and_blocks", None)))
 
 
 @dataclass(frozen=True)

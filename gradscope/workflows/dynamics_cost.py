@@ -62,6 +62,7 @@ class CoreShape:
     analytic: bool
     modules: int = 1  # submodules of the core: a step call's Python overhead grows with them
     params: int = 0  # the core's parameters (0: step_flops / 2)
+    fused: bool = False  # the core gives a step and its diagonal blocks from one pass (step_and_blocks)
 
     @property
     def overhead(self) -> float:
@@ -142,7 +143,7 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
     m, S, D, k, s = trajectories, steps, shape.D, exponents, shape.structure
     per = shape.step_flops * STEP_FLOP + 6 * CALL / m  # the state's own step, and the loop
     if not s.is_dense:
-        per += shape.blocks_seconds()
+        per += shape.blocks_seconds() - (shape.step_flops * STEP_FLOP if shape.fused else 0.0)
         for b in s.blocks:
             w = b.width
             if b.form == "dense":

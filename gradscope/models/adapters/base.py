@@ -103,6 +103,11 @@ class LibraryCore(Core):
         """J_t's own block of every entry, from the step's own intermediates (no torch.func)."""
         return self.advance(x, z, t, diagonal=True)[2]
 
+    def step_and_blocks(self, x: Tensor, z: Tensor, t: int | None = None) -> tuple[Tensor, list[Tensor]]:
+        """(z', the diagonal blocks) from one pass (:func:`gradscope.models.core.step_and_blocks`)."""
+        _, new, blocks = self.advance(x, z, t, diagonal=True)
+        return new, blocks
+
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         """One step: x (B, in), z (B, D) → (y (B, H), z' (B, D), the diagonal blocks when asked, else [])."""
         raise NotImplementedError
