@@ -161,3 +161,39 @@ def test_text_probe_errors_are_one_line(saved, runner, tmp_path: Path) -> None: 
         refused(runner.invoke(app, [command, str(bare), "--model", "hf", "--text", str(text), "-q", "-o", out]),
                 "tokenizer")
     assert not Path(out).exists()
+
+
+def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, runner, tmp_path: Path) -> None:  # noqa: ANN001
+    """``reproduce --model DIR --text FILE -o OUT``: the accuracy, stability and dynamics stores of the
+    text (the accuracy store's perplexity is the one ``accuracy --text`` gives; the stability probes
+    are paragraph rows of the text) and the report; run again, every step is skipped and nothing is
+    rewritten; with another option, the finished stores are refused, not mixed in."""
+    import gradscope
+
+    model_dir, text = saved
+    ids, bos, _ = encoded(model_dir, text)
+    out = tmp_path / "study"
+    args = ["reproduce", "--model", str(model_dir), "--text", str(text), "-o", str(out), "--triplets", "3",
+            "--target-pos", str(POS), "--probe-length", str(LENGTH), "--max-length", "64", "--resamples", "50",
+            "--budget-seconds", "20"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.zarr", "dynamics.zarr", "report.html", "stability.zarr"]
+    acc = read_store(out / "accuracy.zarr", kind="accuracy")
+    direct = gradscope.text_accuracy(model_dir, text, max_length=64, resamples=50)
+    assert float(acc["perplexity"][0]) == pytest.approx(float(direct["perplexity"][0]), rel=1e-9)
+    stab = read_store(out / "stability.zarr", kind="stability")
+    assert all(tuple(r) in rows_of(ids, bos) for r in stab["probe_tokens"].values[:, 0])
+    assert set(read_store(out / "dynamics.zarr", kind="dynamics")["token_class"].values.ravel()) <= \
+        {"start", "frequent", "rare"}
+    page = (out / "report.html").read_text()
+    assert "stability" in page and "lyapunov" in page.lower()
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, (again.stdout, again.stderr)
+    assert again.stdout.count("skipped") == 3
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.suffix == ".zarr"} == \
+        {k: v for k, v in stamps.items() if k.endswith(".zarr")}
+    refused(runner.invoke(app, [*args, "--seed", "1"]), "another study", "accuracy.zarr")
+    refused(runner.invoke(app, ["reproduce", "--model", str(model_dir), "-o", str(out)]), "--model/--text")
+    refused(runner.invoke(app, [*args, "--scale", "paper"]), "--scale")
