@@ -138,6 +138,31 @@ def test_disturbant_groups_are_spans_of_the_group_and_the_draw_is_seeded(saved) 
     assert (again == tokens).all() and (other != tokens).any()
 
 
+def test_counts_text_defines_the_groups_and_unseen_steps_are_their_own_class(saved, tmp_path: Path) -> None:  # noqa: ANN001
+    """With counts_text, the targets' group and the steps' classes follow its counts, not the probed
+    text's: a type the counts text never holds is no target and its steps are class ``unseen``."""
+    from gradscope.workflows.text_probes import text_dynamics, text_stability
+
+    model_dir, text = saved
+    ids, bos, _ = encoded(model_dir, text)
+    counts_text = tmp_path / "counts.txt"
+    counts_text.write_text("the cat sat on the mat\nthe dog ran under the tree\nthe the the a a of\n")
+    _, _, counts = encoded(model_dir, counts_text)
+    groups = groups_of(counts)
+    ds = text_stability(model_dir, text, counts_text=counts_text, target_freq=("frequent", "rare"), triplets=4,
+                        length=LENGTH, target_pos=POS, device="cpu", sv=4)
+    for base, group in zip(ds["probe_tokens"].values[:, 0], ds["target_group"].values):
+        assert int(base[POS]) in groups[group]
+    dd = text_dynamics(model_dir, text, counts_text=counts_text, length=LENGTH, parts="flow", sequences=6,
+                       device="cpu")
+    seen = groups["frequent"] | groups["rare"]
+    for row, classes in zip(dd["tokens"].values, dd["token_class"].values):
+        for token, k in zip(row[1:], classes[1:]):
+            assert k == ("unseen" if int(token) not in seen else "frequent" if int(token) in groups["frequent"]
+                         else "rare")
+    assert (dd["token_class"].values == "unseen").any()
+
+
 def test_text_probe_errors_are_one_line(saved, runner, tmp_path: Path) -> None:  # noqa: ANN001
     """A group the text cannot supply names the group and the candidates found; --text with
     --token-counts, without --model, or with a model directory that has no tokenizer: one line each."""
@@ -147,6 +172,7 @@ def test_text_probe_errors_are_one_line(saved, runner, tmp_path: Path) -> None: 
     refused(runner.invoke(app, ["stability", *common, "--length", "40", "--target-freq", "rare", "--disturbant",
                                 "rare"]), "target rare with disturbant rare", "candidate paragraph(s)")
     refused(runner.invoke(app, ["stability", *common, "--length", "100000"]), "length", "no paragraph")
+    refused(runner.invoke(app, ["stability", *common, "--length", "12", "--target-pos", "11"]), "--target-pos", "1…10")
     counts = tmp_path / "counts.npy"
     np.save(counts, np.ones(8, dtype=np.int64))
     refused(runner.invoke(app, ["stability", *common, "--token-counts", str(counts)]), "--token-counts")

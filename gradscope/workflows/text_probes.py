@@ -170,9 +170,9 @@ def text_probes(data: TextData, *, triplets: int, target_pos: int, length: int, 
         bad = [g for g in chosen if g not in GROUPS]
         check(not bad, f"{name}: got {bad[0] if bad else ''!r}; valid values are {', '.join(GROUPS)}")
     shift = data.shift
-    check(1 <= target_pos <= length - shift,
-          f"target_pos: got {target_pos}; valid positions are 1…{length - shift} (paragraph tokens of a probe row of "
-          f"length {length}{', the start token first' if shift else ''})")
+    check(1 <= target_pos <= length - shift - 1,  # a suffix of one token at least: S′ differs from S
+          f"target_pos: got {target_pos}; valid positions are 1…{length - shift - 1} (paragraph tokens of a probe "
+          f"row of length {length}{', the start token first' if shift else ''}, before its last)")
     rows = paragraph_rows(data, length)
     col = target_pos - 1 + shift
     target, prefix, suffix = rows[:, col], rows[:, shift:col], rows[:, col + 1:]
