@@ -10,6 +10,9 @@ command line start fast):
   :func:`stability`, :func:`accuracy`, :func:`dynamics`, :func:`summarize` (``source``: stores);
 - :func:`text_accuracy` — a pretrained causal LM (a ``save_pretrained`` directory) on raw text:
   perplexity and accuracy by token frequency and position (docs/real-text.md);
+- :func:`text_stability`, :func:`text_dynamics` — the same model's gradient stability and dynamics on
+  probes drawn from the text, by token frequency (docs/real-text.md); :func:`reproduce_text` all three
+  into one folder (``gradscope reproduce --model DIR --text FILE`` adds the report);
 - tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`, and the
   matrix-free products :func:`jvp_products` (J V) and :func:`vjp_products` (U J), which never form J;
 - :func:`make_probes`, :func:`frequency_groups`, :class:`Probes` — probe triplets;
@@ -38,6 +41,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name i
     from gradscope.workflows.stability import stability
     from gradscope.workflows.summarize import summarize
     from gradscope.workflows.text_accuracy import text_accuracy
+    from gradscope.workflows.text_probes import text_dynamics, text_stability
+    from gradscope.workflows.text_study import reproduce_text
 
 _EXPORTS = {
     "__version__": "gradscope.version",
@@ -50,6 +55,8 @@ _EXPORTS = {
     "stability": "gradscope.workflows.stability", "dynamics": "gradscope.workflows.dynamics",
     "accuracy": "gradscope.workflows.accuracy", "summarize": "gradscope.workflows.summarize",
     "text_accuracy": "gradscope.workflows.text_accuracy",
+    "text_stability": "gradscope.workflows.text_probes", "text_dynamics": "gradscope.workflows.text_probes",
+    "reproduce_text": "gradscope.workflows.text_study",
     "Probes": "gradscope.tasks.probes", "make_probes": "gradscope.tasks.probes",
     "frequency_groups": "gradscope.tasks.probes",
     "ModelConfig": "gradscope.config", "RunConfig": "gradscope.config", "TaskConfig": "gradscope.config",
@@ -57,7 +64,8 @@ _EXPORTS = {
 }
 __all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedModel", "state_jacobian",
            "JacobianResult", "jvp_products", "vjp_products", "probe_stability", "StabilityResult", "lyapunov_spectrum",
-           "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "text_accuracy", "Probes", "make_probes",
+           "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "text_accuracy", "text_stability",
+           "text_dynamics", "reproduce_text", "Probes", "make_probes",
            "frequency_groups",
            "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/test_startup.py)
 

@@ -127,6 +127,9 @@ def dynamics_command(
     config: Annotated[Optional[Path], Opt("--config", help="With --model-factory hf:CLASS and a weights file: the model's config.json.")] = None,
     length: Annotated[Optional[int], Opt(help="With --model-factory: probe sequence length (default 32); tokens uniform over the embedding's vocabulary.", show_default=False)] = None,
     token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line): steps are classed frequent/rare by them.")] = None,
+    text: Annotated[Optional[Path], Opt(help="With --model hf: probe sequences and Lyapunov trajectories of this raw UTF-8 text's paragraphs, tokenised with the model's own tokenizer; each step classed by its token's frequency in the text (docs/real-text.md). --length is then the row length, start token included (default 32).")] = None,
+    counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency classes (default: --text).")] = None,
+    tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
     reorth: Annotated[int, Opt(help="Re-orthonormalise every k steps (product of k step Jacobians first).")] = 1,
     sv: Annotated[int, Opt(help="Top singular values kept per step Jacobian.")] = 8,
     seed: Annotated[int, Opt(help="Seed of the probes and trajectories.")] = 0,
@@ -158,6 +161,14 @@ def dynamics_command(
                      "corpus of its own (describe its tokens with --token-counts)")
     if model_factory is None and config is not None:
         raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
+    if text is None:
+        refuse_given(ctx, ["counts_text", "tokenizer"], "they apply to --text (probes drawn from a raw text)")
+    else:
+        if model_factory is None:
+            raise GradscopeError("--text: it needs a model with its own tokenizer: gradscope dynamics DIR --model hf "
+                                 "--text FILE (gradscope lm checkpoints draw their probes from their corpus)")
+        refuse_given(ctx, ["token_counts"], "with --text the steps are classed by the text's own counts "
+                     "(or --counts-text)")
     if model_factory is None and (length is not None or token_counts is not None):
         raise GradscopeError("--length/--token-counts: they describe probes for --model-factory models; "
                              "a gradscope checkpoint draws its probes from its task")
@@ -166,7 +177,17 @@ def dynamics_command(
     with make_progress(console) as progress, warnings.catch_warnings():
         warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
         bar = progress.add_task("checkpoints", total=None, visible=not quiet)
-        if model_factory is not None:
+        if text is not None:
+            from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text_dynamics
+
+            if len(checkpoints) != 1:
+                raise GradscopeError("checkpoint: with --text give exactly one model directory")
+            source = TextSource(str(text), None if counts_text is None else str(counts_text),
+                                None if tokenizer is None else str(tokenizer))
+            run = run_text_dynamics(checkpoints[0], opts, source, length=length if length is not None else DEFAULT_LENGTH,
+                                    model_factory=model_factory, config=config, command=command_line(ctx),
+                                    on_plan=lambda plan: console.print(plan.describe()))
+        elif model_factory is not None:
             if len(checkpoints) != 1:
                 raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
             run = run_factory_dynamics(model_factory, checkpoints[0], opts, length=length if length is not None else 32,

@@ -102,8 +102,8 @@ def reproduce_command(
     corpus_text: Annotated[Optional[Path], Opt(help="--study lm --scale paper: your WikiText-103 wiki.train.raw (nothing is downloaded).")] = None,
     valid_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.valid.raw.")] = None,
     test_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.test.raw.")] = None,
-    target_pos: Annotated[int, Opt("--target-pos", help="--study lm: the stability probes' target position (paragraph token, 1-based).")] = 16,
-    probe_length: Annotated[int, Opt(help="--study lm: the stability probe rows' length (start token included).")] = 32,
+    target_pos: Annotated[int, Opt("--target-pos", help="--study lm or --text: the stability probes' target position (paragraph token, 1-based).")] = 16,
+    probe_length: Annotated[int, Opt(help="--study lm or --text: the stability probe rows' length (start token included; with --text, dynamics' rows too).")] = 32,
     models: Annotated[Optional[str], Opt(help="Comma-separated cores (names in the core registry; the study of the docs ran gru, lstm, s4d, mingru and mamba). Default: gru,lstm,s4d (--study lm: lstm, the paper's).")] = None,
     seeds: Annotated[Optional[str], Opt(help="Comma-separated training seeds (trials). Default: 1,2,3 (lm: 111,222,333 tiny, 111–555 paper).")] = None,
     out: Annotated[Path, Opt("--out", "-o", help="Study directory (re-running it skips finished steps).")] = Path("study"),
@@ -114,9 +114,31 @@ def reproduce_command(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
     extend_to: Annotated[Optional[int], Opt(help="Also run the vocabulary-extension experiment (paper §4.2): extend each study run (vocabulary K) to this K' (only the new rows train, on uniform data over K' items) and train from scratch at K'; writes extension/table.md.")] = None,
     extend_iterations: Annotated[Optional[int], Opt(help="Training iterations of each extension (default: as many as the study's runs).")] = None,
+    model: Annotated[Optional[Path], Opt("--model", help="With --text: a pretrained LM's save_pretrained directory, its tokenizer beside it: accuracy, stability and dynamics by token frequency on the text, and the report, into --out (docs/real-text.md).")] = None,
+    text: Annotated[Optional[Path], Opt(help="With --model: the raw UTF-8 text the study runs on.")] = None,
+    counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency groups (default: --text).")] = None,
+    tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the --model directory).")] = None,
+    model_factory: Annotated[str, Opt("--model-factory", help="With --text: how the --model directory loads: hf or hf:CLASS.")] = "hf",
+    max_length: Annotated[int, Opt(help="With --text: accuracy's tokens per row (longer paragraphs are scored in overlapping windows).")] = 1024,
+    resamples: Annotated[int, Opt(help="With --text: accuracy's bootstrap resamples over paragraphs.")] = 1000,
+    seed: Annotated[int, Opt(help="With --text: the seed of the probes, trajectories and bootstrap.")] = 0,
+    budget_seconds: Annotated[float, Opt(help="With --text: dynamics' time budget (stability's is ten times it).")] = 60.0,
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report;
-    with --extend-to, the vocabulary-extension experiment too."""
+    with --extend-to, the vocabulary-extension experiment too. With --model DIR --text FILE: a
+    pretrained LM's accuracy, stability and dynamics by token frequency on a raw text, and the report."""
+    text_options = ["model", "text", "counts_text", "tokenizer", "model_factory", "max_length", "resamples", "seed",
+                    "budget_seconds"]
+    if model is not None or text is not None:
+        if model is None or text is None:
+            raise GradscopeError("--model/--text: they go together: gradscope reproduce --model DIR --text FILE -o OUT")
+        refuse_given(ctx, ["study", "scale", "corpus_text", "valid_file", "test_file", "models", "seeds", "iterations",
+                           "dry_run", "measure", "extend_to", "extend_iterations"],
+                     "they set the synthetic and lm studies, which train their own models; --text studies --model")
+        text_study(model, text, counts_text, tokenizer, model_factory, out, triplets, target_pos, probe_length,
+                   max_length, resamples, seed, budget_seconds, command_line(ctx), quiet)
+        return
+    refuse_given(ctx, text_options, "they go with --model DIR --text FILE (a pretrained LM on raw text)")
     from gradscope.store.io import write_store
     from gradscope.store.summary import summary_attrs, summary_dataset, trial_records
     from gradscope.workflows.reproduce import (accuracy_step, check_run_sizes, Layout, plan_runs, stability_step,
@@ -217,6 +239,29 @@ def reproduce_command(
         console.print(study_extension(layout, runs, extend_to, extend_iterations,
                                       on_event=None if quiet else lambda s, m: console.print(f"{s}: {m}", markup=False)),
                       markup=False)  # "[low, high]" is text, not rich markup
+
+
+def text_study(model: Path, text: Path, counts_text: Optional[Path], tokenizer: Optional[Path], model_factory: str,
+               out: Path, triplets: int, target_pos: int, probe_length: int, max_length: int, resamples: int,
+               seed: int, budget_seconds: float, command: str, quiet: bool) -> None:
+    """``reproduce --model DIR --text FILE``: gradscope.workflows.text_study, then the report."""
+    from rich.markup import escape
+
+    from gradscope.files.io import atomic_write_text
+    from gradscope.reports.build import ReportOptions, render_report
+    from gradscope.store.inputs import load_inputs
+    from gradscope.workflows.text_study import reproduce_text
+
+    study = reproduce_text(model, text, out=out, counts_text=counts_text, tokenizer=tokenizer,
+                           model_factory=model_factory, triplets=triplets, target_pos=target_pos,
+                           probe_length=probe_length, max_length=max_length, resamples=resamples, seed=seed,
+                           budget_seconds=budget_seconds, command=command,
+                           on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")))
+    page, _ = render_report(load_inputs(list(study.stores.values())),
+                            ReportOptions(title=f"gradscope reproduce: {model.name} on {text.name}", command=command))
+    report = out / "report.html"
+    atomic_write_text(report, page)
+    console.print(escape(f"study in {out}: {', '.join(p.name for p in study.stores.values())}, {report.name}"))
 
 
 def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:

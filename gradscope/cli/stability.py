@@ -83,6 +83,9 @@ def stability_command(
     length: Annotated[Optional[int], Opt(help="With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length).")] = None,
     filler: Annotated[Optional[int], Opt(help="With --model-factory: output phase of L copies of this token id after each probe (default: none).")] = None,
     corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
+    text: Annotated[Optional[Path], Opt(help="With --model hf: probes drawn from this raw UTF-8 text, tokenised with the model's own tokenizer; groups by frequency in the text (docs/real-text.md). --length is then the probe row's length, start token included (default 32).")] = None,
+    counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency groups (default: --text).")] = None,
+    tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
     estimator: Annotated[str, Opt(help="auto (exact Jacobians wherever they fit --budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).")] = "auto",
     sketch_units: Annotated[Optional[int], Opt("--sketch-units", help="Independent units of the sketch (default: the most in 4..16 that fit the budget).", show_default=False)] = None,
@@ -102,6 +105,13 @@ def stability_command(
     check_resamples(resamples)
     if model_factory is None and config is not None:
         raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
+    if text is None:
+        refuse_given(ctx, ["counts_text", "tokenizer"], "they apply to --text (probes drawn from a raw text)")
+    else:
+        if model_factory is None:
+            raise GradscopeError("--text: it needs a model with its own tokenizer: gradscope stability DIR --model hf "
+                                 "--text FILE (gradscope lm checkpoints draw their probes from their corpus)")
+        refuse_given(ctx, ["token_counts", "probes", "filler"], "with --text the probes are drawn from the text")
     if model_factory is None and (token_counts is not None or filler is not None):
         raise GradscopeError("--token-counts/--filler: they describe probes for --model-factory models; "
                              "gradscope checkpoints generate their own")
@@ -118,7 +128,16 @@ def stability_command(
         hooks = {"on_start": lambda total: progress.update(bar, total=total),
                  "on_progress": lambda k: progress.advance(bar, k),
                  "on_plan": lambda plan: progress.console.print(plan.note, markup=False, highlight=False)}
-        if model_factory is not None:
+        if text is not None:
+            from gradscope.workflows.text_probes import TextSource, run_text_stability
+
+            if len(checkpoints) != 1:
+                raise GradscopeError("checkpoint: with --text give exactly one model directory")
+            source = TextSource(str(text), None if counts_text is None else str(counts_text),
+                                None if tokenizer is None else str(tokenizer))
+            run = run_text_stability(checkpoints[0], opts, source, model_factory=model_factory, config=config,
+                                     command=command_line(ctx), **hooks)
+        elif model_factory is not None:
             if len(checkpoints) != 1:
                 raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
             model = build_model(model_factory, checkpoints[0], config)

@@ -353,10 +353,13 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
                         config: dict[str, Any] | None = None,
                         on_start: Callable[[int], None] | None = None,
                         on_progress: Callable[[int], None] | None = None,
-                        on_plan: Callable[[StabilityPlan], None] | None = None) -> StabilityRun:
+                        on_plan: Callable[[StabilityPlan], None] | None = None,
+                        position: int | None = None) -> StabilityRun:
     """Stability of one in-memory model (a user's wrapped model, or a loaded gradscope model).
     The output phase holds ``opts.filler`` (None: no output phase) for a wrapped model, the query
-    token for a gradscope model. Non-finite Jacobians give NaN scores and a :class:`DivergedWarning`."""
+    token for a gradscope model. Non-finite Jacobians give NaN scores and a :class:`DivergedWarning`.
+    ``position``: the probe row's column (1-based) of the target when it is not ``opts.target_pos``
+    (text probe rows start with the tokenizer's start token)."""
     check(isinstance(model, nn.Module) and hasattr(model, "core") and hasattr(model, "core_inputs"),
           f"model: expected a gradscope model or gradscope.wrap(...); got {type(model).__name__}")
     device = resolve_device(opts.device)
@@ -368,6 +371,7 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
         if vocab is not None:
             check_probes_fit(probes, int(vocab), probes.length)
     check(1 <= opts.target_pos <= probes.length, f"target_pos: got {opts.target_pos}; valid positions are 1…{probes.length}")
+    position = opts.target_pos if position is None else position
     check(opts.filler is None or vocab is None or opts.filler < vocab,
           f"filler: got {opts.filler}; the model's vocabulary is 0…{vocab - 1 if vocab else 0}")
     if on_start is not None:
@@ -375,10 +379,10 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
     own_query = getattr(model, "query_token", None)
     output_phase = own_query if own_query is not None and opts.filler is None else opts.filler
     model = model.to(device)
-    plan = plan_model(model, opts, probes, opts.target_pos, output_phase)
+    plan = plan_model(model, opts, probes, position, output_phase)
     if on_plan is not None:
         on_plan(plan)
-    result = probe_stability(model, probes, opts.target_pos, method=opts.method, chunk=opts.batch_size, top_sv=opts.sv,
+    result = probe_stability(model, probes, position, method=opts.method, chunk=opts.batch_size, top_sv=opts.sv,
                              on_chunk=on_progress, output_phase=output_phase, plan=plan, seed=opts.seed)
     path = Path(source) if source is not None else Path("<in memory>")
     if config is None:

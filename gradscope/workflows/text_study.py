@@ -1,0 +1,131 @@
+"""``gradscope reproduce --model DIR --text FILE -o OUT`` (issue #38, part 4): the study's question on a
+pretrained LM and a raw text in one command — perplexity and accuracy by token frequency
+(:mod:`gradscope.workflows.text_accuracy`), gradient stability on probes drawn from the text and
+dynamics on its paragraphs (:mod:`gradscope.workflows.text_probes`), into ``OUT/accuracy.zarr``,
+``OUT/stability.zarr`` and ``OUT/dynamics.zarr``; the command line adds ``OUT/report.html`` (reports
+sit above workflows: docs/architecture.md).
+
+Resumable: a step whose store exists is skipped when the store records the same study (the
+``text_study`` attribute: model, texts' and tokenizer's sha256, every option); a store of another
+study is refused, never overwritten or mixed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import xarray as xr
+
+from gradscope.errors import check
+from gradscope.files.io import sha256_file
+from gradscope.store.io import read_store, write_store
+from gradscope.workflows.dynamics import DynamicsOptions
+from gradscope.workflows.stability import StabilityOptions
+from gradscope.workflows.text_accuracy import TextAccuracyOptions, run_text_accuracy
+from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text_dynamics, run_text_stability
+
+STEPS = ("accuracy", "stability", "dynamics")
+
+
+@dataclass(frozen=True)
+class TextStudyOptions:
+    """Each field is named as its ``gradscope reproduce`` flag; the defaults finish in a few minutes
+    on a laptop CPU for a small model (docs/real-text.md). ``target_pos``/``probe_length``: the
+    stability probes' target (paragraph token) and row length (start token included; dynamics' rows
+    too); ``triplets`` per condition (targets frequent and rare, disturbants the text as it is);
+    ``max_length``/``resamples``: accuracy's; ``budget_seconds``: dynamics' whole budget (stability
+    decides exact or sketch by its own, ten times it)."""
+
+    text: str
+    counts_text: str | None = None
+    tokenizer: str | None = None
+    triplets: int = 64
+    target_pos: int = 16
+    probe_length: int = 32
+    max_length: int = 1024
+    resamples: int = 1000
+    seed: int = 0
+    budget_seconds: float = 60.0
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class TextStudy:
+    """Where the study's stores are, and which steps ran now (the others were finished before)."""
+
+    out: Path
+    stores: dict[str, Path]
+    ran: tuple[str, ...]
+
+
+def study_key(model: Path, opts: TextStudyOptions, model_factory: str) -> dict[str, Any]:
+    """What makes two runs the same study: the model's folder and files, the texts and every option."""
+    files = sorted(p for p in model.iterdir() if p.is_file()) if model.is_dir() else [model]
+    key = {**dataclasses.asdict(opts), "model": str(model.resolve()), "model_factory": model_factory,
+           "model_sha256": {p.name: sha256_file(p) for p in files},
+           "text_sha256": sha256_file(Path(opts.text))}
+    if opts.counts_text is not None:
+        key["counts_sha256"] = sha256_file(Path(opts.counts_text))
+    key.pop("device")  # the same numbers on any device, within float tolerance
+    return key
+
+
+def _finished(path: Path, kind: str, key: str) -> bool:
+    """Whether ``path`` holds this study's ``kind`` store (True), or nothing (False); another is refused."""
+    if not path.exists():
+        return False
+    ds = read_store(path, kind=kind)
+    check(ds.attrs.get("text_study") == key,
+          f"out: {path} is the {kind} store of another study (another model, text or option); choose another "
+          f"--out, or remove it")
+    return True
+
+
+def reproduce_text(model: str | Path, text: str | Path, *, out: str | Path, counts_text: str | Path | None = None,
+                   tokenizer: str | Path | None = None, model_factory: str = "hf", triplets: int = 64,
+                   target_pos: int = 16, probe_length: int = DEFAULT_LENGTH, max_length: int = 1024,
+                   resamples: int = 1000, seed: int = 0, budget_seconds: float = 60.0, device: str = "auto",
+                   command: str = "", on_step: Callable[[str, str], None] | None = None) -> TextStudy:
+    """Accuracy, stability and dynamics by token frequency of the ``save_pretrained`` directory
+    ``model`` on ``text`` (module docstring), into ``out``; ``on_step(step, note)`` says what is done.
+    The report: ``gradscope report OUT/*.zarr`` (or ``gradscope.reports.build.render_report``)."""
+    opts = TextStudyOptions(str(text), None if counts_text is None else str(counts_text),
+                            None if tokenizer is None else str(tokenizer), triplets, target_pos, probe_length,
+                            max_length, resamples, seed, budget_seconds, device)
+    folder, where = Path(model), Path(out)
+    check(folder.exists(), f"model: {folder} does not exist")
+    check(Path(opts.text).is_file(), f"text: {opts.text} is not a file")
+    check(opts.counts_text is None or Path(opts.counts_text).is_file(), f"counts_text: {opts.counts_text} is not a file")
+    check(not where.exists() or where.is_dir(), f"out: {where} exists and is not a directory")
+    key = json.dumps(study_key(folder, opts, model_factory), sort_keys=True)
+    acc_opts = TextAccuracyOptions(opts.text, opts.counts_text, opts.tokenizer, max_length, resamples=resamples,
+                                   seed=seed, device=device)
+    stab_opts = StabilityOptions(triplets=triplets, target_pos=target_pos, length=probe_length, seed=seed,
+                                 device=device, budget_seconds=10 * budget_seconds)
+    dyn_opts = DynamicsOptions(seed=seed, device=device, budget_seconds=budget_seconds)
+    source = TextSource(opts.text, opts.counts_text, opts.tokenizer)
+    makers: dict[str, Callable[[], xr.Dataset]] = {
+        "accuracy": lambda: run_text_accuracy(folder, acc_opts, model_factory=model_factory, command=command).to_xarray(),
+        "stability": lambda: run_text_stability(folder, stab_opts, source, model_factory=model_factory,
+                                                command=command).to_xarray(),
+        "dynamics": lambda: run_text_dynamics(folder, dyn_opts, source, length=probe_length,
+                                              model_factory=model_factory, command=command).to_xarray(),
+    }
+    stores = {step: where / f"{step}.zarr" for step in STEPS}
+    todo = [step for step in STEPS if not _finished(stores[step], step, key)]
+    where.mkdir(parents=True, exist_ok=True)
+    for step in STEPS:
+        if step not in todo:
+            if on_step is not None:
+                on_step(step, f"{stores[step]} is finished; skipped")
+            continue
+        ds = makers[step]()
+        ds.attrs["text_study"] = key
+        write_store(ds, stores[step])
+        if on_step is not None:
+            on_step(step, f"wrote {stores[step]}")
+    return TextStudy(where, stores, tuple(todo))
