@@ -226,12 +226,15 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
 
     # exact stays the default wherever it fits: a part switches to its matrix-free estimator (an error
     # bar stored beside each value) only when even its smallest exact run would take a quarter of the budget
+    # (and only where the estimator is the cheaper of the two: at a tiny D exact is cheaper than any estimate)
     methods: dict[str, str] = {p: "exact" for p in parts}
     bottom = {x: rungs[x][-1] if x in auto else values[x] for x in LADDERS}
     smallest = estimate(bottom)
     for part in estimator_seconds(shape, n=1, T=T, grid_sequences=1, sv=opts.sv, probes=PROBES, iterations=ITERATIONS):
         if part in parts and smallest[part] * checkpoints > budget / 4:
             methods[part] = "estimate"
+            if estimate(bottom)[part] >= smallest[part]:
+                methods[part] = "exact"
 
     while True:
         sec = estimate()
