@@ -118,3 +118,28 @@ def test_flow_of_a_real_size_structure_is_estimated_from_vjps_and_stores_its_err
     from gradscope.cli.app import app
     out = CliRunner().invoke(app, ["report", str(tmp_path / "d.zarr"), "-o", str(tmp_path / "r.html")])
     assert out.exit_code == 0, out.output
+
+
+def test_a_part_is_estimated_only_where_the_estimator_is_cheaper() -> None:
+    """At a tiny D exact step spectra cost less than subspace iteration; a tight budget that makes exact
+    'a quarter of the budget' must not switch to the dearer estimate and then refuse the plan's own sizes."""
+    import transformers
+
+    import gradscope
+
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=40, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                                   conv_kernel=3, time_step_rank=2)
+    model = gradscope.wrap(transformers.MambaForCausalLM(cfg).eval())
+    shape = core_shape(model.core, 16)
+    opts = DynamicsOptions(sequences=4, budget_seconds=5)
+    plan = plan_dynamics(opts, 4, 12, shape.D, shape.H, shape.structure, shape.gates, shape=shape)
+    estimated = [p for p, m in plan.methods.items() if m == "estimate"]
+    from gradscope.workflows.dynamics_cost import estimator_seconds, part_seconds
+
+    exact = part_seconds(shape, n=4, T=12, grid_sequences=plan.options.grid_sequences, sv=8,
+                         trajectories=plan.options.trajectories, steps=plan.options.steps, exponents=shape.D,
+                         flow_method="vjp")
+    est = estimator_seconds(shape, n=4, T=12, grid_sequences=plan.options.grid_sequences, sv=8, probes=16, iterations=30)
+    assert all(est[p] < exact[p] for p in estimated)
+    assert "spectra" in plan.options.parts and plan.methods["spectra"] == "exact"
