@@ -156,6 +156,13 @@ def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> No
                                  "--trajectories", "1", "--steps", "20", "-o", str(out), "-q"])
     assert result.exit_code == 0, result.stderr
     ds = xr.open_zarr(out, consolidated=False).load()
+    from rich.console import Console
+
+    from gradscope.cli.dynamics import dynamics_table
+    console = Console(record=True, width=300)
+    console.print(dynamics_table(ds))  # no readout from the state: the flow ratio ends at z_{T−1}, not nan
+    shown = console.export_text()
+    assert "|dy_T/dz_1| / |dy_T/dz_T−1|" in shown and " nan " not in shown.split("\n")[3], shown
     lam = ds["lyapunov"].values[0, 0]
     assert np.isneginf(lam).sum() == 2 * 16 * 2  # every conv-window exponent is −∞ (a shift register)
     assert np.isfinite(lam).sum() == 2 * 16 * 4

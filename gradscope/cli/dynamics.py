@@ -32,7 +32,12 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
     present = [str(k) for k in dict.fromkeys(np.asarray(cls).ravel()) if k not in ("query", "start")]
     kinds = ("frequent", "rare") if {"frequent", "rare"} & set(present) or not present else tuple(present[:2])
     shown = "freq / rare" if kinds == ("frequent", "rare") else " / ".join(kinds)
-    for col in ("iteration", "|dy_T/dz_1| / |dy_T/dz_T|", f"step radius ({shown})", "λ_1 [min, max]",
+    # a core without a readout from the state (library models) has no ∂y_T/∂z_T: the ratio's end is z_{T−1}
+    last = -1
+    if "flow_fro" in ds and ds.sizes["step"] > 1 and not np.isfinite(ds["flow_fro"].values[..., -1]).any():
+        last = -2
+    ratio = "|dy_T/dz_1| / |dy_T/dz_T|" if last == -1 else "|dy_T/dz_1| / |dy_T/dz_T−1|"
+    for col in ("iteration", ratio, f"step radius ({shown})", "λ_1 [min, max]",
                 "SE of λ_1 (traj / batch)", "Σλ", "−∞ · below res. · unconv.", f"largest gate term ({shown})"):
         table.add_column(col, justify="right")
     for c in range(ds.sizes["checkpoint"]):
@@ -41,7 +46,7 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
         if "flow_fro" in ds:
             f = ds["flow_fro"].values[c]
             with np.errstate(divide="ignore", invalid="ignore"):  # a diverged model's 0/0 is shown as nan
-                row.append(f"{np.median(f[:, 0] / f[:, -1]):.2e}")
+                row.append(f"{np.median(f[:, 0] / f[:, last]):.2e}")
         else:
             row.append("-")
         if "step_radius" in ds:
