@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Issue #38 part 4: evaluate the two trained models (experiments/text_models/train.py) on the held-out
+# paragraphs; the stores go beside the models under runs/text_models/ (summarize reads the accuracy and
+# stability stores; the dynamics table is the one `gradscope dynamics` prints). One thread, nice 10.
+set -euo pipefail
+ROOT=${ROOT:-runs/text_models}
+export OMP_NUM_THREADS=1
+for arch in ${ARCHS:-mamba rwkv}; do
+  nice -n 10 gradscope accuracy "$ROOT/$arch" --model hf --text "$ROOT/heldout.txt" --counts-text "$ROOT/train.txt" \
+    --seed 0 --resamples 1000 --overwrite -o "$ROOT/$arch-accuracy.zarr"
+  nice -n 10 gradscope stability "$ROOT/$arch" --model hf --token-counts "$ROOT/counts.npy" --length 32 --target-pos 16 \
+    --triplets 64 --seed 0 --overwrite -o "$ROOT/$arch-stability.zarr"
+  nice -n 10 gradscope dynamics "$ROOT/$arch" --model hf --token-counts "$ROOT/counts.npy" --length 32 --seed 0 \
+    --budget-seconds 300 --overwrite -o "$ROOT/$arch-dynamics.zarr"
+  for kind in accuracy stability; do gradscope summarize "$ROOT/$arch-$kind.zarr"; done
+done
