@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT=${ROOT:-runs/text_models}
 export OMP_NUM_THREADS=1
 for arch in ${ARCHS:-mamba rwkv}; do
-  nice -n 10 gradscope accuracy "$ROOT/$arch" --model hf --text "$ROOT/heldout.txt" --counts-text "$ROOT/train.txt" \
+  nice -n 10 gradscope accuracy "$ROOT/$arch" --model hf --text "$ROOT/heldout.txt" --counts-text "$ROOT/train.txt" --max-length 128 \
     --seed 0 --resamples 1000 --overwrite -o "$ROOT/$arch-accuracy.zarr"
   nice -n 10 gradscope stability "$ROOT/$arch" --model hf --token-counts "$ROOT/counts.npy" --length 32 --target-pos 16 \
     --triplets 64 --seed 0 --overwrite -o "$ROOT/$arch-stability.zarr"
