@@ -15,4 +15,6 @@ for arch in ${ARCHS:-mamba rwkv}; do
   # summarize reads the accuracy store; it refuses a stability store of a --model hf directory ("lacks its
   # run configuration"), so table.py bootstraps the stability means itself.
   gradscope summarize "$ROOT/$arch-accuracy.zarr" --overwrite -o "$ROOT/$arch-summary.zarr"
+  gradscope report "$ROOT/$arch-accuracy.zarr" "$ROOT/$arch-stability.zarr" "$ROOT/$arch-dynamics.zarr" \
+    -o "$ROOT/$arch-report.html"
 done
