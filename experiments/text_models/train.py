@@ -9,8 +9,8 @@ and the model; the valid and test splits together are the held-out text that is 
     python experiments/text_models/train.py data                 # runs/text_models/{train,heldout}.txt
     python experiments/text_models/train.py tokenizer            # runs/text_models/tokenizer/
     python experiments/text_models/train.py counts               # runs/text_models/counts.npy (train-text counts per id)
-    python experiments/text_models/train.py model mamba --minutes 12
-    python experiments/text_models/train.py model rwkv --minutes 12
+    python experiments/text_models/train.py model mamba --steps 1000 --minutes 16   # docs/real-text.md: 834 s
+    python experiments/text_models/train.py model rwkv --steps 1000 --minutes 16    # 348 s
 
 Every step is deterministic given its seed except where the wall-time bound stops training: the
 learning-rate schedule is laid out over ``--steps`` and training stops at ``--steps`` or after
@@ -220,7 +220,7 @@ def train_model(root: Path, s: TrainSettings) -> None:
         opt.step()
         step += 1
         seen += int((y != -100).sum())
-        window.append(float(loss))
+        window.append(float(loss.detach()))
         if step % s.log_every == 0:
             entry = {"step": step, "loss": sum(window) / len(window), "lr": lr_at(step - 1, s),
                      "tokens": seen, "seconds": round(time.monotonic() - start, 1)}
