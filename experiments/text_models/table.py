@@ -1,0 +1,101 @@
+"""Issue #38 part 4: the markdown tables of docs/real-text.md from the stores evaluate.sh writes.
+
+    python experiments/text_models/table.py [ROOT]     # ROOT default runs/text_models
+
+Accuracy: perplexity and token accuracy with their stored 95% bootstrap intervals over paragraphs,
+overall and by frequency bin. Stability: the mean same-target and same-suffix scores with a
+percentile bootstrap over triplets (10,000 resamples, ``numpy.random.default_rng(0)``), per
+target/disturbant condition, as `gradscope stability` prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+ARCHS = ("mamba", "rwkv")
+BINS = ("frequent", "rare", "decile1", "decile2", "decile5", "decile9", "decile10")
+
+
+def ci(v: float, lo: float, hi: float, fmt: str) -> str:
+    return f"{v:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def accuracy_rows(root: Path) -> list[str]:
+    stores = {a: xr.open_zarr(root / f"{a}-accuracy.zarr").isel(checkpoint=0) for a in ARCHS}
+    out = ["| metric | " + " | ".join(ARCHS) + " |", "|---|" + "---|" * len(ARCHS)]
+    out.append("| held-out perplexity | " + " | ".join(
+        ci(float(d.perplexity), float(d.perplexity_low), float(d.perplexity_high), ".1f") for d in stores.values()) + " |")
+    out.append("| token accuracy | " + " | ".join(
+        ci(float(d.token_accuracy), float(d.token_accuracy_low), float(d.token_accuracy_high), ".3f")
+        for d in stores.values()) + " |")
+    for b in BINS:
+        cells_p, cells_a = [], []
+        for d in stores.values():
+            s = d.sel(freq_bin=b)
+            cells_p.append(ci(float(s.freq_perplexity), float(s.freq_perplexity_low), float(s.freq_perplexity_high), ".1f"))
+            cells_a.append(ci(float(s.freq_accuracy), float(s.freq_accuracy_low), float(s.freq_accuracy_high), ".3f"))
+        n = int(next(iter(stores.values())).sel(freq_bin=b).freq_n)
+        out.append(f"| perplexity, {b} ({n:,} tokens) | " + " | ".join(cells_p) + " |")
+        out.append(f"| token accuracy, {b} | " + " | ".join(cells_a) + " |")
+    opts = json.loads(next(iter(stores.values())).attrs["options"])
+    out.append(f"\n({opts['paragraphs_scored']} held-out paragraphs, {opts['tokens']:,} tokens; unseen bin: "
+               + ", ".join(f"{a} {int(d.sel(freq_bin='unseen').freq_n)} tokens" for a, d in stores.items()) + ")")
+    return out
+
+
+def position_rows(root: Path) -> list[str]:
+    stores = {a: xr.open_zarr(root / f"{a}-accuracy.zarr").isel(checkpoint=0) for a in ARCHS}
+    first = next(iter(stores.values()))
+    out = ["| positions | tokens | " + " | ".join(f"{a} perplexity" for a in ARCHS) + " |", "|---|---|" + "---|" * len(ARCHS)]
+    for i in range(first.sizes["pos_bin"]):
+        a, b = int(first.pos_start[i]), int(first.pos_end[i])
+        cells = [ci(float(d.pos_perplexity[i]), float(d.pos_perplexity_low[i]), float(d.pos_perplexity_high[i]), ".1f")
+                 for d in stores.values()]
+        out.append(f"| {a}–{b} | {int(first.pos_n[i]):,} | " + " | ".join(cells) + " |")
+    return out
+
+
+def boot_mean(x: np.ndarray, rng: np.random.Generator, resamples: int = 10_000) -> tuple[float, float, float]:
+    x = x[np.isfinite(x)]
+    means = x[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)  # (R,)
+    return float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def stability_rows(root: Path) -> list[str]:
+    out = ["| model | target/disturbant | same-target | same-suffix | n |", "|---|---|---|---|---|"]
+    for a in ARCHS:
+        d = xr.open_zarr(root / f"{a}-stability.zarr").isel(checkpoint=0)
+        score = d.score_default.load()
+        conds = [str(c) for c in d.condition.values]
+        pairs = [str(p) for p in d.pair.values]
+        for c in dict.fromkeys(conds):
+            idx = [i for i, k in enumerate(conds) if k == c]
+            rng = np.random.default_rng(0)
+            cells = []
+            for p in pairs:
+                m, lo, hi = boot_mean(np.asarray(score.sel(pair=p).values)[idx], rng)
+                cells.append(ci(m, lo, hi, ".3f"))
+            out.append(f"| {a} | {c} | " + " | ".join(cells) + f" | {len(idx)} |")
+    return out
+
+
+def main() -> None:
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/text_models")
+    print("\n".join(accuracy_rows(root)))
+    print()
+    print("\n".join(position_rows(root)))
+    print()
+    print("\n".join(stability_rows(root)))
+    for a in ARCHS:
+        log = json.loads((root / a / "train_log.json").read_text())
+        print(f"{a}: {log['parameters']:,} parameters, {log['steps_done']} steps ({log['stopped_by']}), "
+              f"{log['target_tokens_seen']:,} target tokens, {log['wall_seconds']} s, final loss {log['final_loss']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
