@@ -34,7 +34,9 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
     shown = "freq / rare" if kinds == ("frequent", "rare") else " / ".join(kinds)
     # a core without a readout from the state (library models) has no ∂y_T/∂z_T: the ratio's end is z_{T−1}
     last = -1
-    if "flow_fro" in ds and ds.sizes["step"] > 1 and not np.isfinite(ds["flow_fro"].values[..., -1]).any():
+    flow = ds["flow_fro"].values if "flow_fro" in ds else None
+    if flow is not None and flow.shape[-1] > 1 and not np.isfinite(flow[..., -1]).any() \
+            and np.isfinite(flow[..., -2]).any():
         last = -2
     ratio = "|dy_T/dz_1| / |dy_T/dz_T|" if last == -1 else "|dy_T/dz_1| / |dy_T/dz_T−1|"
     for col in ("iteration", ratio, f"step radius ({shown})", "λ_1 [min, max]",
