@@ -1,6 +1,7 @@
 """Issue #38 part 4: the markdown tables of docs/real-text.md from the stores evaluate.sh writes.
 
     python experiments/text_models/table.py [ROOT]     # ROOT default runs/text_models
+    python experiments/text_models/table.py --study STUDY   # reproduce --text stores: STUDY/mamba, STUDY/rwkv
 
 Accuracy: perplexity and token accuracy with their stored 95% bootstrap intervals over paragraphs,
 overall and by frequency bin. Stability: the mean same-target and same-suffix scores with a
@@ -84,7 +85,41 @@ def stability_rows(root: Path) -> list[str]:
     return out
 
 
+def study_rows(study: Path) -> list[str]:
+    """From ``gradscope reproduce --model R/ARCH --text … -o STUDY/ARCH`` (probes drawn from the text): the
+    stability scores per condition and pair (bootstrap over triplets, as above), and per step class the
+    median step radius and the median largest singular value of J_t, beside λ_1 (± its SE over trajectories)."""
+    out = ["| model | target/disturbant | same-target | same-suffix | n |", "|---|---|---|---|---|"]
+    for a in ARCHS:
+        d = xr.open_zarr(study / a / "stability.zarr").isel(checkpoint=0)
+        score = d.score_default.load()
+        conds = [str(c) for c in d.condition.values]
+        for c in dict.fromkeys(conds):
+            idx = [i for i, k in enumerate(conds) if k == c]
+            rng = np.random.default_rng(0)
+            cells = [ci(*boot_mean(np.asarray(score.sel(pair=p).values)[idx], rng), ".3f") for p in d.pair.values]
+            out.append(f"| {a} | {c} | " + " | ".join(cells) + f" | {len(idx)} |")
+    out += ["", "| model | step radius, frequent / rare / unseen | top singular value of J_t, frequent / rare | "
+                "λ_1 ± SE (trajectories) | flow ‖∂y_T/∂z_1‖ / ‖∂y_T/∂z_T−1‖ |", "|---|---|---|---|---|"]
+    for a in ARCHS:
+        d = xr.open_zarr(study / a / "dynamics.zarr").isel(checkpoint=0).load()
+        cls = d.token_class.values
+        radius = d.step_radius.values
+        top = d.step_sv.values[..., 0]
+        r = " / ".join(f"{np.median(radius[cls == k]):.4f}" if (cls == k).any() else "-" for k in ("frequent", "rare", "unseen"))
+        sv = " / ".join(f"{np.median(top[cls == k]):.3f}" if (cls == k).any() else "-" for k in ("frequent", "rare"))
+        lam = d.lyapunov.values[:, 0]
+        se = float(d.lyapunov_se_trajectories.values[0]) if "lyapunov_se_trajectories" in d else float("nan")
+        flow = d.flow_fro.values
+        ratio = np.median(flow[:, 0] / flow[:, -2])
+        out.append(f"| {a} | {r} | {sv} | {lam.mean():.4f} ± {se:.4f} | {ratio:.2e} |")
+    return out
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--study":
+        print("\n".join(study_rows(Path(sys.argv[2]))))
+        return
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/text_models")
     print("\n".join(accuracy_rows(root)))
     print()
