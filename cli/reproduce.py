@@ -10,7 +10,7 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, make_console, refuse_given, split_list
+from .common import command_line, given, make_console, refuse_given, split_list
 from .errors import user_errors
 from .progress import make_progress
 from .summarize import summary_table
@@ -139,106 +139,51 @@ def reproduce_command(
                    max_length, resamples, seed, budget_seconds, command_line(ctx), quiet)
         return
     refuse_given(ctx, text_options, "they go with --model DIR --text FILE (a pretrained LM on raw text)")
-    from gradscope.store.io import write_store
-    from gradscope.store.summary import summary_attrs, summary_dataset, trial_records
-    from gradscope.workflows.reproduce import (accuracy_step, check_run_sizes, Layout, plan_runs, stability_step,
-                                               train_step)
-    from gradscope.workflows.stability import StabilityOptions
-    from gradscope.workflows.summarize import group_records, summarize_groups
+    from gradscope.workflows.reproduce import StudyOptions, plan_study, run_study
 
-    from gradscope.presets import SCALES
-
-    if study not in ("reverse", "lm"):
-        raise GradscopeError(f"--study: got {study!r}; valid studies are reverse, lm")
-    if scale not in SCALES:
-        raise GradscopeError(f"--scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
-    model_names = None if models is None else _names(models, "--models")
-    seed_values = None if seeds is None else _ints(seeds, "--seeds")
-    if study == "lm" and model_names is not None and model_names != ["lstm"]:
-        raise GradscopeError(f"--models: got {models!r}; the lm study trains the paper's LSTM only")
     if study != "lm":
         refuse_given(ctx, ["target_pos", "probe_length"], "they set the lm study's probes (--study lm)")
     if not dry_run:
         refuse_given(ctx, ["measure"], "it goes with --dry-run")
-    if iterations is not None and iterations < 1:
-        raise GradscopeError(f"--iterations: got {iterations}; it must be positive")
-    if triplets < 1:
-        raise GradscopeError(f"--triplets: got {triplets}; it must be positive")
-    if (extend_to is not None or extend_iterations is not None) and (study != "reverse" or extend_to is None):
-        raise GradscopeError("--extend-to/--extend-iterations: the extension experiment extends the synthetic "
-                             "study's runs (--study reverse); give --extend-to K'")
-    if study == "lm":
-        from gradscope.workflows.lm import check_probe_shape
-        from gradscope.workflows.lm_study import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
-
-        default_seeds = "111,222,333" if scale == "tiny" else ",".join(map(str, PAPER_SEEDS))
-        stability_opts = StabilityOptions(triplets=triplets, target_pos=target_pos, length=probe_length)
-        if scale in ROW_LENGTH:  # before any work (an unknown scale is refused where the corpus is made)
-            check_probe_shape(target_pos, probe_length, ROW_LENGTH[scale], "probe_length")
-        corpus = prepare_study_corpus(scale, out, corpus_text, valid_file, test_file)
-        runs = plan_lm_runs(scale, corpus, seed_values or _ints(default_seeds, "--seeds"), iterations)
-    else:
-        if corpus_text is not None or valid_file is not None or test_file is not None:
-            raise GradscopeError("--corpus-text/--valid-file/--test-file: they belong to --study lm")
-        stability_opts = StabilityOptions(triplets=triplets)
-        runs = plan_runs(scale, model_names or ["gru", "lstm", "s4d"], seed_values or [1, 2, 3], iterations)
-    for r in runs:  # before anything runs: every run's training and stability must fit in memory
-        check_run_sizes(r, stability_opts)
-    if extend_to is not None or extend_iterations is not None:  # checked now, not after hours of training
-        from gradscope.workflows.extension import study_extension_plans
-
-        vocab = max(r.config.task.vocab_size for r in runs)
-        from gradscope.models.config import MAX_SIZE
-
-        if extend_to > MAX_SIZE:
-            raise GradscopeError(f"--extend-to: got {extend_to}; it must be at most {MAX_SIZE}")
-        if extend_to <= vocab:
-            raise GradscopeError(f"--extend-to: got {extend_to}; it must exceed the study's vocabulary ({vocab})")
-        if extend_iterations is not None and extend_iterations < 1:
-            raise GradscopeError(f"--extend-iterations: got {extend_iterations}; it must be positive")
-        study_extension_plans(runs, extend_to, extend_iterations)
+    options = StudyOptions(
+        study=study, scale=scale, models=None if models is None else tuple(_names(models, "--models")),
+        seeds=None if seeds is None else tuple(_ints(seeds, "--seeds")), iterations=iterations, triplets=triplets,
+        target_pos=target_pos if given(ctx, "target_pos") else None,
+        probe_length=probe_length if given(ctx, "probe_length") else None,
+        corpus_text=corpus_text, valid_file=valid_file, test_file=test_file, extend_to=extend_to,
+        extend_iterations=extend_iterations)
+    planned = plan_study(options, out)
     if dry_run:
-        console.print(plan_table(runs, measure))
+        console.print(plan_table(planned.runs, measure))
         return
-    layout = Layout(out)
-    out.mkdir(parents=True, exist_ok=True)
-    command = command_line(ctx)
+    runs, command = planned.runs, command_line(ctx)
     with make_progress(console, "step") as progress:
         overall = progress.add_task("study", total=3 * len(runs), step="", visible=not quiet)
-        for r in runs:
-            bar = progress.add_task(f"  {r.name}", total=r.config.train.iterations, step="train", visible=not quiet)
-            done = train_step(r, layout, lambda i, _log, bar=bar: progress.update(bar, completed=i), command)
-            progress.update(bar, completed=r.config.train.iterations, step=done, visible=False)
+        bars = {}
+
+        def on_train(r: "PlannedRun", i: int) -> None:
+            if r.name not in bars:
+                bars[r.name] = progress.add_task(f"  {r.name}", total=r.config.train.iterations, step="train",
+                                                 visible=not quiet)
+            progress.update(bars[r.name], completed=i)
+
+        def on_step(name: str, r: "PlannedRun | None", what: str) -> None:
+            if name == "train" and r is not None and r.name in bars:
+                progress.update(bars[r.name], completed=r.config.train.iterations, step=what, visible=False)
+            progress.update(overall, step=f"{name} {r.name if r is not None else ''}")
             progress.advance(overall)
-            for name, make, path in (("accuracy", lambda: accuracy_step(r, layout, command), layout.accuracy(r)),
-                                     ("stability", lambda: stability_step(r, layout, stability_opts, command),
-                                      layout.stability(r))):
-                progress.update(overall, step=f"{name} {r.name}")
-                ds = make()
-                if ds is not None:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    write_store(ds, path)
-                progress.advance(overall)
-    fields = ("core", "pe")
-    for kind, summary_path in (("accuracy", layout.summary_accuracy), ("stability", layout.summary_stability)):
-        paths = [layout.accuracy(r) if kind == "accuracy" else layout.stability(r) for r in runs]
-        records = [r for p in paths for r in trial_records(p)]
-        metrics = list(dict.fromkeys(m for rec in records for m in rec.metrics))
-        entries = summarize_groups(group_records(records, fields), fields, metrics)
-        write_store(summary_dataset(entries, fields, summary_attrs(command, fields, "trial", "percentile", 0.95,
-                                                                   10_000, paths, kind)),
-                    summary_path, overwrite=True)
+
+        result = run_study(planned, command=command, on_train=on_train, on_step=on_step,
+                           on_event=None if quiet else lambda s, m: console.print(f"{s}: {m}", markup=False))
+    for kind, entries in result.summaries.items():
+        metrics = list(dict.fromkeys(e.metric for e in entries))
         shown = [m for m in metrics if (m.startswith("stability/same-target/") if kind == "stability"
                                         else "/bin" not in m and m != "dl_distance")]
         console.print(summary_table([e for e in entries if e.metric in shown], 0.95, "percentile", "trial"))
-    report = write_report(layout, runs, command)
+    report = write_report(planned.layout, runs, command)
     console.print(f"study in {out}: runs/, stores/, summary-accuracy.zarr, summary-stability.zarr, {report.name}")
-    if extend_to is not None:
-        from gradscope.workflows.extension import study_extension
-
-        console.print(study_extension(layout, runs, extend_to, extend_iterations,
-                                      on_event=None if quiet else lambda s, m: console.print(f"{s}: {m}", markup=False)),
-                      markup=False)  # "[low, high]" is text, not rich markup
+    if result.extension is not None:
+        console.print(result.extension, markup=False)  # "[low, high]" is text, not rich markup
 
 
 def text_study(model: Path, text: Path, counts_text: Optional[Path], tokenizer: Optional[Path], model_factory: str,

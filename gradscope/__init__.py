@@ -13,6 +13,8 @@ command line start fast):
 - :func:`text_stability`, :func:`text_dynamics` — the same model's gradient stability and dynamics on
   probes drawn from the text, by token frequency (docs/real-text.md); :func:`reproduce_text` all three
   into one folder (``gradscope reproduce --model DIR --text FILE`` adds the report);
+- :func:`reproduce` — the whole synthetic or lm study (train vanilla and PE × seeds, accuracy,
+  stability, summaries; ``gradscope reproduce`` adds the report), options :class:`StudyOptions`;
 - tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`, and the
   matrix-free products :func:`jvp_products` (J V) and :func:`vjp_products` (U J), which never form J;
 - :func:`make_probes`, :func:`frequency_groups`, :class:`Probes` — probe triplets;
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name i
     from gradscope.workflows.summarize import summarize
     from gradscope.workflows.text_accuracy import text_accuracy
     from gradscope.workflows.text_probes import text_dynamics, text_stability
+    from gradscope.workflows.reproduce import StudyOptions, reproduce
     from gradscope.workflows.text_study import reproduce_text
 
 _EXPORTS = {
@@ -57,6 +60,7 @@ _EXPORTS = {
     "text_accuracy": "gradscope.workflows.text_accuracy",
     "text_stability": "gradscope.workflows.text_probes", "text_dynamics": "gradscope.workflows.text_probes",
     "reproduce_text": "gradscope.workflows.text_study",
+    "reproduce": "gradscope.workflows.reproduce", "StudyOptions": "gradscope.workflows.reproduce",
     "Probes": "gradscope.tasks.probes", "make_probes": "gradscope.tasks.probes",
     "frequency_groups": "gradscope.tasks.probes",
     "ModelConfig": "gradscope.config", "RunConfig": "gradscope.config", "TaskConfig": "gradscope.config",
@@ -65,7 +69,7 @@ _EXPORTS = {
 __all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedModel", "state_jacobian",
            "JacobianResult", "jvp_products", "vjp_products", "probe_stability", "StabilityResult", "lyapunov_spectrum",
            "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "text_accuracy", "text_stability",
-           "text_dynamics", "reproduce_text", "Probes", "make_probes",
+           "text_dynamics", "reproduce_text", "reproduce", "StudyOptions", "Probes", "make_probes",
            "frequency_groups",
            "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/test_startup.py)
 

@@ -192,8 +192,8 @@ def test_extension_study_reuses_parents_and_tabulates(tmp_path: Path) -> None:
     (["--models", "gru", "--extend-to", "10"], "--extend-to: got 10; it must exceed the study's vocabulary"),
     (["--models", "gru", "--extend-to", "99999999999"], "--extend-to: got 99999999999; it must be at most"),
     (["--models", "gru", "--extend-to", "128", "--extend-iterations", "0"], "--extend-iterations: got 0"),
-    (["--models", "gru", "--extend-iterations", "5"], "give --extend-to"),
-    (["--study", "lm", "--extend-to", "2000"], "--study reverse"),
+    (["--models", "gru", "--extend-iterations", "5"], "give extend_to"),  # the parameter, as from Python
+    (["--study", "lm", "--extend-to", "2000"], "(study reverse)"),
     (["--study", "lm", "--models", "gru"], "--models: got 'gru'; the lm study trains the paper's LSTM only"),
     (["--study", "lm", "--probe-length", "1"], "--probe-length: got 1"),
     (["--study", "lm", "--target-pos", "40"], "--target-pos: got 40; valid positions are 1…31"),

@@ -54,3 +54,28 @@ def test_dry_run_prints_the_plan(runner: CliRunner, tmp_path: Path) -> None:
     assert not (tmp_path / "s").exists()
     bad = runner.invoke(app, ["reproduce", "--models", "transformer", "--dry-run"])
     assert bad.exit_code == 2 and "--models: got 'transformer'" in bad.stderr
+
+
+def test_the_study_loop_runs_from_python_as_the_command_runs_it(runner: CliRunner, tmp_path: Path) -> None:
+    """gradscope.reproduce (issue #39: the loop lives in workflows/reproduce.py) writes the stores and
+    summaries the command writes, with the same numbers; a bad option is one GradscopeError."""
+    import numpy as np
+    import pytest
+
+    from gradscope.errors import GradscopeError
+
+    cli, py = tmp_path / "cli", tmp_path / "py"
+    args = ["--models", "gru", "--seeds", "1", "--iterations", "6", "--triplets", "2", "-q"]
+    assert runner.invoke(app, ["reproduce", "-o", str(cli), *args]).exit_code == 0
+    result = gradscope.reproduce(py, models=("gru",), seeds=(1,), iterations=6, triplets=2)
+    assert sorted(result.summaries) == ["accuracy", "stability"]
+    assert sorted(p.name for p in (py / "stores").iterdir()) == sorted(p.name for p in (cli / "stores").iterdir())
+    for name in ("summary-accuracy.zarr", "summary-stability.zarr"):
+        a, b = read_store(cli / name, kind="summary"), read_store(py / name, kind="summary")
+        np.testing.assert_array_equal(a["mean"].values, b["mean"].values)
+    assert not (py / "report.html").exists()  # the report is drawn at the edge
+    with pytest.raises(GradscopeError, match="target_pos/probe_length: they set the lm study"):
+        gradscope.reproduce(tmp_path / "x", target_pos=3)
+    with pytest.raises(GradscopeError, match="reproduce: .*unexpected keyword"):
+        gradscope.reproduce(tmp_path / "x", model="gru")
+    assert not (tmp_path / "x").exists()

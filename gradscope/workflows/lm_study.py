@@ -27,7 +27,7 @@ from gradscope.workflows.corpus import CorpusSettings, prepare_corpus
 from gradscope.corpus.store import MANIFEST
 from gradscope.errors import check
 from gradscope.tasks.lm import LanguageModel
-from gradscope.workflows.reproduce import PES, PlannedRun
+from gradscope.workflows.runs import PES, PlannedRun
 from gradscope.workflows.common import as_seed
 
 LM_SCALES = ("tiny", "paper")

@@ -2,148 +2,184 @@
 
 Resumable: every step writes its output atomically, so a step whose output exists is done and is
 skipped on a re-run; a run directory without ``eval.json`` is resumed from its last checkpoint.
+
+:func:`reproduce` is the whole loop, callable from Python (the command is a thin shell over it):
+:class:`StudyOptions` named as the flags, :func:`plan_study` (the runs, checked before anything
+starts), :func:`run_study` (train, accuracy and stability per run, then the two summary stores). The
+HTML report is drawn at the edge (``gradscope report``, or the command), as every report is.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-import torch
 import xarray as xr
 
-from gradscope.config import RunConfig
-from gradscope.errors import check
-from gradscope.guard import check_bytes, safe_component
-from gradscope.models import SeqModel, core_class
-from gradscope.presets import SCALES, scale_configs
-from gradscope.models.pe import pe_numbers
-from gradscope.tasks.registry import probe_tasks
-from gradscope.tasks import make_task
+from gradscope.errors import GradscopeError, check
 from gradscope.files.checkpoint import checkpoint_iteration, resolve_checkpoints
+from gradscope.models.config import MAX_SIZE
+from gradscope.presets import SCALES
+from gradscope.store.io import write_store
+from gradscope.store.summary import summary_attrs, summary_dataset, trial_records
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
-from gradscope.workflows.common import as_seed, conditions_for
-from gradscope.workflows.stability import StabilityOptions, result_bytes, run_stability
+from gradscope.workflows.extension import study_extension, study_extension_plans
+from gradscope.workflows.lm import check_probe_shape
+from gradscope.workflows.lm_study import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
+from gradscope.workflows.runs import PES, Layout, PlannedRun, check_run_sizes, plan_runs  # noqa: F401 - re-exported
+from gradscope.workflows.stability import StabilityOptions, run_stability
+from gradscope.workflows.summarize import SummaryEntry, group_records, summarize_groups
 
-PES = ("none", "sinusoidal")
+STUDIES = ("reverse", "lm")
+SUMMARY_FIELDS = ("core", "pe")
 
 
 @dataclass(frozen=True)
-class PlannedRun:
-    name: str  # <core>-<pe>-s<seed>
-    config: RunConfig
+class StudyOptions:
+    """The synthetic (``study="reverse"``, SPEC §3) or language-modelling (``"lm"``, docs/lm.md) study,
+    named as `gradscope reproduce`'s flags. None: the study's default (models gru, lstm, s4d — lm: the
+    paper's lstm; seeds 1, 2, 3 — lm: 111, 222, 333 tiny, 111–555 paper; lm's probes at paragraph token
+    16 of rows of 32). ``extend_to``: also the vocabulary-extension experiment (paper §4.2)."""
+
+    study: str = "reverse"
+    scale: str = "tiny"
+    models: tuple[str, ...] | None = None
+    seeds: tuple[int, ...] | None = None
+    iterations: int | None = None
+    triplets: int = 64
+    target_pos: int | None = None
+    probe_length: int | None = None
+    corpus_text: Path | None = None
+    valid_file: Path | None = None
+    test_file: Path | None = None
+    extend_to: int | None = None
+    extend_iterations: int | None = None
 
     def __post_init__(self) -> None:
-        safe_component(self.name, "run name")  # it names a directory under the study's root
-
-    @property
-    def tokens(self) -> int:
-        """Tokens processed in training (batch × sequence length × iterations)."""
-        t = self.config.train
-        return t.iterations * t.batch_size * make_task(self.config.task).total_len
-
-    @property
-    def parameters(self) -> int:
-        """Trainable parameters, counted on the meta device (nothing is allocated)."""
-        with torch.device("meta"):
-            model = SeqModel(self.config.model)
-        return sum(p.numel() for p in model.parameters())
-
-    @property
-    def memory_bytes(self) -> int:
-        """A lower bound of training memory, from the config alone (nothing is built), so a refusal
-        is never a false alarm: float32 weights (at least the embedding, a position table, one H × H
-        recurrent matrix per layer and the readout), their gradients and two Adam moments; one batch's inputs, states
-        of every layer and logits at every step (autograd keeps more); the held-out data (int64)."""
-        m, t, task = self.config.model, self.config.train, self.config.task
-        weights = (m.vocab_size + 1) * m.embed_size + m.num_layers * m.hidden_size ** 2 + m.hidden_size * m.vocab_size
-        weights += pe_numbers(m.pe, m.embed_size, m.max_len)  # a position table
-        steps = 2 * task.length  # every task reads its input, then answers (at least as long)
-        own = core_class(m.core).token_floats(m.hidden_size, m.core_config)  # e.g. a selective scan's state
-        width = m.embed_size + (2 * m.hidden_size + own) * m.num_layers + m.vocab_size
-        grid = 4 * task.grid_per_cell * task.length * task.length
-        return 4 * (4 * weights + t.batch_size * steps * width) + 8 * steps * (2 * task.heldout_size + grid)
-
-    @property
-    def train_flops(self) -> float:
-        """≈ 6 × parameters × tokens (forward + backward), the usual dense-model estimate."""
-        return 6.0 * self.parameters * self.tokens
-
-
-def plan_runs(scale: str, models: list[str], seeds: list[int], iterations: int | None = None,
-              pes: tuple[str, ...] = PES) -> list[PlannedRun]:
-    """Every (model, PE, seed) run of the study, configured from :func:`scale_configs`."""
-    check(scale in SCALES, f"scale: got {scale!r}; valid scales are {', '.join(SCALES)}")
-    bases = scale_configs(scale)
-    check(bool(models), f"models: give at least one of {', '.join(bases)}")
-    for m in models:
-        check(m in bases, f"models: got {m!r}; valid models are {', '.join(bases)}")
-    check(bool(seeds), "seeds: give at least one seed")
-    seeds = [as_seed(s, "seeds") for s in seeds]
-    check(len(set(seeds)) == len(seeds), f"seeds: got {seeds}; a seed given twice would train the same run twice")
-    check(len(set(models)) == len(models), f"models: got {models}; a model given twice would train the same runs twice")
-    check(iterations is None or iterations > 0, f"iterations: got {iterations}; it must be positive")
-    runs = []
-    for core in models:
-        base = bases[core]
-        task = make_task(base.task)
-        model = dataclasses.replace(base.model, vocab_size=task.num_classes, max_len=task.total_len)
-        train_cfg = base.train
-        if iterations is not None:
-            every = max(1, iterations // 4)
-            train_cfg = dataclasses.replace(train_cfg, iterations=iterations, checkpoint_every=every,
-                                            log_every=max(1, min(train_cfg.log_every, every)),
-                                            warmup=min(train_cfg.warmup, iterations // 10))
-        for pe in pes:
-            for seed in seeds:
-                cfg = RunConfig(model=dataclasses.replace(model, pe=pe), task=base.task,
-                                train=dataclasses.replace(train_cfg, seed=seed))
-                runs.append(PlannedRun(f"{core}-{pe}-s{seed}", cfg))
-    return runs
-
-
-def check_run_sizes(r: PlannedRun, stability: StabilityOptions | None = None, checkpoints: int | None = None) -> None:
-    """Refuse a planned run (before it starts) whose training, or whose stability analysis over
-    ``checkpoints`` checkpoints (None: every one it saves), would not fit in memory."""
-    check_bytes(min(r.memory_bytes, 1 << 100), f"{r.name}: training (hidden {r.config.model.hidden_size}, vocab "
-                                f"{r.config.model.vocab_size}, batch {r.config.train.batch_size})")
-    if stability is not None and r.config.task.name in probe_tasks():
-        t = r.config.train
-        saved = checkpoints if checkpoints is not None else -(-t.iterations // t.checkpoint_every)
-        conditions = len(conditions_for(r.config.task, stability.target_freq, stability.disturbant))
-        check_bytes(min(result_bytes(conditions * stability.triplets, r.config.task.length, saved,
-                                     min(stability.sv, r.config.model.hidden_size)), 1 << 100), "triplets")
+        check(self.study in STUDIES, f"study: got {self.study!r}; valid studies are {', '.join(STUDIES)}")
+        check(self.scale in SCALES, f"scale: got {self.scale!r}; valid scales are {', '.join(SCALES)}")
+        for name in ("models", "seeds"):
+            value = getattr(self, name)
+            if value is not None:
+                check(len(value) > 0, f"{name}: the list is empty; leave it out for the study's default")
+                check(len(set(value)) == len(value), f"{name}: got {', '.join(map(str, value))}; a value repeats "
+                                                     f"(each names its runs)")
+                object.__setattr__(self, name, tuple(value))
+        if self.study == "lm":
+            check(self.models is None or self.models == ("lstm",),
+                  f"models: got {', '.join(map(repr, self.models or ()))}; the lm study trains the paper's LSTM only")
+        else:
+            check(self.target_pos is None and self.probe_length is None,
+                  "target_pos/probe_length: they set the lm study's probes (study lm)")
+            check(self.corpus_text is None and self.valid_file is None and self.test_file is None,
+                  "corpus_text/valid_file/test_file: they belong to the lm study (study lm)")
+        check(self.iterations is None or self.iterations >= 1, f"iterations: got {self.iterations}; it must be positive")
+        check(self.triplets >= 1, f"triplets: got {self.triplets}; it must be positive")
+        if self.extend_to is not None or self.extend_iterations is not None:
+            check(self.study == "reverse" and self.extend_to is not None,
+                  "extend_to/extend_iterations: the extension experiment extends the synthetic study's runs "
+                  "(study reverse); give extend_to K'")
+            check(self.extend_to <= MAX_SIZE, f"extend_to: got {self.extend_to}; it must be at most {MAX_SIZE}")
+            check(self.extend_iterations is None or self.extend_iterations >= 1,
+                  f"extend_iterations: got {self.extend_iterations}; it must be positive")
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Where a study puts its outputs."""
+class Study:
+    """A planned study: its runs (every one checked for memory), the stability options its runs share,
+    and its directory's layout."""
 
-    root: Path
+    options: StudyOptions
+    runs: list[PlannedRun]
+    stability: StabilityOptions
+    layout: Layout
 
-    def run(self, r: PlannedRun) -> Path:
-        return self.root / "runs" / r.name
 
-    def accuracy(self, r: PlannedRun) -> Path:
-        return self.root / "stores" / f"accuracy-{r.name}.zarr"
+@dataclass(frozen=True)
+class StudyResult:
+    """What :func:`run_study` wrote: per kind ("accuracy", "stability") the summary entries over the
+    runs' stores (grouped by core and PE) and the summary store's path; the extension table, if run."""
 
-    def stability(self, r: PlannedRun) -> Path:
-        return self.root / "stores" / f"stability-{r.name}.zarr"
+    study: Study
+    summaries: dict[str, list[SummaryEntry]] = field(default_factory=dict)
+    extension: str | None = None
 
-    @property
-    def summary_accuracy(self) -> Path:
-        return self.root / "summary-accuracy.zarr"
 
-    @property
-    def summary_stability(self) -> Path:
-        return self.root / "summary-stability.zarr"
+def plan_study(options: StudyOptions, out: Path) -> Study:
+    """The study's runs, checked before anything runs (memory of every run's training and stability;
+    the extension's sizes). The lm study prepares its corpus first (its vocabulary sizes the runs)."""
+    if options.study == "lm":
+        target_pos = 16 if options.target_pos is None else options.target_pos
+        length = 32 if options.probe_length is None else options.probe_length
+        stability = StabilityOptions(triplets=options.triplets, target_pos=target_pos, length=length)
+        if options.scale in ROW_LENGTH:  # before any work (an unknown scale is refused where the corpus is made)
+            check_probe_shape(target_pos, length, ROW_LENGTH[options.scale], "probe_length")
+        corpus = prepare_study_corpus(options.scale, out, options.corpus_text, options.valid_file, options.test_file)
+        seeds = options.seeds or ((111, 222, 333) if options.scale == "tiny" else tuple(PAPER_SEEDS))
+        runs = plan_lm_runs(options.scale, corpus, list(seeds), options.iterations)
+    else:
+        stability = StabilityOptions(triplets=options.triplets)
+        runs = plan_runs(options.scale, list(options.models or ("gru", "lstm", "s4d")), list(options.seeds or (1, 2, 3)),
+                         options.iterations)
+    for r in runs:  # before anything runs: every run's training and stability must fit in memory
+        check_run_sizes(r, stability)
+    if options.extend_to is not None:  # checked now, not after hours of training
+        vocab = max(r.config.task.vocab_size for r in runs)
+        check(options.extend_to > vocab, f"extend_to: got {options.extend_to}; it must exceed the study's "
+                                         f"vocabulary ({vocab})")
+        study_extension_plans(runs, options.extend_to, options.extend_iterations)
+    return Study(options, runs, stability, Layout(out))
 
-    @property
-    def report(self) -> Path:
-        return self.root / "report.html"
+
+def run_study(study: Study, *, command: str = "", on_train: Callable[[PlannedRun, int], None] | None = None,
+              on_step: Callable[[str, PlannedRun | None, str], None] | None = None,
+              on_event: Callable[[str, str], None] | None = None) -> StudyResult:
+    """Every run of the study, in order: train (or resume, or skip), its accuracy store and its stability
+    store (each skipped when it exists); then the accuracy and stability summary stores over the runs
+    (rewritten every time); then the extension experiment when asked. ``on_train(run, iteration)``
+    reports training steps; ``on_step(step, run, what)`` each finished step ("train", "accuracy",
+    "stability"; what it did); ``on_event`` the extension's messages."""
+    layout, runs = study.layout, study.runs
+    layout.root.mkdir(parents=True, exist_ok=True)
+    for r in runs:
+        done = train_step(r, layout, None if on_train is None else (lambda i, _log, r=r: on_train(r, i)), command)
+        if on_step is not None:
+            on_step("train", r, done)
+        for name, path in (("accuracy", layout.accuracy(r)), ("stability", layout.stability(r))):
+            ds = accuracy_step(r, layout, command) if name == "accuracy" else \
+                stability_step(r, layout, study.stability, command)
+            if ds is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_store(ds, path)
+            if on_step is not None:
+                on_step(name, r, "done earlier" if ds is None else "written")
+    summaries = {}
+    for kind, summary_path in (("accuracy", layout.summary_accuracy), ("stability", layout.summary_stability)):
+        paths = [layout.accuracy(r) if kind == "accuracy" else layout.stability(r) for r in runs]
+        records = [rec for p in paths for rec in trial_records(p)]
+        metrics = list(dict.fromkeys(m for rec in records for m in rec.metrics))
+        entries = summarize_groups(group_records(records, SUMMARY_FIELDS), SUMMARY_FIELDS, metrics)
+        write_store(summary_dataset(entries, SUMMARY_FIELDS, summary_attrs(command, SUMMARY_FIELDS, "trial", "percentile",
+                                                                           0.95, 10_000, paths, kind)),
+                    summary_path, overwrite=True)
+        summaries[kind] = entries
+    extension = None
+    if study.options.extend_to is not None:
+        extension = study_extension(layout, runs, study.options.extend_to, study.options.extend_iterations,
+                                    on_event=on_event)
+    return StudyResult(study, summaries, extension)
+
+
+def reproduce(out: str | Path = "study", **options: Any) -> StudyResult:
+    """The whole study from Python, as `gradscope reproduce` runs it (the report aside: ``gradscope report
+    OUT/runs/* OUT/stores/*.zarr``, or the command). options: the fields of :class:`StudyOptions`."""
+    try:
+        opts = StudyOptions(**options)
+    except TypeError as err:
+        raise GradscopeError(f"reproduce: {err}; valid options are the fields of StudyOptions") from None
+    return run_study(plan_study(opts, Path(out)))
 
 
 Event = Callable[[str, str], None]  # (step, message)
