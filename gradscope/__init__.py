@@ -27,6 +27,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from gradscope.errors import GradscopeError
+from gradscope.checkout import use_checkout_folders
+
+use_checkout_folders()  # a source checkout's top-level cli/ and reports/ as gradscope.cli and gradscope.reports
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name is imported on first use
     from gradscope.analysis.jacobian import JacobianResult, jvp_products, state_jacobian, vjp_products

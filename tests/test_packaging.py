@@ -34,3 +34,14 @@ def test_cli_and_reports_import_only_as_gradscope_packages(tmp_path: Path) -> No
     assert out.returncode == 0, out.stderr
     app, build = (Path(p) for p in out.stdout.split())
     assert app.parent.name == "cli" and build.parent.name == "reports"
+
+
+def test_a_script_run_from_the_checkout_finds_cli_and_reports() -> None:
+    """From the repository root the checkout's gradscope/ comes first on sys.path and shadows an
+    installed copy (a plain `pip install .` puts cli/ inside the installed package only): its finder
+    (gradscope/checkout.py) gives gradscope.cli and gradscope.reports from the top-level folders."""
+    code = "import gradscope.cli.app as a, gradscope.reports.build as b; print(a.__file__, b.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    app, build = (Path(p) for p in out.stdout.split())
+    assert app == ROOT / "cli" / "app.py" and build == ROOT / "reports" / "build.py"
