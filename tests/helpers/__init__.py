@@ -1,0 +1,1 @@
+"""Shared test helpers: contracts every registered unit must meet (contracts.py)."""
