@@ -91,3 +91,19 @@ def warn(message: str) -> None:
     """One line on stderr: ``warning: message``."""
     from .errors import err_console
     err_console.print(f"warning: {' '.join(message.split())}", markup=False)
+
+
+def check_text_source(ctx: typer.Context, command: str, text: Path | None, model_factory: str | None,
+                      config: Path | None, refused: list[str], why: str) -> None:
+    """The rules `stability` and `dynamics` share for their model source: --config goes with a
+    --model-factory weights file; --counts-text and --tokenizer go with --text; --text needs a model with
+    its own tokenizer, and refuses the options named in ``refused`` (``why``: the reason)."""
+    if model_factory is None and config is not None:
+        raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
+    if text is None:
+        refuse_given(ctx, ["counts_text", "tokenizer"], "they apply to --text (probes drawn from a raw text)")
+        return
+    if model_factory is None:
+        raise GradscopeError(f"--text: it needs a model with its own tokenizer: gradscope {command} DIR --model hf "
+                             "--text FILE (gradscope lm checkpoints draw their probes from their corpus)")
+    refuse_given(ctx, refused, why)

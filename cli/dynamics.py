@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 
-from .common import refuse_given, check_out, command_line, default_out, make_console, warn
+from .common import check_out, check_text_source, command_line, default_out, make_console, refuse_given, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -166,16 +166,8 @@ def dynamics_command(
     if model_factory is not None:
         refuse_given(ctx, ["target_freq", "disturbant", "corpus"], "a --model-factory model has no task groups or "
                      "corpus of its own (describe its tokens with --token-counts)")
-    if model_factory is None and config is not None:
-        raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
-    if text is None:
-        refuse_given(ctx, ["counts_text", "tokenizer"], "they apply to --text (probes drawn from a raw text)")
-    else:
-        if model_factory is None:
-            raise GradscopeError("--text: it needs a model with its own tokenizer: gradscope dynamics DIR --model hf "
-                                 "--text FILE (gradscope lm checkpoints draw their probes from their corpus)")
-        refuse_given(ctx, ["token_counts"], "with --text the steps are classed by the text's own counts "
-                     "(or --counts-text)")
+    check_text_source(ctx, "dynamics", text, model_factory, config, ["token_counts"],
+                      "with --text the steps are classed by the text's own counts (or --counts-text)")
     if model_factory is None and (length is not None or token_counts is not None):
         raise GradscopeError("--length/--token-counts: they describe probes for --model-factory models; "
                              "a gradscope checkpoint draws its probes from its task")

@@ -9,7 +9,7 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import check_out, command_line, default_out, make_console, refuse_given, warn
+from .common import check_out, check_text_source, command_line, default_out, make_console, refuse_given, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -103,15 +103,8 @@ def stability_command(
     if sv < 1:
         raise GradscopeError(f"--sv: got {sv}; it must be positive")
     check_resamples(resamples)
-    if model_factory is None and config is not None:
-        raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
-    if text is None:
-        refuse_given(ctx, ["counts_text", "tokenizer"], "they apply to --text (probes drawn from a raw text)")
-    else:
-        if model_factory is None:
-            raise GradscopeError("--text: it needs a model with its own tokenizer: gradscope stability DIR --model hf "
-                                 "--text FILE (gradscope lm checkpoints draw their probes from their corpus)")
-        refuse_given(ctx, ["token_counts", "probes", "filler"], "with --text the probes are drawn from the text")
+    check_text_source(ctx, "stability", text, model_factory, config, ["token_counts", "probes", "filler"],
+                      "with --text the probes are drawn from the text")
     if model_factory is None and (token_counts is not None or filler is not None):
         raise GradscopeError("--token-counts/--filler: they describe probes for --model-factory models; "
                              "gradscope checkpoints generate their own")
