@@ -31,13 +31,23 @@ def test_the_tape_gives_previous_states_bit_for_bit_in_any_order_with_sqrt_t_sta
             assert small.every == 50 and torch.equal(small.stacked(), kept)
 
 
-def test_gradient_flow_is_unchanged_when_its_states_come_from_segments(monkeypatch) -> None:
-    import gradscope.analysis.tape as tape_module
+def test_flow_grid_spectra_and_gates_are_unchanged_when_their_states_come_from_segments(monkeypatch) -> None:
+    """Every exact part reads its states from a tape; forcing segments (every ⌈√T⌉ steps recomputed)
+    gives the same numbers bit for bit."""
+    def run() -> list[torch.Tensor]:
+        out = []
+        for name in ("gru", "s4d"):
+            model = tiny_model(name, 12, 4, 4)
+            tokens = torch.randint(0, 12, (2, 30), generator=torch.Generator().manual_seed(2))
+            out += list(dyn.gradient_flow(model, tokens))
+            out.append(dyn.tT_grid(model, tokens))
+            out += list(dyn.step_spectra(model, tokens).values())
+            with torch.no_grad():
+                out.append(dyn.gate_norms(model.core, model.core_inputs(tokens))[1])
+        return out
 
-    model = tiny_model("gru", 12, 4, 4)
-    tokens = torch.randint(0, 12, (2, 30), generator=torch.Generator().manual_seed(2))
-    fro, spectral = dyn.gradient_flow(model, tokens)
-    monkeypatch.setattr(tape_module, "KEEP_BYTES", 0)
+    kept = run()
     monkeypatch.setattr(StateTape.__init__, "__kwdefaults__", {"every": None, "keep_bytes": 0})
-    fro2, spectral2 = dyn.gradient_flow(model, tokens)
-    assert torch.equal(fro, fro2) and torch.equal(spectral.nan_to_num(), spectral2.nan_to_num())
+    assert StateTape(tiny_model("gru", 12, 4, 4).core, torch.zeros(1, 30, 4, dtype=torch.float64)).every == 6
+    for a, b in zip(kept, run(), strict=True):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())

@@ -14,7 +14,9 @@ other protocol core (D reverse passes of a step).
 
 Costs below are per sequence (or trajectory); D = state width, H = output width, T = steps.
 Memory: every function holds O(B·D²) for the Jacobians of one step; :func:`tT_grid` holds
-O(B·T·D²) (all running products at once), so give it a few sequences at a time.
+O(B·T·D²) (all running products at once), so give it a few sequences at a time. The states before
+each step come from a :class:`~gradscope.analysis.tape.StateTape`, which keeps T × D of them only for
+short runs (issue #37 part 5); :func:`previous_states` returns them all, when asked.
 """
 
 from __future__ import annotations
@@ -252,14 +254,14 @@ def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tenso
         core, x = _inputs(model, tokens, T_max, name="T_max")
         B, T, _ = x.shape
         D = core.state_dim
-        prev = previous_states(core, x)
+        prev = StateTape(core, x)
         grid = x.new_full((B, T, T), math.nan)
         grid.diagonal(dim1=1, dim2=2).fill_(math.sqrt(D))
         form = diagonal_form(core)
         if form is not None:  # (block-)diagonal J_t: the running products stay (block-)diagonal, O(T²·D)
             P = None  # compact products of every running start t = 1 … end−1: (B, end−1, …)
             for end in range(2, T + 1):
-                d = diagonal_blocks(core, x[:, end - 1], prev[:, end - 1], end - 1)[0]
+                d = diagonal_blocks(core, x[:, end - 1], prev[end - 1], end - 1)[0]
                 if form == "block_diagonal":
                     P = d[:, None] if P is None else torch.cat([d[:, None] @ P, d[:, None]], dim=1)
                 else:
@@ -269,7 +271,7 @@ def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tenso
         P = x.new_empty(B, max(T - 1, 1), D, D)  # slot t−1: P_{t→current end}
         spare = torch.empty_like(P)
         for end in range(2, T + 1):  # J_end maps z_{end−1} to z_end
-            J = step_jacobian(core, x[:, end - 1], prev[:, end - 1], end - 1)  # (B, D, D)
+            J = step_jacobian(core, x[:, end - 1], prev[end - 1], end - 1)  # (B, D, D)
             n = end - 2  # starts t = 1 … end−2 already running
             if n:
                 torch.matmul(J[:, None], P[:, :n], out=spare[:, :n])
@@ -298,20 +300,20 @@ def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) 
         D = core.state_dim
         k = D if top_k is None else top_k
         check(isinstance(k, int) and 1 <= k <= D, f"top_k: got {top_k!r}; it must be an integer in [1, {D}] or None")
-        prev = previous_states(core, x)
+        prev = StateTape(core, x)  # never T × D for a long run: segments recomputed (bit-identical)
         radius = x.new_empty(B, T)
         singular = x.new_empty(B, T, k)
         structure = structure_of(core)
         form = diagonal_form(core)
         for t in range(T):
             if form is not None:  # (block-)diagonal J_t: O(D) (per-head blocks: their own decompositions)
-                blocks = diagonal_blocks(core, x[:, t], prev[:, t], t)
+                blocks = diagonal_blocks(core, x[:, t], prev[t], t)
                 radius[:, t] = _magnitudes(structure, blocks).amax(dim=-1)
                 singular[:, t] = _diagonal_svdvals(form, blocks[0])[:, :k]
                 continue
-            J = step_jacobian(core, x[:, t], prev[:, t], t)
+            J = step_jacobian(core, x[:, t], prev[t], t)
             if not structure.is_dense:  # block-triangular: the eigenvalues are the blocks' (no D × D eig)
-                radius[:, t] = _radius_from_blocks(core, structure, x[:, t], prev[:, t], t)
+                radius[:, t] = _radius_from_blocks(core, structure, x[:, t], prev[t], t)
                 singular[:, t] = finite_only(torch.linalg.svdvals, J)[:, :k]
                 continue
             radius[:, t] = finite_only(lambda j: torch.linalg.eigvals(j).abs().amax(dim=-1), J)
@@ -359,17 +361,17 @@ def trajectory_tokens(vocab_size: int, T: int, n: int, seed: int, distribution: 
 def gate_norms(core: nn.Module, x: Tensor) -> tuple[tuple[str, ...], Tensor]:
     """‖term‖_F of each gate term of J_t (they sum to J_t) at every step: x (B, T, in) →
     (term names, (B, T, G)). Cost: one dense (B, D, D) term per gate and step."""
-    z_prev = previous_states(core, x)
+    z_prev = StateTape(core, x)  # never T × D for a long run
     names: tuple[str, ...] = ()
     rows = []
     form = diagonal_form(core)
     if form is not None and len(getattr(core, "gate_names", ())) == 1:  # one term, J_t itself: O(D)
         for t in range(x.shape[1]):
-            d = diagonal_blocks(core, x[:, t], z_prev[:, t], t)[0]
+            d = diagonal_blocks(core, x[:, t], z_prev[t], t)[0]
             rows.append(_diagonal_fro2(form, d).sqrt()[:, None].to(x.dtype))
         return tuple(core.gate_names), torch.stack(rows, dim=1)
     for t in range(x.shape[1]):
-        terms = gate_terms(core, x[:, t], z_prev[:, t], t)
+        terms = gate_terms(core, x[:, t], z_prev[t], t)
         names = tuple(terms)
         rows.append(torch.stack([torch.linalg.matrix_norm(v) for v in terms.values()], dim=-1))  # (B, G)
     return names, torch.stack(rows, dim=1)
