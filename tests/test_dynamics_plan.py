@@ -143,3 +143,10 @@ def test_a_part_is_estimated_only_where_the_estimator_is_cheaper() -> None:
     est = estimator_seconds(shape, n=4, T=12, grid_sequences=plan.options.grid_sequences, sv=8, probes=16, iterations=30)
     assert all(est[p] < exact[p] for p in estimated)
     assert "spectra" in plan.options.parts and plan.methods["spectra"] == "exact"
+
+
+def test_a_real_size_structure_is_described_in_one_readable_line() -> None:
+    """The plan's Lyapunov line named all 48 blocks of mamba-130m; layers alike are said once."""
+    assert _mamba130m().describe() == "lower-triangular over 48 blocks: 24 layers × (conv block_diagonal(3), ssm diagonal)"
+    mixed = JacobianStructure((StateBlock("l0/conv", 0, 3, "block_diagonal", 3), StateBlock("l1/ssm", 3, 5, "diagonal")))
+    assert mixed.describe() == "lower-triangular over 2 blocks: l0/conv block_diagonal(3), l1/ssm diagonal"

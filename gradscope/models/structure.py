@@ -88,10 +88,32 @@ class JacobianStructure:
         return len(self.blocks) == 1 and self.blocks[0].form != "dense"
 
     def describe(self) -> str:
-        """One line, e.g. ``lower-triangular over 2 blocks: modes1 complex_diagonal, modes2 complex_diagonal``."""
-        parts = ", ".join(f"{b.name} {b.form}" + (f"({b.size})" if b.form == "block_diagonal" else "")
-                          for b in self.blocks)
-        return parts if len(self.blocks) == 1 else f"lower-triangular over {len(self.blocks)} blocks: {parts}"
+        """One line, e.g. ``lower-triangular over 2 blocks: modes1 complex_diagonal, modes2 complex_diagonal``;
+        layers named ``l0/…``, ``l1/…`` with the same blocks each are said once (``24 layers × (conv
+        block_diagonal(3), ssm diagonal)``), so a real-size model's plan stays one readable line."""
+        def one(name: str, b: StateBlock) -> str:
+            return f"{name} {b.form}" + (f"({b.size})" if b.form == "block_diagonal" else "")
+
+        parts = ", ".join(one(b.name, b) for b in self.blocks)
+        if len(self.blocks) == 1:
+            return parts
+        layers: list[list[tuple[str, str, int]]] = []
+        for b in self.blocks:
+            head, sep, rest = b.name.partition("/")
+            if not (sep and head[:1] == "l" and head[1:].isdigit()):
+                layers = []
+                break
+            index = int(head[1:])
+            if index == len(layers):
+                layers.append([])
+            elif index != len(layers) - 1:
+                layers = []
+                break
+            layers[-1].append((rest, b.form, b.size))
+        if len(layers) > 1 and all(layer == layers[0] for layer in layers):
+            first = [b for b in self.blocks if b.name.startswith("l0/")]
+            parts = f"{len(layers)} layers × ({', '.join(one(b.name.partition('/')[2], b) for b in first)})"
+        return f"lower-triangular over {len(self.blocks)} blocks: {parts}"
 
 
 def dense_structure(state_dim: int) -> JacobianStructure:
