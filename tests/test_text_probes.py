@@ -223,3 +223,9 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
     refused(runner.invoke(app, [*args, "--seed", "1"]), "another study", "accuracy.zarr")
     refused(runner.invoke(app, ["reproduce", "--model", str(model_dir), "-o", str(out)]), "--model/--text")
     refused(runner.invoke(app, [*args, "--scale", "paper"]), "--scale")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n")
+    fresh = tmp_path / "fresh"
+    refused(runner.invoke(app, ["reproduce", "--model", str(model_dir), "--text", str(blank), "-o", str(fresh)]),
+            "--text", "no paragraph")
+    assert not fresh.exists()  # a refused input leaves no study folder behind

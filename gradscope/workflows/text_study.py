@@ -117,7 +117,6 @@ def reproduce_text(model: str | Path, text: str | Path, *, out: str | Path, coun
     }
     stores = {step: where / f"{step}.zarr" for step in STEPS}
     todo = [step for step in STEPS if not _finished(stores[step], step, key)]
-    where.mkdir(parents=True, exist_ok=True)
     for step in STEPS:
         if step not in todo:
             if on_step is not None:
@@ -125,6 +124,7 @@ def reproduce_text(model: str | Path, text: str | Path, *, out: str | Path, coun
             continue
         ds = makers[step]()
         ds.attrs["text_study"] = key
+        where.mkdir(parents=True, exist_ok=True)  # only once a store is made: a refused input leaves nothing
         write_store(ds, stores[step])
         if on_step is not None:
             on_step(step, f"wrote {stores[step]}")
