@@ -229,3 +229,7 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
     refused(runner.invoke(app, ["reproduce", "--model", str(model_dir), "--text", str(blank), "-o", str(fresh)]),
             "--text", "no paragraph")
     assert not fresh.exists()  # a refused input leaves no study folder behind
+    refused(runner.invoke(app, ["reproduce", "--model", str(model_dir), "--text", str(text), "-o", str(fresh),
+                                "--probe-length", "100000"]), "--probe-length",
+            "no paragraph")  # before any work: no accuracy store first
+    assert not fresh.exists()

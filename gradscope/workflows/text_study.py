@@ -25,6 +25,7 @@ from gradscope.files.io import sha256_file
 from gradscope.store.io import read_store, write_store
 from gradscope.workflows.dynamics import DynamicsOptions
 from gradscope.workflows.stability import StabilityOptions
+from gradscope.workflows.text import tokenize_text
 from gradscope.workflows.text_accuracy import TextAccuracyOptions, run_text_accuracy
 from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text_dynamics, run_text_stability
 
@@ -117,6 +118,12 @@ def reproduce_text(model: str | Path, text: str | Path, *, out: str | Path, coun
     }
     stores = {step: where / f"{step}.zarr" for step in STEPS}
     todo = [step for step in STEPS if not _finished(stores[step], step, key)]
+    if todo:  # the text's own limits before any work (tokenised once: the steps read the cache)
+        tokens = tokenize_text(opts.text, Path(opts.tokenizer) if opts.tokenizer is not None else folder, what="text")
+        need = probe_length - (1 if tokens.start is not None else 0)
+        longest = int(tokens.lengths.max())
+        check(longest >= need, f"probe_length: got {probe_length}; no paragraph of {opts.text} has the {need} tokens "
+                               f"a row of {probe_length} needs (its longest has {longest}); give a smaller probe_length")
     for step in STEPS:
         if step not in todo:
             if on_step is not None:
