@@ -24,22 +24,11 @@ Opt = typer.Option
 
 
 def _ints(text: str, name: str) -> list[int]:
-    """Distinct comma-separated integers; an empty list is an error, never the default."""
+    """Comma-separated integers; an empty list is an error, never the default (repeats: StudyOptions)."""
     try:
-        values = [int(v) for v in split_list(text, name, "1,2,3")]
+        return [int(v) for v in split_list(text, name, "1,2,3")]
     except ValueError:
         raise GradscopeError(f"{name}: got {text!r}; give comma-separated integers such as 1,2,3") from None
-    if len(set(values)) != len(values):
-        raise GradscopeError(f"{name}: got {text!r}; a value repeats (each names one run)")
-    return values
-
-
-def _names(text: str, name: str) -> list[str]:
-    """Distinct comma-separated names; an empty list is an error, never the default."""
-    values = split_list(text, name, "gru,lstm")
-    if len(set(values)) != len(values):
-        raise GradscopeError(f"{name}: got {text!r}; a value repeats (each names its runs)")
-    return values
 
 
 def seconds_per_step(run: PlannedRun) -> float:
@@ -141,12 +130,10 @@ def reproduce_command(
     refuse_given(ctx, text_options, "they go with --model DIR --text FILE (a pretrained LM on raw text)")
     from gradscope.workflows.reproduce import StudyOptions, plan_study, run_study
 
-    if study != "lm":
-        refuse_given(ctx, ["target_pos", "probe_length"], "they set the lm study's probes (--study lm)")
     if not dry_run:
         refuse_given(ctx, ["measure"], "it goes with --dry-run")
     options = StudyOptions(
-        study=study, scale=scale, models=None if models is None else tuple(_names(models, "--models")),
+        study=study, scale=scale, models=None if models is None else tuple(split_list(models, "--models", "gru,lstm")),
         seeds=None if seeds is None else tuple(_ints(seeds, "--seeds")), iterations=iterations, triplets=triplets,
         target_pos=target_pos if given(ctx, "target_pos") else None,
         probe_length=probe_length if given(ctx, "probe_length") else None,
@@ -180,7 +167,7 @@ def reproduce_command(
         shown = [m for m in metrics if (m.startswith("stability/same-target/") if kind == "stability"
                                         else "/bin" not in m and m != "dl_distance")]
         console.print(summary_table([e for e in entries if e.metric in shown], 0.95, "percentile", "trial"))
-    report = write_report(planned.layout, runs, command)
+    report = study_report(planned.layout, runs, command)
     console.print(f"study in {out}: runs/, stores/, summary-accuracy.zarr, summary-stability.zarr, {report.name}")
     if result.extension is not None:
         console.print(result.extension, markup=False)  # "[low, high]" is text, not rich markup
@@ -192,9 +179,6 @@ def text_study(model: Path, text: Path, counts_text: Optional[Path], tokenizer: 
     """``reproduce --model DIR --text FILE``: gradscope.workflows.text_study, then the report."""
     from rich.markup import escape
 
-    from gradscope.files.io import atomic_write_text
-    from gradscope.reports.build import ReportOptions, render_report
-    from gradscope.store.inputs import load_inputs
     from gradscope.workflows.text_study import reproduce_text
 
     study = reproduce_text(model, text, out=out, counts_text=counts_text, tokenizer=tokenizer,
@@ -202,22 +186,24 @@ def text_study(model: Path, text: Path, counts_text: Optional[Path], tokenizer: 
                            probe_length=probe_length, max_length=max_length, resamples=resamples, seed=seed,
                            budget_seconds=budget_seconds, command=command,
                            on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")))
-    page, _ = render_report(load_inputs(list(study.stores.values())),
-                            ReportOptions(title=f"gradscope reproduce: {model.name} on {text.name}", command=command))
-    report = out / "report.html"
-    atomic_write_text(report, page)
+    report = write_report(list(study.stores.values()), out / "report.html",
+                          f"gradscope reproduce: {model.name} on {text.name}", command)
     console.print(escape(f"study in {out}: {', '.join(p.name for p in study.stores.values())}, {report.name}"))
 
 
-def write_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:
+def study_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> Path:
     """One offline HTML report over every run's training log and stores, and the summaries."""
-    from gradscope.reports.build import render_report, ReportOptions
-    from gradscope.store.inputs import load_inputs
-    from gradscope.files.io import atomic_write_text
-
     paths = [layout.run(r) for r in runs] + [p for r in runs for p in (layout.accuracy(r), layout.stability(r))]
     paths += [p for p in (layout.summary_accuracy, layout.summary_stability) if p.exists()]
-    page, _ = render_report(load_inputs(paths), ReportOptions(title="gradscope reproduce: vanilla vs positional "
-                                                                    "encoding", command=command))
-    atomic_write_text(layout.report, page)
-    return layout.report
+    return write_report(paths, layout.report, "gradscope reproduce: vanilla vs positional encoding", command)
+
+
+def write_report(paths: list[Path], report: Path, title: str, command: str) -> Path:
+    """The offline HTML report over ``paths`` (runs and stores), written atomically to ``report``."""
+    from gradscope.files.io import atomic_write_text
+    from gradscope.reports.build import ReportOptions, render_report
+    from gradscope.store.inputs import load_inputs
+
+    page, _ = render_report(load_inputs(paths), ReportOptions(title=title, command=command))
+    atomic_write_text(report, page)
+    return report

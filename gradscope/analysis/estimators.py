@@ -25,6 +25,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from gradscope.analysis.cost import VJP_CHUNK
 from gradscope.analysis.jacobian import state_readout
 from gradscope.analysis.tape import StateTape, state_at
 from gradscope.errors import GradscopeError
@@ -33,7 +34,6 @@ from gradscope.models.core import step_at
 PROBES = 16  # Hutchinson vectors per value: se/value ≈ sqrt(2/probes) for a rank-one-dominated matrix
 ITERATIONS = 30  # subspace iterations for the top singular values
 OVERSAMPLE = 8  # extra subspace vectors beyond the k kept
-CHUNK_NUMBERS = 6_000_000  # rows of one VJP call: at most this many numbers (B·m·D), see _chunked
 
 
 def _repeat(x: Tensor, z: Tensor, m: int) -> tuple[Tensor, Tensor]:
@@ -43,11 +43,11 @@ def _repeat(x: Tensor, z: Tensor, m: int) -> tuple[Tensor, Tensor]:
 
 
 def _chunked(fn, x: Tensor, z: Tensor, V: Tensor) -> Tensor:  # noqa: ANN001 - fn(x, z, V) → (B, m, D)
-    """fn over row blocks of at most CHUNK_NUMBERS numbers (B·m·D): a reverse pass at real size slows 5×
+    """fn over row blocks of at most :data:`~gradscope.analysis.cost.VJP_CHUNK` numbers (B·m·D): a reverse pass at real size slows 5×
     past ~8 rows of a mamba-130m state (1.49 s for 16 rows, 0.29 s for 8; measured on this workplace's
     CPU), so rows go 8 at a time there; small models run in one go, so their numbers do not change."""
     B, m, D = V.shape
-    per = max(1, CHUNK_NUMBERS // max(1, B * D))
+    per = max(1, VJP_CHUNK // max(1, B * D))
     if m <= per:
         return fn(x, z, V)
     return torch.cat([fn(x, z, V[:, i:i + per]) for i in range(0, m, per)], dim=1)

@@ -25,6 +25,7 @@ MATMUL64 = 2.0e-11  # float64
 ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t, norms of stored matrices)
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
+TAPE_NUMBERS = KEEP_BYTES // 4  # a state tape keeps every state below this many float32 numbers
 
 
 def eig_seconds(d: int) -> float:
@@ -143,7 +144,7 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
     m, S, D, k, s = trajectories, steps, shape.D, exponents, shape.structure
     per = shape.step_flops * STEP_FLOP + 6 * CALL / m  # the state's own step, and the loop
     if not s.is_dense:
-        per += shape.blocks_seconds() - (shape.step_flops * STEP_FLOP if shape.fused else 0.0)
+        per += ELEMENT * 4 * shape.D if shape.fused else shape.blocks_seconds()  # fused: the step gives the blocks
         for b in s.blocks:
             w = b.width
             if b.form == "dense":
@@ -193,8 +194,5 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
     kept = {"flow": 2 * n * T, "grid": g * T * T, "spectra": n * T * (1 + k), "gates": n * T * shape.gates,
             "lyapunov": m * (2 * S // 10 + 8) * e}
     return {p: 8 * (2 * n * T + work[p]) for p in work}, {p: 8 * kept[p] for p in kept}
-
-
-TAPE_NUMBERS = KEEP_BYTES // 4  # a state tape keeps every state below this many float32 numbers
 
 PROCESS_BYTES = 400 * 2**20  # the interpreter with torch, xarray and zarr loaded (measured maxrss: ~350 MB)

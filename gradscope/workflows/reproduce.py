@@ -100,7 +100,8 @@ class Study:
 @dataclass(frozen=True)
 class StudyResult:
     """What :func:`run_study` wrote: per kind ("accuracy", "stability") the summary entries over the
-    runs' stores (grouped by core and PE) and the summary store's path; the extension table, if run."""
+    runs' stores, grouped by core and PE (their stores: ``study.layout.summary_<kind>``); the extension
+    table, if run."""
 
     study: Study
     summaries: dict[str, list[SummaryEntry]] = field(default_factory=dict)
@@ -147,9 +148,10 @@ def run_study(study: Study, *, command: str = "", on_train: Callable[[PlannedRun
         done = train_step(r, layout, None if on_train is None else (lambda i, _log, r=r: on_train(r, i)), command)
         if on_step is not None:
             on_step("train", r, done)
-        for name, path in (("accuracy", layout.accuracy(r)), ("stability", layout.stability(r))):
-            ds = accuracy_step(r, layout, command) if name == "accuracy" else \
-                stability_step(r, layout, study.stability, command)
+        for name, make, path in (("accuracy", lambda: accuracy_step(r, layout, command), layout.accuracy(r)),
+                                 ("stability", lambda: stability_step(r, layout, study.stability, command),
+                                  layout.stability(r))):
+            ds = make()
             if ds is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_store(ds, path)
