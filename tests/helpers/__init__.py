@@ -1,1 +1,4 @@
-"""Shared test helpers: contracts every registered unit must meet (contracts.py)."""
+"""Shared test helpers, imported as ``tests.helpers.<module>``: contracts every registered unit must meet
+(contracts.py), small real runs (runs.py), the fuzz and fault kits (fuzzkit.py, faultkit.py, storekit.py),
+tiny cores (cores.py), float tolerances (floats.py), the library adapters' brute forces (adapterkit.py)
+and the report's layout measure (layout_check.py)."""

@@ -1,0 +1,171 @@
+"""gradscope.wrap(transformers MambaForCausalLM / FalconMambaForCausalLM) against a float64 brute force
+through transformers' own forward and cache (tests/adapterkit.py), and the CLI on a saved model directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import gradscope  # noqa: E402
+from tests.helpers.adapterkit import (Family, check_gradient_flow, check_lyapunov_sum, check_stability,  # noqa: E402
+                        check_state_jacobian, probes)
+
+from gradscope.errors import GradscopeError  # noqa: E402
+
+B, T, V = 3, 6, 20
+RTOL = 2e-6  # transformers rounds its SSM scan and norms to float32 even in float64
+
+
+def tiny(falcon: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cls, cfg_cls = ((transformers.FalconMambaForCausalLM, transformers.FalconMambaConfig) if falcon
+                    else (transformers.MambaForCausalLM, transformers.MambaConfig))
+    cfg = cfg_cls(vocab_size=V, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=3,
+                  time_step_rank=2, use_bias=True)
+    model = cls(cfg).eval().double()
+    with torch.no_grad():  # the default init leaves D = 1 and zero biases: make every term count
+        for layer in model.backbone.layers:
+            layer.mixer.D.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(2))
+            layer.mixer.conv1d.bias.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(3))
+            layer.norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(4))
+    return model
+
+
+def family(model: torch.nn.Module) -> Family:
+    """Mamba's cache in the documented layout: per layer the conv window without its oldest (never read)
+    entry (I, K−1), then the SSM state (I, N)."""
+    bb = model.backbone
+    L = len(bb.layers)
+
+    def read(cache) -> list[torch.Tensor]:  # noqa: ANN001
+        out = []
+        for l in range(L):
+            out += [cache.layers[l].conv_states[0][:, :, 1:], cache.layers[l].recurrent_states[0]]
+        return out
+
+    def state(tokens: torch.Tensor) -> list[torch.Tensor]:
+        return [q.clone() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
+
+    def step(parts: list[torch.Tensor], columns: torch.Tensor, t0: int):  # noqa: ANN202
+        with torch.no_grad():
+            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
+        for l in range(L):
+            old = cache.layers[l].conv_states[0]
+            cache.layers[l].conv_states[0] = torch.cat([torch.zeros_like(old[:, :, :1]), parts[2 * l]], dim=-1)
+            cache.layers[l].recurrent_states[0] = parts[2 * l + 1].clone()
+        for t in range(columns.shape[1]):  # the one-token (recurrent) path, token by token
+            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
+        return y, read(cache)
+
+    return Family(model, state, step, V)
+
+
+@pytest.fixture(scope="module")
+def mamba():  # noqa: ANN201
+    model = tiny()
+    return model, gradscope.wrap(model), family(model)
+
+
+def tokens(seed: int, n: int = B, length: int = T) -> torch.Tensor:
+    return torch.randint(0, V, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_wrap_runs_on_the_model_itself(mamba) -> None:  # noqa: ANN001
+    model, wrapped, _ = mamba
+    core = wrapped.core
+    assert core.model is model.backbone and wrapped.readout is model.lm_head
+    assert wrapped.inputs.embedding is model.backbone.embeddings
+    ours = {p.data_ptr() for p in wrapped.parameters()}
+    assert all(p.data_ptr() in ours for p in model.parameters())  # the same tensors, no copies
+    assert list(core.state_layout()) == ["l0/conv", "l0/ssm", "l1/conv", "l1/ssm"]
+    assert core.state_dim == 2 * 16 * (2 + 4)
+    assert wrapped.library_error < 1e-6
+    with torch.no_grad():
+        logits = model(input_ids=tokens(9), use_cache=False).logits
+        assert float((wrapped(tokens(9)) - logits).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("p,method", [(1, "vjp"), (3, "func"), (T - 1, "auto")])
+def test_state_jacobian_matches_the_library(mamba, p: int, method: str) -> None:  # noqa: ANN001
+    model, wrapped, fam = mamba
+    check_state_jacobian(fam, wrapped, tokens(1), p, method, RTOL)
+
+
+def test_stability_gradient_flow_and_lyapunov_sum(mamba) -> None:  # noqa: ANN001
+    model, wrapped, fam = mamba
+    check_stability(fam, wrapped, L=5, p=2, rtol=1e-6)
+    check_gradient_flow(fam, wrapped, tokens(2, n=2), rtol=RTOL)
+    check_lyapunov_sum(fam, wrapped, tokens(3, n=2, length=10), warmup=2, atol=1e-6)
+
+
+def test_falcon_mamba_shares_the_adapter() -> None:
+    model = tiny(falcon=True)
+    wrapped = gradscope.wrap(model)
+    assert wrapped.core.falcon and wrapped.library_error < 1e-6
+    check_state_jacobian(family(model), wrapped, tokens(4), 2, "vjp", RTOL)
+
+
+def test_a_changed_mixer_is_refused() -> None:
+    model = tiny()
+
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):  # noqa: ANN001, ANN202
+        return 1.5 * type(self).forward(self, hidden_states, cache=cache, attention_mask=attention_mask)
+
+    mixer = model.backbone.layers[0].mixer
+    mixer.forward = forward.__get__(mixer)
+    with pytest.raises(GradscopeError, match="disagree") as err:
+        gradscope.wrap(model)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> None:  # noqa: ANN001
+    import numpy as np
+    import xarray as xr
+
+    from gradscope.cli.app import app
+
+    model = tiny().float()
+    model.save_pretrained(tmp_path / "mamba")
+    assert json.loads((tmp_path / "mamba" / "config.json").read_text())["architectures"] == ["MambaForCausalLM"]
+    probes_file = tmp_path / "p.npy"
+    tok = probes(V, 3, 6, 2, seed=6)
+    np.save(probes_file, tok.numpy())
+    out = tmp_path / "s.zarr"
+    result = runner.invoke(app, ["stability", str(tmp_path / "mamba"), "--model-factory", "hf", "--probes",
+                                 str(probes_file), "--target-pos", "2", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.stderr
+    ds = xr.open_zarr(out, consolidated=False).load()
+    loaded = transformers.MambaForCausalLM.from_pretrained(tmp_path / "mamba", local_files_only=True).eval()
+    ref = gradscope.stability(gradscope.wrap(loaded), probes=tok, target_pos=2)  # the Python API on the same files
+    np.testing.assert_allclose(ds["score_default"].values, ref["score_default"].values, rtol=0, atol=1e-6)
+    assert np.isfinite(ds["score_default"].values).all()
+    assert "MambaForCausalLM" in ds.attrs["model_config"]
+    result = runner.invoke(app, ["stability", str(tmp_path / "mamba" / "model.safetensors"), "--model",
+                                 "hf:MambaForCausalLM", "--config", str(tmp_path / "mamba" / "config.json"),
+                                 "--probes", str(probes_file), "--target-pos", "2", "-o", str(tmp_path / "w.zarr"), "-q"])
+    assert result.exit_code == 0, result.stderr  # a weights file and its config: the same scores
+    ws = xr.open_zarr(tmp_path / "w.zarr", consolidated=False).load()
+    np.testing.assert_allclose(ws["score_default"].values, ref["score_default"].values, rtol=0, atol=1e-6)
+    out = tmp_path / "d.zarr"
+    result = runner.invoke(app, ["dynamics", str(tmp_path / "mamba"), "--model-factory", "hf:MambaForCausalLM",
+                                 "--parts", "flow,lyapunov", "--sequences", "2", "--length", "5",
+                                 "--trajectories", "1", "--steps", "20", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.stderr
+    ds = xr.open_zarr(out, consolidated=False).load()
+    from rich.console import Console
+
+    from gradscope.cli.dynamics import dynamics_table
+    console = Console(record=True, width=300)
+    console.print(dynamics_table(ds))  # no readout from the state: the flow ratio ends at z_{T−1}, not nan
+    shown = console.export_text()
+    assert "|dy_T/dz_1| / |dy_T/dz_T−1|" in shown and " nan " not in shown.split("\n")[3], shown
+    lam = ds["lyapunov"].values[0, 0]
+    assert np.isneginf(lam).sum() == 2 * 16 * 2  # every conv-window exponent is −∞ (a shift register)
+    assert np.isfinite(lam).sum() == 2 * 16 * 4
+    bad = runner.invoke(app, ["dynamics", str(tmp_path / "mamba"), "--model-factory", "hf:NoSuchModel",
+                              "-o", str(tmp_path / "x.zarr")])
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1 and "NoSuchModel" in bad.stderr

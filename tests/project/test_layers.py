@@ -1,0 +1,151 @@
+"""The package's layers point one way (issues #14, #24): every package and top-level module of
+gradscope has a rank of its own, and a module imports only from its own package or lower ranks
+(docs/architecture.md draws the graph). reports read data only through store; the library never
+imports typer or plotly; no import cycles, and no function-level imports of gradscope modules in
+the library."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# cli/ and reports/ sit at the top level (the design card) and install as gradscope.cli and gradscope.reports
+PACKAGES = {"gradscope": ROOT / "gradscope", "gradscope.cli": ROOT / "cli", "gradscope.reports": ROOT / "reports"}
+# layer rank, one per package: a module may import only from its own layer or lower ones
+RANK = {"cli": 15, "reports": 14, "workflows": 13, "store": 12, "train": 11, "files": 10, "analysis": 9, "presets": 8,
+        "config": 7, "tasks": 6, "corpus": 5, "models": 4, "guard": 3, "fields": 2, "version": 1, "errors": 0,
+        "checkout": -1}  # checkout: how gradscope.cli and gradscope.reports are found in a source checkout
+
+
+# packages whose ranks differ but which import neither each other: both stand on files/ alone
+SIBLINGS = [("store", "train")]
+
+PACKAGE_NAMES: set[str] = set()
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("").parts
+            name = ".".join([package, *rel]).removesuffix(".__init__")
+            if path.name == "__init__.py":
+                PACKAGE_NAMES.add(name)
+            found[name] = ast.parse(path.read_text())
+    assert {"gradscope.cli.app", "gradscope.reports.build", "gradscope.workflows.stability"} <= set(found)
+    return found
+
+
+def imports(tree: ast.Module, name: str, top_level_only: bool) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every import in the tree."""
+    def type_checking(node: ast.AST) -> bool:  # `if TYPE_CHECKING:` blocks never run
+        return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+    skipped = {id(c) for m in tree.body if type_checking(m) for c in ast.walk(m)}
+    top = {id(n) for n in tree.body} | {id(n) for n in ast.walk(tree) if isinstance(n, ast.If)
+                                        and any(id(n) == id(m) for m in tree.body)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package, up level − 1 more
+                parts = name.split(".") if name in PACKAGE_NAMES else name.split(".")[:-1]
+                parent = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parent + ([base] if base else []))
+            targets = [base]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        at_top = id(node) in top or any(id(node) in {id(c) for c in ast.walk(m)} for m in tree.body if isinstance(m, ast.If))
+        if top_level_only and id(node) in skipped:
+            continue  # a type checker's import, not a run-time edge
+        for t in targets:
+            out.append((t, node.lineno, at_top))
+    return out
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "gradscope" and len(parts) > 1 else None
+
+
+def test_every_package_has_a_rank_of_its_own() -> None:
+    """Two packages of one rank could import each other (train and store once did, through a cycle
+    the check could not see); a package without a rank would escape the check."""
+    assert len(set(RANK.values())) == len(RANK)
+    found = {layer(name) for name in modules()} - {None}
+    assert found == set(RANK), f"unranked: {sorted(found - set(RANK))}; ranked but gone: {sorted(set(RANK) - found)}"
+
+
+def test_layers_point_one_way() -> None:
+    bad = []
+    for name, tree in modules().items():
+        me = layer(name)
+        for target, line, _ in imports(tree, name, False):
+            other = layer(target)
+            if me is not None and other is not None and other != me and RANK[other] > RANK[me]:
+                bad.append(f"{name}:{line} imports {target}")
+            if (me, other) in SIBLINGS or (other, me) in SIBLINGS:
+                bad.append(f"{name}:{line} imports {target}: {me} and {other} share files/ and import neither each other")
+            if me == "reports" and other not in (None, "reports", "store", "files", "errors", "version"):
+                bad.append(f"{name}:{line} (reports) imports {target}: reports read data through store only "
+                           f"(and write files through files/)")
+    assert not bad, "\n".join(bad)
+
+
+def test_library_never_imports_typer_or_plotly_and_has_no_hidden_imports() -> None:
+    bad = []
+    for name, tree in modules().items():
+        if layer(name) in ("cli", "reports"):
+            continue
+        for target, line, at_top in imports(tree, name, False):
+            if target.split(".")[0] in ("typer", "plotly", "click", "rich"):
+                bad.append(f"{name}:{line} imports {target}")
+            if target.startswith("gradscope") and not at_top:
+                bad.append(f"{name}:{line} imports {target} inside a function")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles() -> None:
+    mods = modules()
+    graph = {name: set() for name in mods}
+    for name, tree in mods.items():
+        for target, _, at_top in imports(tree, name, True):
+            if at_top and target in mods and target != name:
+                graph[name].add(target)
+    # a package's __init__ importing its own submodules is not a cycle through them
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "\n".join(" → ".join(c) for c in cycles)
+
+
+def test_the_checks_can_fail() -> None:
+    """The cycle and layer checks see a planted violation."""
+    tree = ast.parse("from gradscope.workflows.stability import run_stability\n")
+    assert [t for t, _, _ in imports(tree, "gradscope.store.x", False)] == ["gradscope.workflows.stability"]
+    assert RANK[layer("gradscope.workflows.stability")] > RANK[layer("gradscope.store.x")]
+    sideways = ast.parse("from gradscope.train.loop import train\n")
+    assert [t for t, _, _ in imports(sideways, "gradscope.store.x", False)] == ["gradscope.train.loop"]
+    assert RANK[layer("gradscope.train.loop")] != RANK[layer("gradscope.store.x")]  # one of them is upward
+    nested = ast.parse("def f():\n    from gradscope.models import SeqModel\n")
+    assert [at_top for _, _, at_top in imports(nested, "gradscope.analysis.x", False)] == [False]

@@ -1,0 +1,86 @@
+"""One API level per job (issue #24): the workflow functions share one signature shape
+``(source, *, options…) → xarray.Dataset``, take a path or a loaded checkpoint (never read again),
+and name their options as the CLI's flags; summarize gives in Python the numbers the CLI prints."""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+import typer.testing
+
+import gradscope
+from gradscope.cli.app import app
+from gradscope.store.io import write_store
+from gradscope.workflows.stability import StabilityOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = [ROOT / "sample_checkpoints" / f"gru60k-none-s{s}" for s in (1, 2)]
+CKPT = RUNS[0] / "step-0060000.pt"
+# Python-only options: what a command takes in another form (a file, a model of your own), or not at all
+PYTHON_ONLY = {"stability": {"probes", "split"}, "dynamics": {"tokens", "trajectory_tokens", "counts", "options"},
+               "accuracy": set(), "summarize": {"source"}}
+
+
+def test_workflow_options_are_named_as_the_flags() -> None:
+    commands = typer.main.get_command(app).commands
+    for name in ("stability", "accuracy", "dynamics", "summarize"):
+        params = inspect.signature(getattr(gradscope, name)).parameters
+        first, *rest = params.values()
+        assert first.name == "source" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+        assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in rest), f"{name}: options are keywords only"
+        flags = {opt.lstrip("-").replace("-", "_") for p in commands[name].params for opt in p.opts}
+        options = {p.name for p in rest if p.kind is p.KEYWORD_ONLY}
+        assert options - PYTHON_ONLY[name] <= flags, f"{name}: {sorted(options - PYTHON_ONLY[name] - flags)} have no flag"
+    fields = {f for f in StabilityOptions.__dataclass_fields__ if f not in ("token_counts", "length", "filler", "split")}
+    flags = {opt.lstrip("-").replace("-", "_") for p in commands["stability"].params for opt in p.opts}
+    assert {f for f in fields if StabilityOptions.__dataclass_fields__[f]._field_type.name == "_FIELD"} <= flags
+
+
+def test_old_option_names_still_work_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="target_pos"):
+        opts = StabilityOptions(position=3, top_sv=5, chunk=7)
+    assert (opts.target_pos, opts.sv, opts.batch_size) == (3, 5, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert StabilityOptions(target_pos=3).target_pos == 3
+    with pytest.warns(DeprecationWarning, match="probes="), pytest.raises(gradscope.GradscopeError, match="gone.npy"):
+        gradscope.stability(CKPT, probes_file=ROOT / "gone.npy")  # the old name is used, not dropped
+
+
+def test_a_loaded_checkpoint_is_not_read_again(tmp_path: Path) -> None:
+    """accuracy and dynamics on a Loaded equal them on its file, with the file gone meanwhile."""
+    copy = tmp_path / "step-0060000.pt"
+    shutil.copy(CKPT, copy)
+    loaded = gradscope.load(copy)
+    by_path = gradscope.accuracy(copy), gradscope.dynamics(copy, parts="flow", sequences=1)
+    copy.unlink()
+    by_loaded = gradscope.accuracy(loaded), gradscope.dynamics(loaded, parts="flow", sequences=1)
+    for a, b in zip(by_path, by_loaded):
+        for name in ("token_accuracy", "grid_bin_accuracy", "flow_fro"):
+            if name in a:
+                np.testing.assert_allclose(a[name].values, b[name].values, rtol=1e-6, atol=1e-9)
+    assert "token_accuracy" in by_path[0] and "flow_fro" in by_path[1]
+
+
+def test_summarize_in_python_gives_the_cli_numbers(tmp_path: Path) -> None:
+    stores = []
+    for run in RUNS:
+        ds = gradscope.accuracy(run / "step-0060000.pt")
+        stores.append(write_store(ds, tmp_path / f"acc-{run.name}.zarr"))
+    summary = gradscope.summarize(stores, resamples=200)
+    row = summary.sel(metric="token_accuracy").isel(group=0)
+    per_seed = [float(gradscope.summarize(s, resamples=200).sel(metric="token_accuracy")["mean"].values[0])
+                for s in stores]
+    assert int(row["n"]) == 2 and abs(float(row["mean"]) - np.mean(per_seed)) < 1e-12
+    out = tmp_path / "cli.zarr"
+    result = typer.testing.CliRunner().invoke(app, ["summarize", *map(str, stores), "--resamples", "200", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    cli = gradscope.store.read_store(out)
+    for name in ("mean", "low", "high", "n"):
+        np.testing.assert_allclose(cli[name].values, summary[name].values, rtol=1e-12, equal_nan=True)

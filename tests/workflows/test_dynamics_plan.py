@@ -1,0 +1,152 @@
+"""The dynamics plan (issue #37 part 2): one estimate of time and memory from the declared structure
+decides; defaults shrink to fit the budget, and say so, instead of refusing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gradscope.errors import GradscopeError
+from gradscope.models.structure import JacobianStructure, StateBlock
+from gradscope.workflows.dynamics import DynamicsOptions, core_shape, plan_bytes, plan_dynamics, run_dynamics
+from gradscope.workflows.dynamics_cost import CoreShape
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_checkpoints"
+
+
+class Planned(Exception):
+    """Raised from on_plan: the plan is made, no work is done."""
+
+
+@pytest.mark.parametrize("name", ["mamba-none-s1", "lstm-none-s1", "s4d-none-s1", "gru-none-s1"])
+def test_defaults_plan_work_that_fits_the_budget_on_the_shipped_samples(name: str) -> None:
+    plans = []
+
+    def stop(plan) -> None:  # noqa: ANN001
+        plans.append(plan)
+        raise Planned
+
+    with pytest.raises(Planned):
+        run_dynamics([SAMPLES / name], DynamicsOptions(), on_plan=stop)
+    plan = plans[0]
+    assert sum(plan.seconds.values()) * plan.checkpoints <= DynamicsOptions().budget_seconds
+    assert plan.options.resolved and "lyapunov" in plan.options.parts and plan.lines
+    assert "plan:" in plan.describe()
+
+
+def test_explicit_work_over_the_budget_names_budget_seconds() -> None:
+    with pytest.raises(GradscopeError, match="--budget-seconds"):
+        run_dynamics([SAMPLES / "lstm-none-s1"], DynamicsOptions(trajectories=8, steps=1000, exponents=256))
+    big = DynamicsOptions(trajectories=8, steps=1000, budget_seconds=1e6)  # the defaults before #37, exactly
+    with pytest.raises(Planned):
+        run_dynamics([SAMPLES / "lstm-none-s1"], big, on_plan=lambda plan: (_ for _ in ()).throw(Planned()))
+
+
+def _mamba130m() -> JacobianStructure:
+    """mamba-130m's declared structure: per layer a conv shift register (3 × 1536, per-channel 3 × 3
+    blocks) and 1536 × 16 diagonal SSM modes; D = 700,416."""
+    blocks, at = [], 0
+    for layer in range(24):
+        blocks.append(StateBlock(f"l{layer}/conv", at, at + 4608, "block_diagonal", 3))
+        blocks.append(StateBlock(f"l{layer}/ssm", at + 4608, at + 29184, "diagonal"))
+        at += 29184
+    return JacobianStructure(tuple(blocks))
+
+
+def test_lyapunov_memory_uses_the_declared_structure() -> None:
+    structure = _mamba130m()
+    D = structure.state_dim
+    assert D == 700_416
+    shape = CoreShape(D, 768, 768, 1, structure, 2.0 * 130e6, False)
+    opts = DynamicsOptions(parts="lyapunov", budget_seconds=3600)
+    plan = plan_dynamics(opts, 1, 4, D, 768, structure, 1, 1000, 1, shape=shape)
+    assert plan.engine == "structured" and plan.exponents == D
+    assert plan_bytes(plan, 1, 4, shape) < 8 * 2**30  # 62,808.7 GB before: D × D
+
+
+def test_a_block_triangular_sample_is_estimated_matrix_free_with_error_bars_stored(tmp_path) -> None:
+    """The shipped Mamba sample (D = 1,536, block-triangular): grid, step singular values and ‖J_t‖_F
+    would form D × D (minutes); the plan estimates them from JVPs and the store keeps their errors."""
+    import gradscope
+    from gradscope.store.io import write_store
+
+    opts = DynamicsOptions(parts="grid,spectra", sequences=1, grid_sequences=1, sv=2, budget_seconds=40)
+    run = run_dynamics([SAMPLES / "mamba-none-s1" / "step-0006000.pt"], opts)
+    assert run.plan.methods == {"grid": "estimate", "spectra": "estimate"}
+    write_store(run.to_xarray(), tmp_path / "d.zarr")
+    ds = gradscope.open_store(tmp_path / "d.zarr") if hasattr(gradscope, "open_store") else run.to_xarray()
+    for name in ("tT_grid_se", "step_sv_bound"):
+        assert name in ds
+    assert not any(run.nonfinite.values())
+    upper = np.triu(np.ones(ds.sizes["t"], dtype=bool), k=1)
+    assert (ds["tT_grid_se"].values[0, 0][upper] > 0).all()
+
+
+def test_flow_of_a_real_size_structure_is_estimated_from_vjps_and_stores_its_error(tmp_path) -> None:
+    """At mamba-130m's size the exact flow carries all H = 768 output rows through every step (hours); the
+    plan estimates it from probe rows instead, within the memory of a laptop, and the store keeps the
+    standard error beside each value (and no spectral norm, which is not estimated)."""
+    from gradscope.store.io import write_store
+    from gradscope.workflows.dynamics import run_model_dynamics
+
+    structure = _mamba130m()
+    D = structure.state_dim
+    shape = CoreShape(D, 768, 768, 1, structure, 2.0 * 130e6, False, 221, 129_000_000)
+    plan = plan_dynamics(DynamicsOptions(parts="flow", budget_seconds=3600), 1, 256, D, 768, structure, 1, shape=shape)
+    assert plan.methods == {"flow": "estimate"} and "flow_fro_se" in plan.describe()
+    assert plan_bytes(plan, 1, 256, shape) < 2 * 2**30  # probes × D and a state tape, never 768 × D per step
+
+    from tests.helpers.cores import tiny_model
+
+    model = tiny_model("gru", 12, 4, 24)  # H = 24 > 16 probes
+    tokens = torch.randint(0, 12, (2, 12), generator=torch.Generator().manual_seed(0))
+    exact = run_model_dynamics(model, tokens, DynamicsOptions(parts="flow", sequences=2))
+    assert exact.plan.methods == {"flow": "exact"}  # exact wherever it fits: stored numbers unchanged
+    import gradscope.workflows.dynamics as wd
+    est = wd.analyse_model(model, tokens, None, DynamicsOptions(parts="flow", sequences=2), methods={"flow": "estimate"})[0]
+    fro, se = est["flow_fro"], est["flow_fro_se"]
+    assert "flow_spectral" not in est and (se[:, :-1] > 0).all()
+    want = exact.results[0].parts["flow_fro"]
+    assert np.mean(np.abs(fro - want)[:, :-1] <= 3 * se[:, :-1]) > 0.9
+    run = wd.DynamicsRun(**{**exact.__dict__, "results": [wd.DynamicsResult(Path("x"), 0, "r", est)]})
+    write_store(run.to_xarray(), tmp_path / "d.zarr")
+    from typer.testing import CliRunner
+
+    from gradscope.cli.app import app
+    out = CliRunner().invoke(app, ["report", str(tmp_path / "d.zarr"), "-o", str(tmp_path / "r.html")])
+    assert out.exit_code == 0, out.output
+
+
+def test_a_part_is_estimated_only_where_the_estimator_is_cheaper() -> None:
+    """At a tiny D exact step spectra cost less than subspace iteration; a tight budget that makes exact
+    'a quarter of the budget' must not switch to the dearer estimate and then refuse the plan's own sizes."""
+    import transformers
+
+    import gradscope
+
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=40, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                                   conv_kernel=3, time_step_rank=2)
+    model = gradscope.wrap(transformers.MambaForCausalLM(cfg).eval())
+    shape = core_shape(model.core, 16)
+    opts = DynamicsOptions(sequences=4, budget_seconds=5)
+    plan = plan_dynamics(opts, 4, 12, shape.D, shape.H, shape.structure, shape.gates, shape=shape)
+    estimated = [p for p, m in plan.methods.items() if m == "estimate"]
+    from gradscope.workflows.dynamics_cost import estimator_seconds, part_seconds
+
+    exact = part_seconds(shape, n=4, T=12, grid_sequences=plan.options.grid_sequences, sv=8,
+                         trajectories=plan.options.trajectories, steps=plan.options.steps, exponents=shape.D,
+                         flow_method="vjp")
+    est = estimator_seconds(shape, n=4, T=12, grid_sequences=plan.options.grid_sequences, sv=8, probes=16, iterations=30)
+    assert all(est[p] < exact[p] for p in estimated)
+    assert "spectra" in plan.options.parts and plan.methods["spectra"] == "exact"
+
+
+def test_a_real_size_structure_is_described_in_one_readable_line() -> None:
+    """The plan's Lyapunov line named all 48 blocks of mamba-130m; layers alike are said once."""
+    assert _mamba130m().describe() == "lower-triangular over 48 blocks: 24 layers × (conv block_diagonal(3), ssm diagonal)"
+    mixed = JacobianStructure((StateBlock("l0/conv", 0, 3, "block_diagonal", 3), StateBlock("l1/ssm", 3, 5, "diagonal")))
+    assert mixed.describe() == "lower-triangular over 2 blocks: l0/conv block_diagonal(3), l1/ssm diagonal"
