@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.helpers.runs import small_run
+from tests.helpers.runs import COMPLEX_CORE, DEFAULT_CORE, OTHER_CORE, small_run
 
 torch.set_num_threads(1)  # the suite shares 2 cores with whatever else runs; 1 thread is faster here
 
@@ -31,17 +31,20 @@ def runner() -> CliRunner:
 
 @pytest.fixture(scope="session")
 def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Small real runs (dual GRU with checkpoints every 10 steps, uniform GRU, dual S4D, dual LSTM)."""
+    """Small real runs, by role, of cores taken from the registry (tests/helpers/runs.py), never named:
+    "dual" (the default core, dual frequency, checkpoints every 10 steps), "uniform" (the default core,
+    uniform frequencies), "complex" (a complex-state core, sinusoidal PE) and "other" (a second gated
+    core, sinusoidal PE)."""
     from gradscope.train import train
     base = tmp_path_factory.mktemp("runs")
     runs = {
-        "gru": small_run("gru", iterations=30),
-        "gru-uniform": small_run("gru", iterations=10, distribution="uniform"),
-        "s4d": small_run("s4d", pe="sinusoidal", iterations=10),
-        "lstm": small_run("lstm", pe="sinusoidal", iterations=10),
+        "dual": small_run(DEFAULT_CORE, iterations=30),
+        "uniform": small_run(DEFAULT_CORE, iterations=10, distribution="uniform"),
+        "complex": small_run(COMPLEX_CORE, pe="sinusoidal", iterations=10),
+        "other": small_run(OTHER_CORE, pe="sinusoidal", iterations=10),
     }
     for name, cfg in runs.items():
-        if name == "gru":
+        if name == "dual":
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint_every=10))
         train(cfg, base / name)
     return {name: base / name for name in runs}

@@ -140,7 +140,7 @@ def test_sketch_never_forms_the_jacobian(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_cli_sketch_store_and_unchanged_exact_default(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> None:
-    ckpt = trained_runs["s4d"] / "step-0000010.pt"
+    ckpt = trained_runs["complex"] / "step-0000010.pt"
     exact, sketched = tmp_path / "e.zarr", tmp_path / "s.zarr"
     args = ["stability", str(ckpt), "--triplets", "3", "-q", "--resamples", "200"]
     res = runner.invoke(app, [*args, "-o", str(exact)])

@@ -28,11 +28,11 @@ def seed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]
     runs: dict[str, list[Path]] = {"none": [], "sinusoidal": []}
     for pe in runs:
         for seed in (1, 2, 3):
-            cfg = small_run("gru", pe=pe, iterations=10)
+            cfg = small_run(pe=pe, iterations=10)
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
             train(cfg, base / f"{pe}-{seed}")
             runs[pe].append(base / f"{pe}-{seed}")
-    sort = small_run("gru", iterations=5, name="sort", distribution="uniform")
+    sort = small_run(iterations=5, name="sort", distribution="uniform")
     train(sort, base / "sort")
     runs["sort"] = [base / "sort"]
     return runs
@@ -44,12 +44,12 @@ def _run(runner: CliRunner, *args: object) -> "object":
 
 def test_accuracy_store_matches_the_library_evaluation(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> None:
     out = tmp_path / "a.zarr"
-    result = _run(runner, "accuracy", trained_runs["gru"], "-o", out, "-q", "--bins", "2")
+    result = _run(runner, "accuracy", trained_runs["dual"], "-o", out, "-q", "--bins", "2")
     assert result.exit_code == 0, result.stderr
     assert "frequent/rare" in result.stdout and "mean DL distance" in result.stdout
     ds = read_store(out, kind="accuracy")
     assert ds["iteration"].values.tolist() == [10, 20, 30]
-    loaded = gradscope.load(trained_runs["gru"])
+    loaded = gradscope.load(trained_runs["dual"])
     from gradscope.tasks import make_task
     reference = evaluate_heldout(loaded.model, make_task(loaded.config.task), loaded.heldout)
     assert float(ds["token_accuracy"][-1]) == pytest.approx(reference["uniform"]["token_accuracy"])
@@ -78,7 +78,7 @@ def test_grid_is_indexed_right_end_to_end(runner: CliRunner, trained_runs: dict,
 
     monkeypatch.setattr(accuracy_workflow, "predict", fake_predict)
     out = tmp_path / "a.zarr"
-    assert _run(runner, "accuracy", trained_runs["gru"] / "step-0000030.pt", "-o", out, "-q").exit_code == 0
+    assert _run(runner, "accuracy", trained_runs["dual"] / "step-0000030.pt", "-o", out, "-q").exit_code == 0
     acc = read_store(out)["grid_accuracy"].values[0]  # (tg, dg, position)
     expected = np.ones((2, 2, L))
     expected[1, 0, p0 - 1] = 0.0
@@ -87,9 +87,9 @@ def test_grid_is_indexed_right_end_to_end(runner: CliRunner, trained_runs: dict,
 
 
 def test_accuracy_errors(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> None:
-    result = _run(runner, "accuracy", trained_runs["gru-uniform"], "--grid", "-o", tmp_path / "a.zarr")
+    result = _run(runner, "accuracy", trained_runs["uniform"], "--grid", "-o", tmp_path / "a.zarr")
     assert result.exit_code == 2 and "no frequency grid" in result.stderr
-    result = _run(runner, "accuracy", trained_runs["gru"], "--bins", "1,2", "-o", tmp_path / "a.zarr")
+    result = _run(runner, "accuracy", trained_runs["dual"], "--bins", "1,2", "-o", tmp_path / "a.zarr")
     assert result.exit_code == 2 and "--bins" in result.stderr
     assert not (tmp_path / "a.zarr").exists()
 

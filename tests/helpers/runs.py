@@ -1,5 +1,6 @@
 """Small real runs for the tests: a config that trains in well under a second, and the last logged
-iteration of a run (formerly in conftest.py)."""
+iteration of a run (formerly in conftest.py); and the cores a test takes when it needs "some core", chosen
+from the registry by what they are, never by name (issue #39: no test picks a core by name except its own)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,16 @@ import json
 from pathlib import Path
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-from gradscope.models import core_class
+from gradscope.models import CORES, core_class
+
+DEFAULT_CORE: str = ModelConfig.__dataclass_fields__["core"].default  # what a run gets when no core is named
+# a second gated recurrent core (real state, several gate terms), other than the default
+OTHER_CORE: str = next(n for n, c in CORES.items()
+                       if n != DEFAULT_CORE and not c.complex_state and len(c.gate_names) > 1)
+COMPLEX_CORE: str = next(n for n, c in CORES.items() if c.complex_state)  # a core with a complex state
 
 
-def small_run(core: str = "gru", pe: str = "none", iterations: int = 20, **task: object) -> RunConfig:
+def small_run(core: str = DEFAULT_CORE, pe: str = "none", iterations: int = 20, **task: object) -> RunConfig:
     """A run that trains in well under a second."""
     task_cfg = TaskConfig(**{"name": "reverse", "vocab_size": 8, "length": 4, "heldout_size": 64,
                              "distribution": "dual", "grid_per_cell": 2, **task})

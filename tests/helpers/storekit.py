@@ -43,7 +43,7 @@ def built(base: Path) -> dict[str, Path]:
         _BUILT.update({k: base / v for k, v in names.items()})
         return _BUILT
     base.mkdir(parents=True, exist_ok=True)
-    cfg = small_run("gru", iterations=10)
+    cfg = small_run(iterations=10)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint_every=10))
     run = base / "run"
     train(cfg, run)

@@ -16,23 +16,25 @@ from typer.testing import CliRunner
 from gradscope.analysis.bootstrap import bootstrap_mean
 from gradscope.cli.app import app
 from gradscope.errors import GradscopeError
+from gradscope.models import CORES
 from gradscope.reports import ReportOptions, build_sections, render_page
 from gradscope.reports.accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
 from gradscope.reports.stability_figures import condition_text, distribution_figure, spectra_figure, stability_figure
 from gradscope.store import provenance, read_store, write_store
 from gradscope.store.inputs import (config_labels, load_inputs, mean_spectra, model_label, pe_label,
                                     stability_curves, stability_samples)
+from tests.helpers.runs import DEFAULT_CORE, OTHER_CORE
 
 
 @pytest.fixture(scope="module")
 def report_inputs(trained_runs: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Real tiny stores: stability and accuracy of a dual-frequency GRU run, and a summary of two runs."""
     runner, d = CliRunner(), tmp_path_factory.mktemp("report-inputs")
-    out = {"run": trained_runs["gru"], "stability": d / "st.zarr", "accuracy": d / "acc.zarr",
+    out = {"run": trained_runs["dual"], "stability": d / "st.zarr", "accuracy": d / "acc.zarr",
            "accuracy2": d / "acc2.zarr", "summary": d / "sum.zarr"}
     assert runner.invoke(app, ["stability", str(out["run"]), "-o", str(out["stability"]), "-q", "--triplets", "4",
                                "--resamples", "200"]).exit_code == 0
-    for key, run in (("accuracy", "gru"), ("accuracy2", "lstm")):
+    for key, run in (("accuracy", "dual"), ("accuracy2", "other")):
         assert runner.invoke(app, ["accuracy", str(trained_runs[run]), "-o", str(out[key]), "-q"]).exit_code == 0
     result = runner.invoke(app, ["summarize", str(out["accuracy"]), str(out["accuracy2"]), "-o", str(out["summary"]),
                                  "--resamples", "200"])
@@ -348,7 +350,7 @@ def test_distributions_and_spectra_are_the_store_numbers(report_inputs: dict) ->
 
 
 def test_training_figure_is_metrics_jsonl(trained_runs: dict) -> None:
-    run = trained_runs["gru"]
+    run = trained_runs["dual"]
     items = load_inputs([run])
     fig = training_figure(items)
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -357,16 +359,17 @@ def test_training_figure_is_metrics_jsonl(trained_runs: dict) -> None:
     assert list(acc.y) == [m["accuracy"] for m in lines]
     evaluation = json.loads((run / "eval.json").read_text())
     assert list(star.y) == [evaluation["uniform"]["token_accuracy"]] and list(star.x) == [evaluation["iteration"]]
-    assert loss.name == "GRU vanilla, seed 7"
+    assert loss.name == f"{CORES[DEFAULT_CORE].label} vanilla, seed 7"
 
 
 def test_labels_say_vanilla_or_pe_and_what_differs(trained_runs: dict) -> None:
     assert pe_label("none") == "vanilla" and pe_label("learnable") == "PE (learnable)"
     assert model_label({"core": "s4d", "pe": "sinusoidal"}) == "S4D PE (sinusoidal)"
-    items = load_inputs([trained_runs["gru"], trained_runs["gru-uniform"], trained_runs["lstm"]])
+    items = load_inputs([trained_runs["dual"], trained_runs["uniform"], trained_runs["other"]])
     labels = [i.label for i in items]
-    assert labels == ["GRU vanilla · 30 it, dual", "GRU vanilla · 10 it, uniform", "LSTM PE (sinusoidal)"]
-    assert items[0].detail.startswith("GRU vanilla [iterations=30, distribution=dual, ")  # every differing field
+    first, other = CORES[DEFAULT_CORE].label, CORES[OTHER_CORE].label
+    assert labels == [f"{first} vanilla · 30 it, dual", f"{first} vanilla · 10 it, uniform", f"{other} PE (sinusoidal)"]
+    assert items[0].detail.startswith(f"{first} vanilla [iterations=30, distribution=dual, ")  # every differing field
 
 
 def _config(core: str = "gru", pe: str = "none", K: int = 64, L: int = 16, iterations: int = 6000,
@@ -398,7 +401,7 @@ def test_short_labels_name_what_differs_and_leave_bookkeeping_out() -> None:
 
 
 def test_only_figures_with_data_are_shown(trained_runs: dict, report_inputs: dict) -> None:
-    sections = build_sections(load_inputs([trained_runs["gru"]]), ReportOptions())
+    sections = build_sections(load_inputs([trained_runs["dual"]]), ReportOptions())
     assert [s.id for s in sections] == ["training", "provenance"]
     sections = build_sections(load_inputs([report_inputs["accuracy"]]), ReportOptions())
     assert [s.id for s in sections] == ["grid", "provenance"]  # no runs, no stability: no such figures

@@ -57,12 +57,12 @@ def every_figure_report(trained_runs: dict, tmp_path_factory: pytest.TempPathFac
     """A report with what the README's lacks: Figures 2 and 3 from a summary, the dynamics view, and
     stability in all four conditions (eight panels)."""
     d = tmp_path_factory.mktemp("every")
-    _run("stability", str(trained_runs["gru"]), "--triplets", "4", "--resamples", "200", "-q", "-o", str(d / "st.zarr"))
-    for run in ("gru", "lstm"):
+    _run("stability", str(trained_runs["dual"]), "--triplets", "4", "--resamples", "200", "-q", "-o", str(d / "st.zarr"))
+    for run in ("dual", "other"):
         _run("accuracy", str(trained_runs[run]), "-q", "-o", str(d / f"acc-{run}.zarr"))
-    _run("summarize", str(d / "acc-gru.zarr"), str(d / "acc-lstm.zarr"), "--resamples", "200", "-o", str(d / "s.zarr"))
-    _run("dynamics", str(trained_runs["gru"]), "-o", str(d / "dyn.zarr"), *DYNAMICS)
-    _run("report", str(trained_runs["gru"]), str(trained_runs["lstm"]), str(d / "s.zarr"), str(d / "dyn.zarr"),
+    _run("summarize", str(d / "acc-dual.zarr"), str(d / "acc-other.zarr"), "--resamples", "200", "-o", str(d / "s.zarr"))
+    _run("dynamics", str(trained_runs["dual"]), "-o", str(d / "dyn.zarr"), *DYNAMICS)
+    _run("report", str(trained_runs["dual"]), str(trained_runs["other"]), str(d / "s.zarr"), str(d / "dyn.zarr"),
          str(d / "st.zarr"), "--resamples", "500", "-o", str(d / "report.html"))
     return d / "report.html"
 
@@ -101,7 +101,7 @@ def test_every_figure_kind_text_never_overlaps(every_figure_report: Path, tmp_pa
 
 
 def test_accuracy_grid_text_never_overlaps(trained_runs: dict, tmp_path: Path) -> None:
-    _run("accuracy", str(trained_runs["gru"]), "-q", "-o", str(tmp_path / "acc.zarr"))
+    _run("accuracy", str(trained_runs["dual"]), "-q", "-o", str(tmp_path / "acc.zarr"))
     _run("report", str(tmp_path / "acc.zarr"), "-o", str(tmp_path / "r.html"))
     _assert_readable(tmp_path / "r.html", tmp_path, {"grid"})
 

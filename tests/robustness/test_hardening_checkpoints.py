@@ -75,7 +75,7 @@ def paper_s4d(path: Path) -> Path:
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name → checkpoint file. ``gru`` lies in a run directory stopped at 10 of 12 iterations."""
     base = tmp_path_factory.mktemp("sources")
-    train(small_run("gru", iterations=12), base / "gru", stop_after=10)
+    train(small_run(iterations=12), base / "gru", stop_after=10)
     train(small_run("s4d", pe="sinusoidal", iterations=5), base / "s4d")
     (base / "paper").mkdir()
     return {"gru": base / "gru" / "step-0000010.pt", "s4d": base / "s4d" / "step-0000005.pt",

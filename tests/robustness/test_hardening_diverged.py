@@ -20,8 +20,9 @@ from gradscope.store import read_store
 from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics
 from gradscope.workflows.common import DivergedWarning
 from gradscope.workflows.stability import StabilityOptions, run_stability
+from tests.helpers.runs import COMPLEX_CORE, DEFAULT_CORE, OTHER_CORE
 
-CORES = ("gru", "lstm", "s4d")
+CORES = (DEFAULT_CORE, OTHER_CORE, COMPLEX_CORE)  # from the registry, by kind (tests/helpers/runs.py)
 POISONS = ("nan", "inf", "huge", "one-nan")
 
 
@@ -74,7 +75,7 @@ def _warning_lines(err: str, how: str = "huge") -> list[str]:
     return [ln for ln in lines if "NaN or Inf weights" not in ln]
 
 
-@pytest.mark.parametrize("core,how", [(c, h) for c in CORES for h in POISONS if h != "one-nan" or c == "gru"])
+@pytest.mark.parametrize("core,how", [(c, h) for c in CORES for h in POISONS if h != "one-nan" or c == DEFAULT_CORE])
 def test_stability_of_a_diverged_checkpoint_counts_nan_and_writes_the_store(healthy: dict[str, Path], tmp_path: Path,
                                                                           core: str, how: str) -> None:
     bad = poison(healthy[core], tmp_path / f"{core}-{how}.pt", how)
@@ -99,7 +100,7 @@ def test_stability_of_a_diverged_checkpoint_counts_nan_and_writes_the_store(heal
     assert not leftovers(tmp_path)
 
 
-@pytest.mark.parametrize("core,how", [(c, h) for c in CORES for h in ("nan", "inf")] + [("lstm", "huge")])
+@pytest.mark.parametrize("core,how", [(c, h) for c in CORES for h in ("nan", "inf")] + [(OTHER_CORE, "huge")])
 def test_dynamics_of_a_diverged_checkpoint_writes_the_store_with_a_warning(healthy: dict[str, Path],
                                                                            tmp_path: Path, core: str, how: str) -> None:
     bad = poison(healthy[core], tmp_path / f"{core}-{how}.pt", how)
@@ -118,13 +119,13 @@ def test_dynamics_of_a_diverged_checkpoint_writes_the_store_with_a_warning(healt
 
 
 def test_api_warns_and_counts_and_healthy_checkpoints_are_unaffected(healthy: dict[str, Path], tmp_path: Path) -> None:
-    bad = poison(healthy["gru"], tmp_path / "bad.pt", "nan")
+    bad = poison(healthy[DEFAULT_CORE], tmp_path / "bad.pt", "nan")
     opts = StabilityOptions(triplets=2, seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        alone = run_stability([healthy["gru"]], opts)  # healthy: no warning
+        alone = run_stability([healthy[DEFAULT_CORE]], opts)  # healthy: no warning
     with pytest.warns(DivergedWarning, match="non-finite"):
-        both = run_stability([healthy["gru"], bad], opts)
+        both = run_stability([healthy[DEFAULT_CORE], bad], opts)
     assert both.nonfinite_jacobians == 3 * len(both.probes)
     for kind, scores in alone.results[0].result.scores.items():
         assert torch.equal(both.results[0].result.scores[kind], scores)  # bit for bit

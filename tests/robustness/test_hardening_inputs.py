@@ -28,6 +28,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.runs import COMPLEX_CORE, DEFAULT_CORE, OTHER_CORE
 from tests.helpers.fuzzkit import assert_clean, assert_untouched, count, invoke, leftovers, snapshot
 from gradscope.store import read_store
 
@@ -41,10 +42,11 @@ BUDGET = str(256 << 20)  # a small memory budget: large option values are refuse
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Small trained GRU and LSTM checkpoints (vocabulary 8, L = 4) and a factory's LM checkpoint."""
+    """Small trained checkpoints of two registered cores, "first" (the default) and "other" (a second
+    gated core), vocabulary 8, L = 4, and a factory's LM checkpoint."""
     from tests.robustness.test_hardening_diverged import small_checkpoint
     base = tmp_path_factory.mktemp("inputs")
-    out = {core: small_checkpoint(tmp_path_factory, core) for core in ("gru", "lstm")}
+    out = {"first": small_checkpoint(tmp_path_factory, DEFAULT_CORE), "other": small_checkpoint(tmp_path_factory, OTHER_CORE)}
     sys.path.insert(0, str(ROOT / "docs" / "examples"))
     try:
         from lstm_lm_factory import LanguageModel
@@ -169,7 +171,7 @@ def test_probes_npy_mutations(runs: dict[str, Path], tmp_path: Path) -> None:
     def check(case: tuple[str, bytes]) -> None:
         kind, data = case
         count("probes-npy")
-        outcome, out = run_probes(runs["gru"], work.new(), "p.npy", data)
+        outcome, out = run_probes(runs["first"], work.new(), "p.npy", data)
         ref = numpy_reads(data)
         valid = ref is not None and valid_tokens(ref["tokens"])
         if kind != "flip" and kind != "cut":
@@ -269,7 +271,7 @@ def test_probes_npz_mutations(runs: dict[str, Path], tmp_path: Path) -> None:
     def check(case: tuple[str, bytes]) -> None:
         kind, data = case
         count("probes-npz")
-        outcome, out = run_probes(runs["gru"], work.new(), "p.npz", data)
+        outcome, out = run_probes(runs["first"], work.new(), "p.npz", data)
         ref = numpy_reads(data, npz=True)
         tokens = None if ref is None else ref.get("tokens")
         valid = tokens is not None and valid_tokens(tokens) and all(
@@ -305,12 +307,12 @@ def test_a_deflate_bomb_is_refused_before_it_is_decompressed(runs: dict[str, Pat
     buf = io.BytesIO(local + body + central + end)
     assert len(buf.getvalue()) < size / 1000  # a real deflate bomb
     (tmp_path / "bomb.npz").write_bytes(buf.getvalue())
-    outcome = invoke(["stability", runs["gru"], "--probes", tmp_path / "bomb.npz", "-o", tmp_path / "s.zarr", *FAST])
+    outcome = invoke(["stability", runs["first"], "--probes", tmp_path / "bomb.npz", "-o", tmp_path / "s.zarr", *FAST])
     count("probes-npz")
     # refused from the zip header's declared size against the triplets the command reads (issue #24)
     assert outcome.rc == 2 and "before decompressing" in outcome.err and outcome.err.count("\n") == 1, outcome.err
     (tmp_path / "claims.npy").write_bytes(npy(HEADERS[0], TOKENS.tobytes()))
-    outcome = invoke(["stability", runs["gru"], "--probes", tmp_path / "claims.npy", "-o", tmp_path / "s.zarr", *FAST])
+    outcome = invoke(["stability", runs["first"], "--probes", tmp_path / "claims.npy", "-o", tmp_path / "s.zarr", *FAST])
     count("probes-npy")
     assert outcome.rc == 2 and "at most" in outcome.err, outcome.err
     assert not (tmp_path / "s.zarr").exists() and not leftovers(tmp_path)
@@ -445,7 +447,7 @@ def toml(doc: dict) -> str:
 BAD_NAMES = st.sampled_from(["/../../x", "../up", "a/b", ".hidden", "", "x" * 300, "ok name", "tab\tname", "..",
                              "C:\\x", "ünï", 3, 1.5, True, [1], {"a": 1}])
 SCALARS = st.one_of(st.integers(-2, 40), st.sampled_from([10**6, 10**9, 10**12, 2**63, 10**30, 0.5, float("nan"),
-                                                          float("inf"), "gru", "lstm", "s4d", "none", "sinusoidal",
+                                                          float("inf"), DEFAULT_CORE, OTHER_CORE, COMPLEX_CORE, "none", "sinusoidal",
                                                           "../x", "", True]))
 VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=3), st.dictionaries(st.sampled_from(["a", "b"]), SCALARS,
                                                                            max_size=2))
@@ -588,7 +590,7 @@ def test_stability_option_values(runs: dict[str, Path], tmp_path: Path, monkeypa
         which, v = case
         count("options-stability")
         w = work.new()
-        args = ["stability", runs["gru"], "-o", w / "s.zarr", "-q", "--seed", v["seed"], "--triplets", v["triplets"],
+        args = ["stability", runs["first"], "-o", w / "s.zarr", "-q", "--seed", v["seed"], "--triplets", v["triplets"],
                 "--batch-size", v["batch"], "--target-pos", v["pos"], "--sv", v["sv"], "--resamples", v["resamples"],
                 "--method", v["method"], "--disturbant", "rare", *(a for g in v["target"] for a in ("--target-freq", g))]
         outcome = invoke(args)
@@ -628,7 +630,7 @@ def test_dynamics_option_values(runs: dict[str, Path], tmp_path: Path, monkeypat
         lyapunov = ["--steps", v["steps"], "--warmup", v["warmup"], "--trajectories", v["trajectories"],
                     "--reorth", v["reorth"]] if "lyapunov" in parts else []  # a part's options only with it
         grid = ["--grid-sequences", v["grid"]] if "grid" in parts else []
-        args = ["dynamics", runs["gru"], "-o", w / "d.zarr", "-q", "--seed", v["seed"], "--sequences", v["sequences"],
+        args = ["dynamics", runs["first"], "-o", w / "d.zarr", "-q", "--seed", v["seed"], "--sequences", v["sequences"],
                 *lyapunov, *grid, "--parts", v["parts"], "--target-freq", "rare", "--disturbant", "rare"]
         outcome = invoke(args)
         assert_clean(outcome, str(args))
@@ -651,9 +653,9 @@ SWEEP_BAD = {"workers": [0, -1, 10**8], "threads": [0, 10**9], "retries": [-1, 1
              "resources": ["GPU", "GPU=0", "GPU=nan", "GPU=inf", "=1"],
              "scheduler": ["bogus://", "tcp://", "host:0", "host:99999", "../x", "tcp://h:1/x"]}
 REPRODUCE_GOOD = {"seeds": ["1", "1,2", "0", str(2**63 - 1)], "triplets": [1, 64], "iterations": [None, 1, 10**12],
-                  "models": ["gru", "lstm,s4d"]}
+                  "models": [DEFAULT_CORE, f"{OTHER_CORE},{COMPLEX_CORE}"]}
 REPRODUCE_BAD = {"seeds": ["-1", "1,1", str(2**63), "a", "", "9" * 5000], "triplets": [0, -1, 10**9],
-                 "iterations": [0, -1], "models": ["gru,gru", "bogus", ""]}
+                 "iterations": [0, -1], "models": [f"{DEFAULT_CORE},{DEFAULT_CORE}", "bogus", ""]}
 
 
 def test_sweep_and_reproduce_option_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -705,7 +707,7 @@ def test_device_option_values(runs: dict[str, Path], tmp_path: Path) -> None:
                                ("dynamics", ("--sequences", "1", "--steps", "8", "--warmup", "1", "-q"))):
             count("options-device")
             out = tmp_path / f"{command}{i}.zarr"
-            outcome = invoke([command, runs["gru"], "-o", out, "--device", device, "--target-freq", "rare",
+            outcome = invoke([command, runs["first"], "-o", out, "--device", device, "--target-freq", "rare",
                               "--disturbant", "rare", *extra])
             assert_clean(outcome, f"{command} --device {device!r}")
             assert outcome.rc == 2 or device in ("cpu", "auto", "cpu:0"), device
@@ -716,22 +718,23 @@ def test_device_option_values(runs: dict[str, Path], tmp_path: Path) -> None:
 
 def test_checkpoints_of_different_models_are_labelled_by_their_own_config(runs: dict[str, Path],
                                                                           tmp_path: Path) -> None:
-    """Before the fix: a GRU and an LSTM given together were both recorded as "gru", and two
+    """Before the fix: a GRU and an LSTM given together were both recorded as "gru" (here: any two
+    registered cores), and two
     checkpoints of one iteration in one folder shared (and overwrote) their rows of the table."""
     import shutil
     same = tmp_path / "same"
     same.mkdir()
-    for core in ("gru", "lstm"):
-        shutil.copy(runs[core], same / f"{core}.pt")
+    for core, role in ((DEFAULT_CORE, "first"), (OTHER_CORE, "other")):
+        shutil.copy(runs[role], same / f"{core}.pt")
     out = tmp_path / "s.zarr"
-    outcome = invoke(["stability", same / "gru.pt", same / "lstm.pt", "-o", out, "--triplets", "1",
+    outcome = invoke(["stability", same / f"{DEFAULT_CORE}.pt", same / f"{OTHER_CORE}.pt", "-o", out, "--triplets", "1",
                       "--target-freq", "rare", "--disturbant", "rare", *FAST])
     assert outcome.rc == 0, outcome.err
     ds = read_store(out)
-    assert ds["model"].values.tolist() == ["gru-none", "lstm-none"]
-    assert [c["model_config"]["core"] for c in json.loads(ds.attrs["checkpoints"])] == ["gru", "lstm"]
+    assert ds["model"].values.tolist() == [f"{DEFAULT_CORE}-none", f"{OTHER_CORE}-none"]
+    assert [c["model_config"]["core"] for c in json.loads(ds.attrs["checkpoints"])] == [DEFAULT_CORE, OTHER_CORE]
     rows = [ln for ln in outcome.out.splitlines() if "rare/rare" in ln]
-    assert len(rows) == 2 and "gru-none" in rows[0] and "lstm-none" in rows[1], outcome.out
+    assert len(rows) == 2 and f"{DEFAULT_CORE}-none" in rows[0] and f"{OTHER_CORE}-none" in rows[1], outcome.out
 
 
 def test_checkpoints_are_loaded_one_at_a_time(runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -749,7 +752,7 @@ def test_checkpoints_are_loaded_one_at_a_time(runs: dict[str, Path], monkeypatch
         return loaded
 
     monkeypatch.setattr(common, "load_checkpoint", load)
-    run = workflow.run_stability([runs["gru"], runs["lstm"], runs["gru"]],
+    run = workflow.run_stability([runs["first"], runs["other"], runs["first"]],
                                  workflow.StabilityOptions(triplets=1, target_freq=("rare",)))
     assert held == [0, 0, 0]  # nothing of the previous checkpoint (optimizer state included) is held
     assert len(run.results) == 3
@@ -768,7 +771,7 @@ def test_an_existing_store_is_refused_before_any_work(runs: dict[str, Path], tmp
     for out, extra, message in (("s.zarr", (), "already exists"), ("file.zarr", ("--overwrite",), "is a file"),
                                 ("missing/s.zarr", (), "does not exist")):
         for command in ("stability", "dynamics"):
-            outcome = invoke([command, runs["gru"], "-o", tmp_path / out, *extra, "-q"])
+            outcome = invoke([command, runs["first"], "-o", tmp_path / out, *extra, "-q"])
             assert outcome.rc == 2 and message in outcome.err, outcome.err
     assert calls == [] and snapshot(tmp_path) == before
 
@@ -778,7 +781,7 @@ def test_an_existing_store_is_refused_before_any_work(runs: dict[str, Path], tmp
         return real(*a, **k)
 
     monkeypatch.setattr(workflow, "probe_stability", appear)
-    outcome = invoke(["stability", runs["gru"], "-o", tmp_path / "late.zarr", "--triplets", "1", *FAST])
+    outcome = invoke(["stability", runs["first"], "-o", tmp_path / "late.zarr", "--triplets", "1", *FAST])
     assert outcome.rc == 2 and "already exists" in outcome.err, outcome.err
     assert (tmp_path / "late.zarr" / "theirs").read_text() == "theirs" and not leftovers(tmp_path)
 
@@ -792,7 +795,7 @@ def test_a_killed_runs_temporaries_are_removed_by_the_rerun(runs: dict[str, Path
     (stale / "c").mkdir(parents=True)  # what a `stability -o k.zarr` killed while writing leaves
     ours = temp_path(tmp_path / "k.zarr")  # a live writer's (this process) must be kept
     ours.mkdir()
-    outcome = invoke(["stability", runs["gru"], "-o", tmp_path / "k.zarr", "--triplets", "1", *FAST])
+    outcome = invoke(["stability", runs["first"], "-o", tmp_path / "k.zarr", "--triplets", "1", *FAST])
     assert outcome.rc == 0, outcome.err
     assert not stale.exists() and ours.exists()
     ours.rmdir()

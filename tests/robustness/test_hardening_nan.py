@@ -26,7 +26,7 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gradscope.train import train
     run = tmp_path_factory.getbasetemp() / "hardening-runs" / "gru"
     if not (run / "eval.json").exists():
-        train(small_run("gru", iterations=5), run)
+        train(small_run(iterations=5), run)
     return run / "step-0000005.pt"
 
 

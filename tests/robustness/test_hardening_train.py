@@ -60,7 +60,7 @@ def same(a: Any, b: Any, where: str = "") -> list[str]:
 def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of 12 iterations stopped at 10 (checkpoints at 5 and 10, log lines at 5 and 10)."""
     run = tmp_path_factory.mktemp("stopped") / "run"
-    train(small_run("gru", iterations=12), run, stop_after=10)
+    train(small_run(iterations=12), run, stop_after=10)
     return run
 
 
@@ -162,7 +162,7 @@ def test_the_unmutated_run_resumes(stopped: Path, tmp_path: Path) -> None:
 def test_a_resumed_checkpoint_equals_the_uninterrupted_one_in_every_field(tmp_path: Path) -> None:
     """0→10 in one go, and 0→9, stop, 9→10: every checkpoint they share is the same in every field
     (the stop at 9 falls between log lines, so the resumed run must carry the last log's metrics)."""
-    cfg = small_run("gru", iterations=20)
+    cfg = small_run(iterations=20)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, log_every=4, checkpoint_every=5))
     train(cfg, tmp_path / "whole", stop_after=10)
     train(cfg, tmp_path / "split", stop_after=9)
@@ -349,7 +349,7 @@ LIMITED = textwrap.dedent("""
 
 
 def test_a_file_size_limit_mid_checkpoint_is_one_line_and_resume_continues_exactly(tmp_path: Path) -> None:
-    cfg = small_run("gru", iterations=12)
+    cfg = small_run(iterations=12)
     train(cfg, tmp_path / "whole")
     run = tmp_path / "run"
     train(cfg, run, stop_after=5)

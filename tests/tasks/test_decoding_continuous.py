@@ -11,7 +11,7 @@ import pytest
 import torch
 import xarray as xr
 
-from tests.helpers.runs import small_run
+from tests.helpers.runs import OTHER_CORE, small_run
 from gradscope.analysis.cosine import cosine_similarity, position_mean_ci
 from gradscope.cli.app import app
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
@@ -71,7 +71,7 @@ def test_teacher_inputs_feed_the_previous_target() -> None:
 
 
 def test_feedback_model_trains_and_reports_both(tmp_path: Path, runner) -> None:
-    cfg = small_run("lstm", iterations=10, distribution="uniform")
+    cfg = small_run(OTHER_CORE, iterations=10, distribution="uniform")
     cfg = RunConfig(model=ModelConfig(**{**cfg.model.__dict__, "feedback": True}), task=cfg.task,
                     train=TrainConfig(**{**cfg.train.__dict__, "decoding": "teacher"}))
     result = train(cfg, tmp_path / "run")
@@ -84,7 +84,7 @@ def test_feedback_model_trains_and_reports_both(tmp_path: Path, runner) -> None:
                                [result["uniform"]["token_accuracy"], result["uniform_teacher"]["token_accuracy"]],
                                rtol=1e-6)
     assert "self-fed" in out.stdout and "ground truth fed" in out.stdout
-    train(small_run("lstm", iterations=10, distribution="uniform"), tmp_path / "standard")
+    train(small_run(OTHER_CORE, iterations=10, distribution="uniform"), tmp_path / "standard")
     out = runner.invoke(app, ["accuracy", "-q", str(tmp_path / "run"), str(tmp_path / "standard"), "-o",
                               str(tmp_path / "mixed.zarr")])  # a feedback and a standard model: not one store
     assert out.exit_code == 2 and "evaluate them separately" in out.stderr and not (tmp_path / "mixed.zarr").exists()
@@ -248,11 +248,11 @@ def test_report_draws_the_experiments_per_position(tmp_path: Path, runner) -> No
     per-position figure (and reads the continuous run's eval.json, which has no token accuracy)."""
     cfg = _continuous(iterations=4)
     train(cfg, tmp_path / "cont")
-    fb = small_run("lstm", iterations=4, distribution="uniform")
+    fb = small_run(OTHER_CORE, iterations=4, distribution="uniform")
     fb = RunConfig(model=ModelConfig(**{**fb.model.__dict__, "feedback": True}), task=fb.task,
                    train=TrainConfig(**{**fb.train.__dict__, "decoding": "teacher"}))
     train(fb, tmp_path / "fb")
-    parent = small_run("gru", iterations=4, distribution="uniform")
+    parent = small_run(iterations=4, distribution="uniform")
     train(parent, tmp_path / "parent")
     r = runner.invoke(app, ["train", "-q", "--extend-from", str(tmp_path / "parent"), "--vocab",
                             str(parent.task.vocab_size + 4), "--iterations", "2", "-o", str(tmp_path / "ext")])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.runs import small_run
+from tests.helpers.runs import OTHER_CORE, small_run
 from gradscope.cli.app import app
 from gradscope.config import TaskConfig
 from gradscope.errors import GradscopeError
@@ -40,7 +40,7 @@ def _frozen_moved(parent: dict[str, torch.Tensor], child: dict[str, torch.Tensor
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("ext") / "parent"
-    train(small_run("lstm", pe="sinusoidal", iterations=10, distribution="uniform"), run)
+    train(small_run(OTHER_CORE, pe="sinusoidal", iterations=10, distribution="uniform"), run)
     return run
 
 
@@ -167,7 +167,7 @@ def test_cli_extends_and_records(runner, tmp_path: Path, parent: Path) -> None:
 def test_extension_study_reuses_parents_and_tabulates(tmp_path: Path) -> None:
     from gradscope.workflows.extension import ExtensionPlan, extension_table, run_extension, table_markdown
 
-    base = small_run("gru", iterations=6, distribution="dual")
+    base = small_run(iterations=6, distribution="dual")
     plan = ExtensionPlan(base, K2, seeds=(7,), pes=("none",), extend_iterations=4, distribution="uniform")
     events: list[str] = []
     runs = run_extension(plan, tmp_path, on_event=lambda step, msg: events.append(step))

@@ -137,12 +137,12 @@ def test_a_run_refused_before_its_first_step_leaves_no_directory(tmp_path: Path,
 
     monkeypatch.setattr(loop, "sample_excluding", refuse)
     with pytest.raises(GradscopeError, match="could not draw"):
-        train(small_run("gru", iterations=4), tmp_path / "run")
+        train(small_run(iterations=4), tmp_path / "run")
     assert not (tmp_path / "run").exists()
     (tmp_path / "kept").mkdir()
     with pytest.raises(GradscopeError, match="could not draw"):
-        train(small_run("gru", iterations=4), tmp_path / "kept")
+        train(small_run(iterations=4), tmp_path / "kept")
     assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())
     monkeypatch.undo()
-    train(small_run("gru", iterations=4), tmp_path / "run")  # starts again where it was refused
+    train(small_run(iterations=4), tmp_path / "run")  # starts again where it was refused
     assert (tmp_path / "run" / "eval.json").is_file()

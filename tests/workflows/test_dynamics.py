@@ -28,7 +28,7 @@ SMALL = ["--sequences", "2", "--grid-sequences", "2", "--trajectories", "3", "--
 def dynamics_store(trained_runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from typer.testing import CliRunner
     out = tmp_path_factory.mktemp("dyn") / "d.zarr"
-    result = CliRunner().invoke(app, ["dynamics", str(trained_runs["gru"]), "-o", str(out), *SMALL])
+    result = CliRunner().invoke(app, ["dynamics", str(trained_runs["dual"]), "-o", str(out), *SMALL])
     assert result.exit_code == 0, result.stderr
     assert "gradient dynamics per checkpoint" in result.stdout
     return out
@@ -37,14 +37,14 @@ def dynamics_store(trained_runs: dict, tmp_path_factory: pytest.TempPathFactory)
 def test_store_layout_and_flow_matches_state_jacobian(dynamics_store: Path, trained_runs: dict) -> None:
     ds = xr.open_zarr(dynamics_store, consolidated=False).load()
     assert ds.attrs["kind"] == "dynamics"
-    n_ckpt = len(list(trained_runs["gru"].glob("step-*.pt")))
+    n_ckpt = len(list(trained_runs["dual"].glob("step-*.pt")))
     assert ds.sizes["checkpoint"] == n_ckpt >= 2
-    D = 16  # conftest's small GRU: hidden 16
+    D = 16  # conftest's dual run: hidden 16
     assert ds["lyapunov"].shape == (n_ckpt, 3, D) and ds.sizes["exponent"] == D
     assert (np.diff(ds["lyapunov"].values, axis=-1) <= 1e-12).all()  # sorted descending
     assert set(ds["token_class"].values.ravel()) <= {"frequent", "rare", "query"}
     # independent: ‖∂y_T/∂z_k‖_F from state_jacobian on the stored tokens of the last checkpoint
-    loaded = gradscope.load(trained_runs["gru"])
+    loaded = gradscope.load(trained_runs["dual"])
     model = loaded.model.double()
     tokens = ds["tokens"].values.copy()
     tokens[tokens < 0] = model.query_token
@@ -59,7 +59,7 @@ def test_store_layout_and_flow_matches_state_jacobian(dynamics_store: Path, trai
 
 def test_gate_norms_and_radius_are_those_of_the_steps(dynamics_store: Path, trained_runs: dict) -> None:
     ds = xr.open_zarr(dynamics_store, consolidated=False).load()
-    model = gradscope.load(trained_runs["gru"]).model.double()
+    model = gradscope.load(trained_runs["dual"]).model.double()
     tokens = ds["tokens"].values.copy()
     tokens[tokens < 0] = model.query_token
     with torch.no_grad():
@@ -78,14 +78,14 @@ def test_gate_norms_and_radius_are_those_of_the_steps(dynamics_store: Path, trai
 def test_stored_lyapunov_is_the_analysis_on_the_task_trajectories(dynamics_store: Path, trained_runs: dict) -> None:
     from gradscope.analysis.dynamics import lyapunov_spectrum
     ds = xr.open_zarr(dynamics_store, consolidated=False).load()
-    loaded = gradscope.load(trained_runs["gru"])
+    loaded = gradscope.load(trained_runs["dual"])
     x = task_trajectories(loaded.model, loaded.config, 64, 3, seed=1)  # the store's seed 0 + 1
     res = lyapunov_spectrum(loaded.model.core, x, warmup=8, reorth=1)
     np.testing.assert_allclose(ds["lyapunov"].values[-1], res.exponents.double().numpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_python_api_equals_cli(dynamics_store: Path, trained_runs: dict) -> None:
-    ds = gradscope.dynamics(trained_runs["gru"], sequences=2, grid_sequences=2, trajectories=3, steps=64, warmup=8,
+    ds = gradscope.dynamics(trained_runs["dual"], sequences=2, grid_sequences=2, trajectories=3, steps=64, warmup=8,
                             sv=4, parts=("flow", "lyapunov"))
     cli = xr.open_zarr(dynamics_store, consolidated=False).load()
     # bit for bit: the CLI runs in this process (CliRunner), on the same code path
@@ -95,7 +95,7 @@ def test_python_api_equals_cli(dynamics_store: Path, trained_runs: dict) -> None
 
 
 def test_every_core_runs(trained_runs: dict) -> None:
-    for name in ("lstm", "s4d"):
+    for name in ("other", "complex"):
         run = run_dynamics([trained_runs[name]], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=2,
                                                                  steps=40, warmup=4, sv=2))
         ds = run.to_xarray()
@@ -107,14 +107,14 @@ def test_every_core_runs(trained_runs: dict) -> None:
 def test_bad_input_is_one_line(runner, trained_runs: dict, tmp_path: Path) -> None:
     for args, message in ((["--parts", "flow,magic"], "--parts: got magic"), (["--warmup", "2000"], "--warmup: got 2000"),
                           (["--trajectories", "0"], "--trajectories: got 0")):
-        result = runner.invoke(app, ["dynamics", str(trained_runs["gru"]), "-o", str(tmp_path / "x.zarr"), *args])
+        result = runner.invoke(app, ["dynamics", str(trained_runs["dual"]), "-o", str(tmp_path / "x.zarr"), *args])
         assert result.exit_code == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_report_draws_the_dynamics_figures(runner, dynamics_store: Path, trained_runs: dict, tmp_path: Path) -> None:
     page = tmp_path / "r.html"
-    result = runner.invoke(app, ["report", str(trained_runs["gru"]), str(dynamics_store), "-o", str(page)])
+    result = runner.invoke(app, ["report", str(trained_runs["dual"]), str(dynamics_store), "-o", str(page)])
     assert result.exit_code == 0, result.stderr
     drawn, console = _render(page, tmp_path)
     for section in ("flow", "radius", "lyapunov", "gates"):
@@ -156,7 +156,7 @@ def test_dynamics_of_a_wrapped_lstm_language_model() -> None:
 def test_short_runs_need_no_warmup_flag(trained_runs: dict, runner, tmp_path: Path) -> None:
     """`--parts lyapunov --steps 50 --trajectories 1` once failed with "--warmup: got 100"; the warm-up
     now follows --steps (a tenth, at most 100), and an explicit one too large says which value fits."""
-    ckpt = sorted(trained_runs["gru"].glob("step-*.pt"))[-1]
+    ckpt = sorted(trained_runs["dual"].glob("step-*.pt"))[-1]
     ok = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--trajectories", "1",
                              "-o", str(tmp_path / "a.zarr"), "-q"])
     assert ok.exit_code == 0, ok.stderr

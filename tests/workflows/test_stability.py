@@ -50,7 +50,7 @@ def _invoke(runner: CliRunner, *args: str) -> "object":
 
 def test_cli_over_training_and_store_round_trip(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> None:
     out = tmp_path / "s.zarr"
-    result = _invoke(runner, trained_runs["gru"], "--triplets", "6", "--target-pos", "2", "-o", out)
+    result = _invoke(runner, trained_runs["dual"], "--triplets", "6", "--target-pos", "2", "-o", out)
     assert result.exit_code == 0, result.stderr
     assert "rare/rare" in result.stdout and "same-suffix" in result.stdout
     ds = read_store(out, kind="stability")
@@ -59,7 +59,7 @@ def test_cli_over_training_and_store_round_trip(runner: CliRunner, trained_runs:
     assert len(set(ds["sha256"].values.tolist())) == 3
     assert ds.attrs["target_position"] == 2 and "gradscope stability" in ds.attrs["command"]
     # the stored scores are what the library computes, with the independent torch.func engine
-    loaded = gradscope.load(trained_runs["gru"] / "step-0000030.pt")
+    loaded = gradscope.load(trained_runs["dual"] / "step-0000030.pt")
     probes = make_probes(6, 4, 2, 8, [("frequent", "frequent"), ("frequent", "rare"), ("rare", "frequent"),
                                        ("rare", "rare")], seed=0)
     assert np.array_equal(ds["probe_tokens"].values, probes.tokens.numpy())
@@ -71,9 +71,9 @@ def test_cli_over_training_and_store_round_trip(runner: CliRunner, trained_runs:
 
 def test_probes_can_be_replayed_from_a_store(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> None:
     first, second = tmp_path / "a.zarr", tmp_path / "b.zarr"
-    ckpt = trained_runs["gru"] / "step-0000030.pt"
+    ckpt = trained_runs["dual"] / "step-0000030.pt"
     assert _invoke(runner, ckpt, "--triplets", "4", "--seed", "9", "-o", first).exit_code == 0
-    result = _invoke(runner, trained_runs["lstm"], "--probes", first, "-o", second)
+    result = _invoke(runner, trained_runs["other"], "--probes", first, "-o", second)
     assert result.exit_code == 0, result.stderr
     a, b = xr.open_zarr(first, consolidated=False), xr.open_zarr(second, consolidated=False)
     assert np.array_equal(a["probe_tokens"].values, b["probe_tokens"].values)
@@ -88,7 +88,7 @@ def test_probes_can_be_replayed_from_a_store(runner: CliRunner, trained_runs: di
 def test_npy_probes(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> None:
     tokens = np.random.default_rng(0).integers(0, 8, size=(5, 3, 4))
     np.save(tmp_path / "p.npy", tokens)
-    result = _invoke(runner, trained_runs["gru"] / "step-0000030.pt", "--probes", tmp_path / "p.npy",
+    result = _invoke(runner, trained_runs["dual"] / "step-0000030.pt", "--probes", tmp_path / "p.npy",
                      "-o", tmp_path / "s.zarr")
     assert result.exit_code == 0, result.stderr
     assert "file/file" in result.stdout
@@ -97,7 +97,7 @@ def test_npy_probes(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> No
 def test_s4d_wirtinger_real_part_equals_real_view_score(runner: CliRunner, trained_runs: dict,
                                                         tmp_path: Path) -> None:
     out = tmp_path / "s4d.zarr"
-    assert _invoke(runner, trained_runs["s4d"], "--triplets", "3", "-o", out).exit_code == 0
+    assert _invoke(runner, trained_runs["complex"], "--triplets", "3", "-o", out).exit_code == 0
     ds = read_store(out)
     np.testing.assert_allclose(ds["wirtinger_real"].values, ds["score_default"].values, atol=1e-6)
     assert np.isfinite(ds["wirtinger_imag"].values).all()
@@ -114,14 +114,14 @@ def test_s4d_wirtinger_real_part_equals_real_view_score(runner: CliRunner, train
 ])
 def test_bad_input_is_a_one_line_error(runner: CliRunner, trained_runs: dict, tmp_path: Path, args: list,
                                        message: str) -> None:
-    result = _invoke(runner, trained_runs["gru-uniform"], *args, "-o", tmp_path / "s.zarr")
+    result = _invoke(runner, trained_runs["uniform"], *args, "-o", tmp_path / "s.zarr")
     assert result.exit_code == 2, result.output
     assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert not (tmp_path / "s.zarr").exists()
 
 
 def test_bad_probe_files_and_checkpoints(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> None:
-    ckpt = trained_runs["gru"] / "step-0000030.pt"
+    ckpt = trained_runs["dual"] / "step-0000030.pt"
     np.save(tmp_path / "shape.npy", np.zeros((4, 2, 4), dtype=np.int64))
     np.save(tmp_path / "vocab.npy", np.full((4, 3, 4), 99, dtype=np.int64))
     np.save(tmp_path / "length.npy", np.zeros((4, 3, 6), dtype=np.int64))
@@ -137,7 +137,7 @@ def test_bad_probe_files_and_checkpoints(runner: CliRunner, trained_runs: dict, 
 
 def test_existing_store_is_kept_unless_overwrite(runner: CliRunner, trained_runs: dict, tmp_path: Path) -> None:
     out = tmp_path / "s.zarr"
-    ckpt = trained_runs["gru"] / "step-0000030.pt"
+    ckpt = trained_runs["dual"] / "step-0000030.pt"
     assert _invoke(runner, ckpt, "--triplets", "2", "-o", out).exit_code == 0
     again = _invoke(runner, ckpt, "--triplets", "2", "-o", out)
     assert again.exit_code == 2 and "already exists" in again.stderr

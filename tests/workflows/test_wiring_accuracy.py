@@ -63,7 +63,7 @@ def test_accuracy_store_against_a_hand_made_predictor(runner: CliRunner, trained
     """Reversal with planted errors: the first two outputs transposed (DL 1 where they differ),
     and the last output wrong on every other row (DL +1). So accuracy falls at the start of the
     output phase and at its end, differently: a store reversed in time shows it."""
-    ckpt = trained_runs["gru-uniform"] / "step-0000010.pt"
+    ckpt = trained_runs["uniform"] / "step-0000010.pt"
     task = gradscope.load(ckpt).config.task
     length, vocab = task.length, task.vocab_size
 
@@ -93,9 +93,9 @@ def test_accuracy_store_against_the_models_own_predictions(runner: CliRunner, tr
                                                            tmp_path: Path) -> None:
     """Every checkpoint of a real run: predictions computed here from the loaded model."""
     out = tmp_path / "a.zarr"
-    assert runner.invoke(app, ["accuracy", str(trained_runs["gru"]), "-o", str(out), "-q"]).exit_code == 0
+    assert runner.invoke(app, ["accuracy", str(trained_runs["dual"]), "-o", str(out), "-q"]).exit_code == 0
     ds = read_store(out, kind="accuracy")
-    for index, ckpt in enumerate(sorted(trained_runs["gru"].glob("step-*.pt"))):
+    for index, ckpt in enumerate(sorted(trained_runs["dual"].glob("step-*.pt"))):
         loaded = gradscope.load(ckpt)
         with torch.no_grad():
             preds = loaded.model(loaded.heldout.uniform.inputs).argmax(-1)
@@ -119,7 +119,7 @@ def pe_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]
     stores: dict[str, list[Path]] = {"none": [], "sinusoidal": []}
     for pe in stores:
         for seed, value in zip(SEEDS, HAND[pe]):
-            cfg = small_run("gru", pe=pe, iterations=5)
+            cfg = small_run(pe=pe, iterations=5)
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
             train(cfg, base / f"run-{pe}-{seed}")
             real = base / f"real-{pe}-{seed}.zarr"

@@ -63,7 +63,7 @@ def _check_probe_roles(ds: xr.Dataset, position: int) -> None:
 
 def test_named_pairs_hold_the_score_of_base_and_that_partner(runner: CliRunner, trained_runs: dict,
                                                               tmp_path: Path) -> None:
-    ckpt, p = trained_runs["gru"] / "step-0000030.pt", 2
+    ckpt, p = trained_runs["dual"] / "step-0000030.pt", 2
     ds = _stability_store(runner, ckpt, tmp_path / "s.zarr", p)
     assert ds.attrs["target_position"] == p
     assert list(ds["member"].values) == ["base", "same-target", "same-suffix"]
@@ -117,6 +117,6 @@ def test_s4d_wirtinger_imaginary_part_against_the_closed_form(runner: CliRunner,
         np.testing.assert_allclose(stored["wirtinger_real"].values, expected.real, atol=2e-5,
                                    err_msg=f"real part, {pair}")
         assert np.abs(expected.imag).max() > 1e-3, "imaginary parts ≈ 0 could not reveal a flipped sign"
-    one = _stability_store(runner, trained_runs["s4d"] / "step-0000010.pt", tmp_path / "s4d1.zarr", 1)
+    one = _stability_store(runner, trained_runs["complex"] / "step-0000010.pt", tmp_path / "s4d1.zarr", 1)
     np.testing.assert_allclose(one["wirtinger_imag"].values, 0.0, atol=1e-6)
     np.testing.assert_allclose(one["wirtinger_real"].values, one["score_default"].values, atol=1e-6)
