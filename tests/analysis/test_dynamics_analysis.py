@@ -146,7 +146,7 @@ def test_sum_of_exponents_is_the_mean_log_determinant(kind: type[nn.RNNBase]) ->
 
 
 def gru(seed: int = 0, layers: int = 1, scale: float = 3.0, core: str = "gru") -> SeqModel:
-    """A float64 tiny model of ``core`` (tests/cores.py), recurrent weights scaled by ``scale``."""
+    """A float64 tiny model of ``core`` (tests/helpers/cores.py), recurrent weights scaled by ``scale``."""
     return tiny_model(core, 6, 4, 5, layers, seed=seed, gain=scale)
 
 

@@ -23,7 +23,7 @@ CORES = tuple(REGISTERED)  # every registered core
 
 
 def build(core: str, layers: int = 1, pe: str = "none", seed: int = 0) -> SeqModel:
-    """A tiny float64 model whose Jacobians are far from 0 (tests/cores.py)."""
+    """A tiny float64 model whose Jacobians are far from 0 (tests/helpers/cores.py)."""
     return tiny_model(core, K, E, H, layers, pe, seed=seed)
 
 

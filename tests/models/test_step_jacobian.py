@@ -20,7 +20,7 @@ TOL = 1e-12
 
 
 def _core(name: str, layers: int, seed: int = 0) -> Core:
-    """A float64 core with Jacobians far from tiny (tests/cores.py: W_hh scaled by 3; S4D's large dt)."""
+    """A float64 core with Jacobians far from tiny (tests/helpers/cores.py: W_hh scaled by 3; S4D's large dt)."""
     return tiny_core(name, IN, H, layers, seed=seed)
 
 

@@ -3,7 +3,7 @@ the shipped samples equal those made by the code before it (HEAD 45c6994), saved
 tests/data/stability-reference.npz by that code (3 triplets per condition, seed 5, 16 singular values).
 
 Float results cross BLAS/LAPACK kernels whose last bits differ between processors and thread counts,
-so they are compared with tolerances (tests/floats.py); integers (probe tokens, iterations, counts)
+so they are compared with tolerances (tests/helpers/floats.py); integers (probe tokens, iterations, counts)
 are compared bit for bit, since they are deterministic by construction."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Stability and dynamics of a pretrained LM on probes drawn from raw text (issue #38, part 3). A tiny
 transformers Mamba and a BPE tokenizer trained on the test's text are saved in a temporary directory
-(as tests/test_text.py does); the stores' probe tokens are checked against the text's paragraphs as
+(as tests/workflows/test_text.py does); the stores' probe tokens are checked against the text's paragraphs as
 the tokenizer encodes them here, independently of gradscope's tokenising and caching."""
 
 from __future__ import annotations

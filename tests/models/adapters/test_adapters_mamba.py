@@ -1,5 +1,5 @@
 """gradscope.wrap(transformers MambaForCausalLM / FalconMambaForCausalLM) against a float64 brute force
-through transformers' own forward and cache (tests/adapterkit.py), and the CLI on a saved model directory."""
+through transformers' own forward and cache (tests/helpers/adapterkit.py), and the CLI on a saved model directory."""
 
 from __future__ import annotations
 

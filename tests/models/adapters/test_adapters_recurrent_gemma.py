@@ -1,5 +1,5 @@
 """gradscope.wrap(transformers RecurrentGemmaForCausalLM, recurrent blocks) against a float64 brute force
-through transformers' own forward and the states it keeps on its modules (tests/adapterkit.py); attention
+through transformers' own forward and the states it keeps on its modules (tests/helpers/adapterkit.py); attention
 blocks are refused in one line."""
 
 from __future__ import annotations

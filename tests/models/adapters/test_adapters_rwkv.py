@@ -1,5 +1,5 @@
 """gradscope.wrap(transformers RwkvForCausalLM) against a float64 brute force through transformers' own
-RWKV forward and state (tests/adapterkit.py). transformers' one-token path broadcasts wrongly for a batch
+RWKV forward and state (tests/helpers/adapterkit.py). transformers' one-token path broadcasts wrongly for a batch
 of more than one, so the brute force feeds single tokens one sequence at a time."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """gradscope.wrap(transformers xLSTMForCausalLM) against a float64 brute force through transformers' own
-xLSTM blocks and their (C, n, m) states (tests/adapterkit.py). The brute force calls the model's blocks
+xLSTM blocks and their (C, n, m) states (tests/helpers/adapterkit.py). The brute force calls the model's blocks
 with their states as xLSTMModel.forward does: transformers' own xLSTMCache takes its shapes from the
 config's qk_head_dim, which disagrees with the layers of a small model."""
 

@@ -4,7 +4,7 @@
 mambapy's own recurrent step; here it is checked (1) against mambapy's own full-sequence forward
 (parallel scan), (2) gradscope's engines against an independent float64 brute force that works on
 mambapy's caches directly, and (3) for an LM, the stability score, gradient flow and Σλ against the
-brute force of tests/adapterkit.py. mambapy is a test dependency: this file fails, not skips, without it.
+brute force of tests/helpers/adapterkit.py. mambapy is a test dependency: this file fails, not skips, without it.
 """
 
 from __future__ import annotations
