@@ -9,8 +9,9 @@ from typer.testing import CliRunner
 import gradscope
 from gradscope.cli.app import app
 from gradscope.store import read_store
+from tests.helpers.runs import DEFAULT_CORE
 
-MICRO = ["--models", "gru", "--seeds", "1,2", "--iterations", "8", "--triplets", "2", "-q"]
+MICRO = ["--models", DEFAULT_CORE, "--seeds", "1,2", "--iterations", "8", "--triplets", "2", "-q"]
 
 
 def test_reproduce_micro_end_to_end_and_resume(runner: CliRunner, tmp_path: Path) -> None:
@@ -35,12 +36,12 @@ def test_half_trained_runs_are_resumed_and_foreign_runs_refused(tmp_path: Path) 
     from gradscope.train import train
     from gradscope.workflows.reproduce import Layout, plan_runs, train_step
     layout = Layout(tmp_path / "study")
-    planned = plan_runs("tiny", ["gru"], [1], iterations=8, pes=("none",))[0]
+    planned = plan_runs("tiny", [DEFAULT_CORE], [1], iterations=8, pes=("none",))[0]
     train(planned.config, layout.run(planned), stop_after=4)
     assert train_step(planned, layout) == "resumed"
     assert gradscope.load(layout.run(planned)).iteration == 8
     assert train_step(planned, layout) == "done earlier"
-    other = plan_runs("tiny", ["gru"], [2], iterations=8, pes=("none",))[0]
+    other = plan_runs("tiny", [DEFAULT_CORE], [2], iterations=8, pes=("none",))[0]
     import pytest
     from gradscope.errors import GradscopeError
     with pytest.raises(GradscopeError, match="different configuration"):
@@ -65,9 +66,9 @@ def test_the_study_loop_runs_from_python_as_the_command_runs_it(runner: CliRunne
     from gradscope.errors import GradscopeError
 
     cli, py = tmp_path / "cli", tmp_path / "py"
-    args = ["--models", "gru", "--seeds", "1", "--iterations", "6", "--triplets", "2", "-q"]
+    args = ["--models", DEFAULT_CORE, "--seeds", "1", "--iterations", "6", "--triplets", "2", "-q"]
     assert runner.invoke(app, ["reproduce", "-o", str(cli), *args]).exit_code == 0
-    result = gradscope.reproduce(py, models=("gru",), seeds=(1,), iterations=6, triplets=2)
+    result = gradscope.reproduce(py, models=(DEFAULT_CORE,), seeds=(1,), iterations=6, triplets=2)
     assert sorted(result.summaries) == ["accuracy", "stability"]
     assert sorted(p.name for p in (py / "stores").iterdir()) == sorted(p.name for p in (cli / "stores").iterdir())
     for name in ("summary-accuracy.zarr", "summary-stability.zarr"):
@@ -77,5 +78,5 @@ def test_the_study_loop_runs_from_python_as_the_command_runs_it(runner: CliRunne
     with pytest.raises(GradscopeError, match="target_pos/probe_length: they set the lm study"):
         gradscope.reproduce(tmp_path / "x", target_pos=3)
     with pytest.raises(GradscopeError, match="reproduce: .*unexpected keyword"):
-        gradscope.reproduce(tmp_path / "x", model="gru")
+        gradscope.reproduce(tmp_path / "x", model=DEFAULT_CORE)
     assert not (tmp_path / "x").exists()

@@ -11,14 +11,14 @@ import torch
 from torch import nn
 
 import gradscope
-from tests.helpers.runs import small_run
+from tests.helpers.runs import OTHER_CORE, small_run
 from gradscope.errors import GradscopeError
 from gradscope.tasks import grid_batch
 from gradscope.train import train
 
 
 def test_gradscope_checkpoint_round_trip(tmp_path: Path) -> None:
-    cfg = small_run(core="lstm", pe="learnable", iterations=10)
+    cfg = small_run(OTHER_CORE, pe="learnable", iterations=10)
     train(cfg, tmp_path / "run")
     loaded = gradscope.load(tmp_path / "run")
     assert loaded.source == "gradscope" and loaded.iteration == 10 and loaded.config == cfg

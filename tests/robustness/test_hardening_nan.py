@@ -21,10 +21,10 @@ from gradscope.guard import NonFiniteWeightsWarning, nonfinite_tensors
 
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small trained GRU checkpoint (vocabulary 8)."""
-    from tests.helpers.runs import small_run
+    """A small trained checkpoint of the default core (vocabulary 8)."""
+    from tests.helpers.runs import DEFAULT_CORE, small_run
     from gradscope.train import train
-    run = tmp_path_factory.getbasetemp() / "hardening-runs" / "gru"
+    run = tmp_path_factory.getbasetemp() / "hardening-runs" / DEFAULT_CORE
     if not (run / "eval.json").exists():
         train(small_run(iterations=5), run)
     return run / "step-0000005.pt"
