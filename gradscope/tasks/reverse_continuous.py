@@ -34,6 +34,7 @@ class ReverseContinuous(Task):
     settings: ClassVar[tuple[str, ...]] = ("dim",)  # points of a sphere: one frequency class
     probes: ClassVar[bool] = True
     inputs: ClassVar[str] = "vectors"
+    evaluation: ClassVar[str] = "vectors"  # cosine similarity of point predictions
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:
