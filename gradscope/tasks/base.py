@@ -65,6 +65,9 @@ class Task:
     evaluation: ClassVar[str] = "tokens"
     # the family's own part of an accuracy store (gradscope.tasks.family): variable → dims and kind;
     # the dims that need coordinates looked up by readers; the report section drawn from them
+    # the family's own TaskConfig settings for a small run (the shared contract, tests/helpers/contracts.py,
+    # trains one with them); None: a small run needs data the contract cannot make (lm: a corpus)
+    tiny: ClassVar[Mapping[str, object] | None] = {}
     layout: ClassVar[Mapping[str, Variable]] = {}
     needs: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     report: ClassVar[ReportSection | None] = None

@@ -35,6 +35,7 @@ class ReverseContinuous(Task):
     probes: ClassVar[bool] = True
     inputs: ClassVar[str] = "vectors"
     evaluation: ClassVar[str] = "vectors"  # cosine similarity of point predictions
+    tiny = {"dim": 3}
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:

@@ -23,6 +23,7 @@ class ReverseVariable(Task):
     name: ClassVar[str] = "reverse-variable"
     settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity", "min_length")
     probes: ClassVar[bool] = True
+    tiny = {"min_length": 2}
     layout = {"length_accuracy": Variable(dims=("checkpoint", "length"), kind=FLOAT,
                                           help="token accuracy per sequence length"),
               "length": Variable(dims=("length",), kind=INT, help="the sequence lengths that occur")}
