@@ -109,6 +109,27 @@ class Task:
         """A fixed held-out set of the task's own (lm: valid paragraphs), or None to draw one."""
         return None
 
+    # --- the probe source (stability, dynamics): token ids of an input phase, then query tokens ---
+
+    @property
+    def probe_ids(self) -> int:
+        """How many probe token ids the task's models read (ids ≥ this are the query token)."""
+        return self.cfg.vocab_size
+
+    def probed(self, model: torch.nn.Module, seed: int) -> torch.nn.Module:
+        """``model`` as the probes see it: a model that reads token ids, as it is."""
+        return model
+
+    def probe_classes(self, tokens: torch.Tensor, query: int) -> np.ndarray:
+        """The class of each probe id (dynamics groups steps by it): 'frequent' ([0, K/2)), 'rare'
+        ([K/2, K)) or 'query' (SPEC §3's dual vocabulary)."""
+        t = tokens.numpy()
+        out = np.where(t < self.cfg.vocab_size // 2, "frequent", "rare").astype(object)
+        out[t == query] = "query"
+        return out
+
+    # --- the family's own part of the accuracy store (gradscope.tasks.family) ---
+
     def score(self, batch: Batch, preds: torch.Tensor) -> dict[str, np.ndarray]:
         """This family's counts for one checkpoint, from ``preds`` (n, T), the argmax predictions on
         its held-out ``batch`` (none by default)."""
