@@ -187,7 +187,7 @@ def accuracy_command(
     ds = run.to_xarray()
     family, values = family_values(ds)
     for line in family.lines(values) if family is not None and values else []:  # the task family's own
-        console.print(escape(line))
+        console.print(escape(line), soft_wrap=True)
     write_store(ds, out_path, overwrite=overwrite)
     console.print(escape(f"wrote {out_path}"))
 
