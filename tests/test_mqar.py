@@ -77,18 +77,25 @@ def test_settings_it_cannot_run_are_refused_naming_the_setting(settings: dict, f
         task(**settings)
 
 
-def test_mqar_through_every_command(tmp_path: Path) -> None:
+def ok(runner: CliRunner, args: list[str]) -> None:
+    done = runner.invoke(app, args)
+    assert done.exit_code == 0, (args[0], done.stderr or done.stdout)
+
+
+@pytest.fixture(scope="module")
+def mqar_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("mqar") / "run"
+    ok(CliRunner(), ["train", "--task", "mqar", "--distribution", "dual", "--vocab", "8", "--length", "4", "--embed",
+                     "4", "--hidden", "8", "--iterations", "20", "--heldout", "64", "--batch-size", "16", "-q",
+                     "-o", str(run)])
+    return run
+
+
+def test_mqar_through_every_command(mqar_run: Path, tmp_path: Path) -> None:
     """train → accuracy (its part equals a per-query loop over the checkpoint's own predictions) →
     stability → dynamics → summarize (its metrics) → report (its section)."""
     runner = CliRunner()
-    run, acc = tmp_path / "run", tmp_path / "accuracy.zarr"
-
-    def ok(args: list[str]) -> None:
-        done = runner.invoke(app, args)
-        assert done.exit_code == 0, (args[0], done.stderr or done.stdout)
-
-    ok(["train", "--task", "mqar", "--distribution", "dual", "--vocab", "8", "--length", "4", "--embed", "4",
-        "--hidden", "8", "--iterations", "20", "--heldout", "64", "--batch-size", "16", "-q", "-o", str(run)])
+    run, acc = mqar_run, tmp_path / "accuracy.zarr"
     done = runner.invoke(app, ["accuracy", str(run), "-o", str(acc), "-q"])
     assert done.exit_code == 0 and "recall after rare keys" in done.stdout
     ds = read_store(acc)
@@ -101,15 +108,43 @@ def test_mqar_through_every_command(tmp_path: Path) -> None:
         assert float(ds["key_accuracy"].values[-1, g]) == pytest.approx(float(right[mask].double().mean()))
     assert int(ds["recall_n"].sum()) == held.inputs.shape[0] * 2
     stab, dyn = tmp_path / "stability.zarr", tmp_path / "dynamics.zarr"
-    ok(["stability", str(run), "--triplets", "3", "-o", str(stab), "-q"])
-    ok(["dynamics", str(run), "--sequences", "2", "--grid-sequences", "1", "--trajectories", "2", "--steps", "20",
+    ok(runner, ["stability", str(run), "--triplets", "3", "-o", str(stab), "-q"])
+    ok(runner, ["dynamics", str(run), "--sequences", "2", "--grid-sequences", "1", "--trajectories", "2", "--steps", "20",
         "--warmup", "4", "--sv", "3", "-o", str(dyn), "-q"])
     assert np.isfinite(read_store(stab)["score_default"].values).all()
     assert np.isfinite(read_store(dyn, kind="dynamics")["lyapunov"].values[..., 0]).all()
     summary = tmp_path / "summary.zarr"
-    ok(["summarize", str(acc), "--resamples", "50", "-o", str(summary)])
+    ok(runner, ["summarize", str(acc), "--resamples", "50", "-o", str(summary)])
     metrics = {str(m) for m in read_store(summary)["metric"].values}
     assert {"recall/frequent", "recall/rare", "recall/rare/d2-2"} <= metrics
     html = tmp_path / "report.html"
-    ok(["report", str(run), str(acc), str(stab), str(dyn), "-o", str(html)])
+    ok(runner, ["report", str(run), str(acc), str(stab), str(dyn), "-o", str(html)])
     assert 'id="task-mqar"' in html.read_text()
+
+
+def _negative(ds):  # noqa: ANN001, ANN202
+    n = ds["recall_n"].values.copy()
+    n[0, 0] = -1
+    return ds.assign(recall_n=(ds["recall_n"].dims, n))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_negative, "recall_n holds int64 values; expected non-negative integers"),
+    (lambda ds: ds.assign_coords(distance=np.asarray(["a"] * ds.sizes["distance"], dtype=object)), "distance labels repeat"),
+    (lambda ds: ds.drop_vars("distance_start"), "lacks the coordinate(s) distance_start"),
+    (lambda ds: ds.drop_vars("key_accuracy"), "lacks the variable(s) key_accuracy of the mqar task"),
+    (lambda ds: ds.assign(key_accuracy=(("checkpoint", "distance"), ds["recall_accuracy"].values[:, 0])),
+     "key_accuracy has dims"),
+])
+def test_a_damaged_mqar_store_is_one_line_from_its_declared_layout(mqar_run: Path, tmp_path: Path, damage,  # noqa: ANN001
+                                                                   message: str) -> None:
+    """The family's declared layout is the store's schema: damage to its part is refused in one line."""
+    from gradscope.store.io import write_store
+
+    runner = CliRunner()
+    acc = tmp_path / "accuracy.zarr"
+    ok(runner, ["accuracy", str(mqar_run), "-o", str(acc), "-q"])
+    bad = tmp_path / "bad.zarr"
+    write_store(damage(read_store(acc)), bad)
+    done = runner.invoke(app, ["summarize", str(bad), "-o", str(tmp_path / "s.zarr")])
+    assert done.exit_code == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
