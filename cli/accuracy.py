@@ -148,6 +148,7 @@ def accuracy_command(
 ) -> None:
     """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (SPEC §5);
     with --model hf --text FILE, perplexity and accuracy of a pretrained LM on raw text."""
+    from gradscope.store.accuracy import family_values
     from gradscope.store.io import write_store
     from gradscope.store.records import AccuracyResult, CosineResult
     from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
@@ -183,10 +184,11 @@ def accuracy_command(
         console.print(grid_table(last, opts.bins))
     if last.lm is not None:
         console.print(lm_table(last))
-    if last.length_total is not None:
-        lengths = [(n, c / t) for n, (c, t) in enumerate(zip(last.length_correct, last.length_total)) if t]
-        console.print("token accuracy by sequence length: " + ", ".join(f"L={n}: {a:.3f}" for n, a in lengths))
-    write_store(run.to_xarray(), out_path, overwrite=overwrite)
+    ds = run.to_xarray()
+    family, values = family_values(ds)
+    for line in family.lines(values) if family is not None and values else []:  # the task family's own
+        console.print(escape(line), soft_wrap=True)
+    write_store(ds, out_path, overwrite=overwrite)
     console.print(escape(f"wrote {out_path}"))
 
 

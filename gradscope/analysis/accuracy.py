@@ -11,6 +11,7 @@ import torch
 
 from gradscope.errors import check
 from gradscope.tasks.base import IGNORE
+from gradscope.tasks.reverse_variable import length_counts  # reverse-variable's counts live with its family
 
 DEFAULT_BINS = 4  # target positions are reported in quarters unless told otherwise
 
@@ -52,33 +53,6 @@ def sequence_accuracy(preds: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
 
 
 # --- reverse-variable: accuracy per sequence length ---------------------------------------------
-
-def length_counts(preds: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor | None = None,
-                  kind: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
-    """Update step of `accuracy_by_length`: counts indexed by sequence length.
-
-    preds, targets (n, T); lengths (n,) int, by default each row's number of scored positions (the
-    length L of a reverse-variable row). kind "token" counts scored positions, "sequence" counts
-    rows (a row is correct if every scored position is). Returns (correct, total), each
-    (max(lengths) + 1,) int64, where entry ℓ belongs to rows of length ℓ.
-    """
-    check(kind in ("token", "sequence"), f"kind: got {kind!r}; valid values are 'token', 'sequence'")
-    check(preds.shape == targets.shape and targets.ndim == 2,
-          f"preds: got shape {tuple(preds.shape)}; expected targets' shape (n, T) = {tuple(targets.shape)}")
-    correct, scored = token_correct(preds, targets)  # (n, T)
-    if lengths is None:
-        lengths = scored.sum(1)
-    lengths = torch.as_tensor(lengths, device=targets.device).long()
-    check(lengths.shape == targets.shape[:1],
-          f"lengths: got shape {tuple(lengths.shape)}; expected one length per row ({targets.shape[0]},)")
-    if kind == "token":
-        row_correct, row_total = correct.sum(1), scored.sum(1)  # (n,)
-    else:
-        row_correct, row_total = (correct == scored).all(1).long(), torch.ones_like(lengths)
-    size = int(lengths.max()) + 1 if lengths.numel() else 0
-    return (torch.bincount(lengths, weights=row_correct.double(), minlength=size).long(),
-            torch.bincount(lengths, weights=row_total.double(), minlength=size).long())
-
 
 def accuracy_by_length(preds: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor | None = None,
                        kind: str = "token") -> dict[int, float]:

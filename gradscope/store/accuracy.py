@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
@@ -12,15 +13,13 @@ from gradscope.analysis.accuracy import bin_edges
 from gradscope.analysis.lm import perplexity
 from gradscope.config import RunConfig
 from gradscope.store.io import provenance, sha256_file
-from gradscope.tasks import GROUP_NAMES
+from gradscope.tasks import GROUP_NAMES, TASKS, Task
+from gradscope.tasks.family import ReportSection, ratio as _ratio
 from gradscope.store.records import AccuracyResult
 
 ITEM_NAMES = ("old", "new")  # an extended vocabulary's pretrained items and the items added to it
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
 
 def lm_variables(results: list[AccuracyResult]) -> dict[str, Any]:
@@ -51,8 +50,8 @@ def lm_coords(first: AccuracyResult) -> dict[str, Any]:
 
 def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str, dict[str, Any]],
                      options: dict[str, Any], command: str, device: str) -> xr.Dataset:
-    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin, length;
-    for lm checkpoints also freq_bin and pos_bin.
+    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin; for
+    lm checkpoints also freq_bin and pos_bin; and those of the task family's own part (its ``layout``).
     ``config``: the run's, or the three config dicts (model_config, task_config, train_config) of a
     model gradscope did not train. ``options``: ``bins`` (a count or a list of edges) and ``grid``
     (token tasks), recorded as given."""
@@ -89,11 +88,11 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str
                        "target_position": np.arange(1, first.grid_correct.shape[-1] + 1),
                        "bin": np.arange(len(edges)), "bin_start": ("bin", np.array([a for a, _ in edges])),
                        "bin_end": ("bin", np.array([b for _, b in edges]))})
-    if first.length_correct is not None:
-        lengths = np.flatnonzero(first.length_total > 0)
-        data["length_accuracy"] = (("checkpoint", "length"),
-                                   _ratio(stack("length_correct"), stack("length_total"))[:, lengths])
-        coords["length"] = lengths
+    family = TASKS.get(str(config.task.name if isinstance(config, RunConfig) else config["task_config"].get("name")))
+    if family is not None and first.family:  # the task family's own part, as it declares
+        part, part_coords = family.accuracy_part([r.family for r in results])
+        data.update(part)
+        coords.update(part_coords)
     if first.decodings:  # a feedback model: every decoding evaluated, side by side
         correct, scored = stack("decoded_time_correct"), stack("decoded_time_scored")  # (C, D, T)
         data["decoded_token_accuracy"] = (("checkpoint", "decoding"), _ratio(correct.sum(-1), scored.sum(-1)))
@@ -121,3 +120,28 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str
         "train_config": dataclasses.asdict(config.train)}
     attrs = provenance("accuracy", command, device, {**configs, "checkpoints": checkpoints, "options": options})
     return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def store_family(ds: xr.Dataset) -> type[Task] | None:
+    """The registered task family an accuracy store was made on (None: not one of them)."""
+    try:
+        name = json.loads(ds.attrs.get("task_config", "{}")).get("name")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return TASKS.get(name) if isinstance(name, str) else None
+
+
+def family_values(ds: xr.Dataset, at: int = -1) -> tuple[type[Task] | None, dict[str, np.ndarray]]:
+    """The store's family and its declared variables present in ``ds``, those over checkpoints taken
+    at checkpoint index ``at`` (a family's ``summary_metrics``, ``lines`` and report panels read these)."""
+    family = store_family(ds)
+    if family is None:
+        return None, {}
+    values = {name: (ds[name].isel(checkpoint=at) if "checkpoint" in ds[name].dims else ds[name]).values
+              for name in family.layout if name in ds.variables}
+    return family, values
+
+
+def family_sections() -> list[tuple[str, ReportSection]]:
+    """(task name, report section) of every registered family that declares one, in registry order."""
+    return [(name, cls.report) for name, cls in TASKS.items() if cls.report is not None]

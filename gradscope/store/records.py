@@ -30,7 +30,8 @@ class AccuracyResult:
     sequence_correct / sequence_scored (n,): scored tokens right / scored per held-out sequence;
     sequence_dl (n,): Damerau–Levenshtein distance per sequence; time_correct / time_scored (T,);
     grid_correct / grid_total (2, 2, L) and their binned versions (2, 2, bins), or None;
-    length_correct / length_total (L_max + 1,) for reverse-variable, else None;
+    family: the task family's own counts (:meth:`gradscope.tasks.base.Task.score`), stored as its
+    family declares (:meth:`~gradscope.tasks.base.Task.accuracy_part`);
     lm: perplexity sums overall, by frequency bin and by position bin, for an lm checkpoint (evaluated
     on the corpus's test split, which the sequence and time counts then describe too).
     """
@@ -43,12 +44,11 @@ class AccuracyResult:
     sequence_dl: np.ndarray
     time_correct: np.ndarray
     time_scored: np.ndarray
-    grid_correct: np.ndarray | None
-    grid_total: np.ndarray | None
-    grid_bin_correct: np.ndarray | None
-    grid_bin_total: np.ndarray | None
-    length_correct: np.ndarray | None
-    length_total: np.ndarray | None
+    grid_correct: np.ndarray | None = None
+    grid_total: np.ndarray | None = None
+    grid_bin_correct: np.ndarray | None = None
+    grid_bin_total: np.ndarray | None = None
+    family: dict[str, np.ndarray] = field(default_factory=dict)
     # a feedback model (paper App. B.2): the decodings evaluated, the first being the one above, and
     # per decoding the counts per time (len(decodings), T)
     decodings: tuple[str, ...] = ()

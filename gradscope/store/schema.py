@@ -19,6 +19,7 @@ import xarray as xr
 
 from gradscope.errors import GradscopeError
 from gradscope.guard import as_int
+from gradscope.tasks.registry import TASKS
 
 FLOAT, INT, COUNT, STR = "float", "int", "count", "str"
 _STAB3 = ("checkpoint", "pair", "triplet")
@@ -46,7 +47,6 @@ LAYOUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                  "grid_accuracy": (("checkpoint", *_GRID, "target_position"), FLOAT),
                  "grid_bin_accuracy": (("checkpoint", *_GRID, "bin"), FLOAT),
                  "grid_n": ((*_GRID, "bin"), COUNT), "grid_total": ((*_GRID, "target_position"), COUNT),
-                 "length_accuracy": (("checkpoint", "length"), FLOAT),
                  "decoded_token_accuracy": (("checkpoint", "decoding"), FLOAT),
                  "decoded_position_accuracy": (("checkpoint", "decoding", "time"), FLOAT),
                  "item_accuracy": (("checkpoint", "item"), FLOAT), "item_n": (("item",), COUNT),
@@ -60,7 +60,7 @@ LAYOUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                  "sequence": (("sequence",), INT), "time": (("time",), INT),
                  "target_group": (("target_group",), STR), "disturbant_group": (("disturbant_group",), STR),
                  "target_position": (("target_position",), INT), "bin": (("bin",), INT),
-                 "bin_start": (("bin",), INT), "bin_end": (("bin",), INT), "length": (("length",), INT),
+                 "bin_start": (("bin",), INT), "bin_end": (("bin",), INT),
                  "perplexity": (("checkpoint",), FLOAT), "cross_entropy": (("checkpoint",), FLOAT),
                  "freq_perplexity": (("checkpoint", "freq_bin"), FLOAT),
                  "freq_accuracy": (("checkpoint", "freq_bin"), FLOAT), "freq_n": (("freq_bin",), COUNT),
@@ -120,10 +120,27 @@ def _kind_ok(values: np.ndarray, dtype: str) -> bool:
     return ok and (dtype != COUNT or values.size == 0 or int(values.min()) >= 0)
 
 
+def family_layouts() -> dict[str, tuple[tuple[str, ...], str]]:
+    """Every registered task family's part of an accuracy store (its ``layout``), by variable."""
+    return {name: (v.dims, v.kind) for cls in TASKS.values() for name, v in cls.layout.items()}
+
+
+def family_needs() -> dict[str, tuple[str, ...]]:
+    """Every registered family's dimensions → the coordinates readers look them up by."""
+    return {dim: coords for cls in TASKS.values() for dim, coords in cls.needs.items()}
+
+
+def family_labels() -> tuple[str, ...]:
+    """The families' label coordinates: strings over a dimension of their own name."""
+    return tuple(name for name, (dims, kind) in family_layouts().items() if kind == STR and dims == (name,))
+
+
 def _layout(kind: str, name: str) -> tuple[tuple[str, ...], str] | None:
     layout = LAYOUTS.get(kind, {})
     if name in layout:
         return layout[name]
+    if kind == "accuracy":
+        return family_layouts().get(name)
     return layout.get("score_") if kind == "stability" and name.startswith("score_") else None
 
 
@@ -145,14 +162,15 @@ def check_layout(ds: xr.Dataset, kind: str, path: Path) -> None:
     if missing:
         raise GradscopeError(f"{what}: lacks the variable(s) {', '.join(missing)} of a {kind} store (deleted?); "
                              f"re-create it")
-    for dim, coords in NEEDS.get(kind, {}).items():
+    needs = {**NEEDS.get(kind, {}), **(family_needs() if kind == "accuracy" else {})}
+    for dim, coords in needs.items():
         if dim not in ds.dims:
             continue
         missing = [c for c in coords if c not in ds.variables]
         if missing:
             raise GradscopeError(f"{what}: lacks the coordinate(s) {', '.join(missing)} of its {dim} dimension "
                                  f"(deleted?); re-create the store")
-    for name in LABELS:
+    for name in (*LABELS, *(family_labels() if kind == "accuracy" else ())):
         if name in ds.coords and ds[name].dims == (name,):
             labels = [str(v) for v in ds[name].values]
             if len(set(labels)) != len(labels):

@@ -12,6 +12,7 @@ import xarray as xr
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import as_int
 from gradscope.models import model_fields
+from gradscope.store.accuracy import family_values
 from gradscope.store.io import attr_json, folder_entries, is_store, provenance, read_store, store_kind
 from gradscope.store.manifest import manifest_outputs, manifest_path
 from gradscope.store.parts import config_parts
@@ -133,6 +134,13 @@ def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[
     if "item_accuracy" in ds:  # an extended vocabulary: old and new target items
         for item, acc in zip(ds["item"].values, last["item_accuracy"].values):
             metrics[f"token_accuracy/{item}_items"] = float(acc)
+    family, values = family_values(ds)
+    if family is not None and values:  # the task family's own metrics, as it declares them
+        missing = [n for n in family.layout if n not in values]
+        _right(path, f"lacks the variable(s) {', '.join(missing)} of the {family.name} task", not missing)
+        own, own_units = family.summary_metrics(values)
+        metrics.update(own)
+        units.update(own_units)
     return metrics, units
 
 

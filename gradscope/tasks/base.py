@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
+import numpy as np
 import torch
 
+from gradscope.tasks.family import Metrics, Part, ReportSection, Variable
 from gradscope.tasks.vocab import sample_tokens
 
 if TYPE_CHECKING:  # TaskConfig checks names against the registry
@@ -41,10 +43,11 @@ class Task:
 
     ``num_classes`` is K for the model (the logits width); the query token id is K.
 
-    A task is one file with its class and one line in :mod:`gradscope.tasks.registry`; the class
-    declares its registry ``name``, whether stability/dynamics probes are defined on it
-    (``probes``: an input phase followed by query tokens, SPEC §5) and the checks of the
-    :class:`~gradscope.config.TaskConfig` fields it alone uses (``check_config``).
+    A task family is one file with its class and one line in :mod:`gradscope.tasks.registry`; the
+    class declares its registry ``name``, whether stability/dynamics probes are defined on it
+    (``probes``: an input phase followed by query tokens, SPEC §5), the checks of the
+    :class:`~gradscope.config.TaskConfig` fields it alone uses (``check_config``), and its own part
+    of the accuracy store, summary and report (:mod:`gradscope.tasks.family`).
     """
 
     name: ClassVar[str] = "task"
@@ -57,6 +60,17 @@ class Task:
     # setting any other is refused, not recorded and ignored. Token tasks draw their tokens from the
     # uniform or dual distribution (rarity: dual only).
     settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity")
+    # how a checkpoint is evaluated: "tokens" (argmax on the held-out set), "vectors" (cosine
+    # similarity of point predictions) or "corpus" (perplexity on a corpus's test split)
+    evaluation: ClassVar[str] = "tokens"
+    # the family's own part of an accuracy store (gradscope.tasks.family): variable → dims and kind;
+    # the dims that need coordinates looked up by readers; the report section drawn from them
+    # the family's own TaskConfig settings for a small run (the shared contract, tests/helpers/contracts.py,
+    # trains one with them); None: a small run needs data the contract cannot make (lm: a corpus)
+    tiny: ClassVar[Mapping[str, object] | None] = {}
+    layout: ClassVar[Mapping[str, Variable]] = {}
+    needs: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    report: ClassVar[ReportSection | None] = None
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:
@@ -94,6 +108,49 @@ class Task:
     def heldout_batch(self) -> Batch | None:
         """A fixed held-out set of the task's own (lm: valid paragraphs), or None to draw one."""
         return None
+
+    # --- the probe source (stability, dynamics): token ids of an input phase, then query tokens ---
+
+    @property
+    def probe_ids(self) -> int:
+        """How many probe token ids the task's models read (ids ≥ this are the query token)."""
+        return self.cfg.vocab_size
+
+    def probed(self, model: torch.nn.Module, seed: int) -> torch.nn.Module:
+        """``model`` as the probes see it: a model that reads token ids, as it is."""
+        return model
+
+    def probe_classes(self, tokens: torch.Tensor, query: int) -> np.ndarray:
+        """The class of each probe id (dynamics groups steps by it): 'frequent' ([0, K/2)), 'rare'
+        ([K/2, K)) or 'query' (SPEC §3's dual vocabulary)."""
+        t = tokens.numpy()
+        out = np.where(t < self.cfg.vocab_size // 2, "frequent", "rare").astype(object)
+        out[t == query] = "query"
+        return out
+
+    # --- the family's own part of the accuracy store (gradscope.tasks.family) ---
+
+    def score(self, batch: Batch, preds: torch.Tensor) -> dict[str, np.ndarray]:
+        """This family's counts for one checkpoint, from ``preds`` (n, T), the argmax predictions on
+        its held-out ``batch`` (none by default)."""
+        return {}
+
+    @classmethod
+    def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:
+        """The family's store variables and coordinates (as xarray takes them) from every checkpoint's
+        :meth:`score`, in checkpoint order; every name is declared in ``layout``."""
+        return {}, {}
+
+    @classmethod
+    def summary_metrics(cls, last: Mapping[str, np.ndarray]) -> Metrics:
+        """Metrics read by `gradscope summarize`, and their units for bootstrap intervals, from the
+        family's stored variables at the last checkpoint (``last``: name → values, coordinates too)."""
+        return {}, {}
+
+    @classmethod
+    def lines(cls, last: Mapping[str, np.ndarray]) -> list[str]:
+        """What `gradscope accuracy` prints of the family's variables at the last checkpoint."""
+        return []
 
     def tokens(self, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
         """Tokens from this task's vocabulary distribution (with ``new_item_share`` set: new items

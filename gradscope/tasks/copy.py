@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 class Copy(Task):
     name: ClassVar[str] = "copy"
     settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity", "hold_min", "hold_max")
+    tiny = {"hold_min": 2, "hold_max": 3}
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:

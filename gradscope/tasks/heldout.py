@@ -100,8 +100,9 @@ def sample_excluding(task: Task, n: int, gen: torch.Generator, excluder: Exclude
 
 
 def supports_grid(task: Task) -> bool:
-    """The frequency grid is defined for dual-frequency ``reverse`` (the paper's setting)."""
-    return task.cfg.name == "reverse" and task.cfg.distribution == "dual"
+    """The frequency grid is defined for the dual-frequency runs of a task that reads ``grid_per_cell``
+    (reverse: the paper's setting)."""
+    return "grid_per_cell" in task.settings and task.cfg.distribution == "dual"
 
 
 def build_grid(task: Task, gen: torch.Generator) -> torch.Tensor:

@@ -54,6 +54,8 @@ class LanguageModel(Task):
     settings: ClassVar[tuple[str, ...]] = ("corpus",)  # its tokens follow the corpus
     corpus_probes: ClassVar[bool] = True  # stability/dynamics probes come from the held-out text
     disjoint_heldout: ClassVar[bool] = True
+    evaluation: ClassVar[str] = "corpus"  # perplexity on the corpus's test split
+    tiny = None  # a run needs a prepared corpus (tests/test_lm.py makes one)
     default_length: ClassVar[int | None] = 1024  # the paper's first 1,024 tokens of each paragraph
 
     @classmethod

@@ -12,6 +12,7 @@ from gradscope.tasks.base import OPTIONAL_SETTINGS, Task
 from gradscope.tasks.copy import Copy
 from gradscope.tasks.delayed_sum import DelayedSum
 from gradscope.tasks.lm import LanguageModel
+from gradscope.tasks.mqar import MQAR
 from gradscope.tasks.predecessor import Predecessor
 from gradscope.tasks.reverse import Reverse
 from gradscope.tasks.reverse_continuous import ReverseContinuous
@@ -27,6 +28,7 @@ TASKS: dict[str, type[Task]] = {
     "copy": Copy,
     "reverse-continuous": ReverseContinuous,
     "lm": LanguageModel,
+    "mqar": MQAR,
 }
 
 

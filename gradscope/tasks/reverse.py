@@ -13,6 +13,7 @@ class Reverse(Task):
     name: ClassVar[str] = "reverse"
     settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity", "grid_per_cell")  # the grid: dual reverse only
     probes: ClassVar[bool] = True
+    tiny = {"distribution": "dual", "grid_per_cell": 2}
 
     def n_patterns(self) -> int:
         return self.cfg.vocab_size ** self.cfg.length

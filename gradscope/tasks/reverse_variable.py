@@ -6,12 +6,14 @@ every core is causal, padding after a sequence cannot change its outputs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
+from gradscope.tasks.family import FLOAT, INT, Part, Variable, ratio, stack
 
 if TYPE_CHECKING:
     from gradscope.tasks.config import TaskConfig
@@ -21,6 +23,10 @@ class ReverseVariable(Task):
     name: ClassVar[str] = "reverse-variable"
     settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity", "min_length")
     probes: ClassVar[bool] = True
+    tiny = {"min_length": 2}
+    layout = {"length_accuracy": Variable(dims=("checkpoint", "length"), kind=FLOAT,
+                                          help="token accuracy per sequence length"),
+              "length": Variable(dims=("length",), kind=INT, help="the sequence lengths that occur")}
 
     @classmethod
     def check_config(cls, cfg: "TaskConfig") -> None:
@@ -50,3 +56,47 @@ class ReverseVariable(Task):
     def lengths_of(batch: Batch) -> torch.Tensor:
         """Per-row sequence length L, recovered from the number of scored positions."""
         return (batch.targets != IGNORE).sum(dim=1)
+
+    def score(self, batch: Batch, preds: torch.Tensor) -> dict[str, np.ndarray]:
+        """Token counts per sequence length L (index L), over the held-out rows."""
+        correct, total = length_counts(preds, batch.targets)
+        return {"length_correct": correct.numpy(), "length_total": total.numpy()}
+
+    @classmethod
+    def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:
+        lengths = np.flatnonzero(counts[0]["length_total"] > 0)
+        accuracy = ratio(stack(counts, "length_correct"), stack(counts, "length_total"))[:, lengths]
+        return {"length_accuracy": (("checkpoint", "length"), accuracy)}, {"length": lengths}
+
+    @classmethod
+    def lines(cls, last: Mapping[str, np.ndarray]) -> list[str]:
+        pairs = ", ".join(f"L={n}: {a:.3f}" for n, a in zip(last["length"], last["length_accuracy"]))
+        return [f"token accuracy by sequence length: {pairs}"]
+
+
+def length_counts(preds: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor | None = None,
+                  kind: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+    """Update step of accuracy by sequence length: counts indexed by sequence length.
+
+    preds, targets (n, T); lengths (n,) int, by default each row's number of scored positions (the
+    length L of a reverse-variable row). kind "token" counts scored positions, "sequence" counts
+    rows (a row is correct if every scored position is). Returns (correct, total), each
+    (max(lengths) + 1,) int64, where entry ℓ belongs to rows of length ℓ.
+    """
+    check(kind in ("token", "sequence"), f"kind: got {kind!r}; valid values are 'token', 'sequence'")
+    check(preds.shape == targets.shape and targets.ndim == 2,
+          f"preds: got shape {tuple(preds.shape)}; expected targets' shape (n, T) = {tuple(targets.shape)}")
+    scored = targets != IGNORE
+    correct = (preds == targets) & scored  # (n, T)
+    if lengths is None:
+        lengths = scored.sum(1)
+    lengths = torch.as_tensor(lengths, device=targets.device).long()
+    check(lengths.shape == targets.shape[:1],
+          f"lengths: got shape {tuple(lengths.shape)}; expected one length per row ({targets.shape[0]},)")
+    if kind == "token":
+        row_correct, row_total = correct.sum(1), scored.sum(1)  # (n,)
+    else:
+        row_correct, row_total = (correct == scored).all(1).long(), torch.ones_like(lengths)
+    size = int(lengths.max()) + 1 if lengths.numel() else 0
+    return (torch.bincount(lengths, weights=row_correct.double(), minlength=size).long(),
+            torch.bincount(lengths, weights=row_total.double(), minlength=size).long())

@@ -14,6 +14,7 @@ class Sort(Reverse):
 
     name: ClassVar[str] = "sort"
     settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity")
+    tiny = {"distribution": "dual"}
 
     def recall(self, x: torch.Tensor) -> torch.Tensor:
         return x.sort(dim=1).values

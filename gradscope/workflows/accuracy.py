@@ -11,8 +11,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from gradscope.analysis.accuracy import (bins_arg, binned_counts, grid_counts, grid_item_counts, length_counts,
-                                         token_correct)
+from gradscope.analysis.accuracy import bins_arg, binned_counts, grid_counts, grid_item_counts, token_correct
 from gradscope.analysis.bootstrap import MAX_RESAMPLES
 from gradscope.analysis.cosine import cosine_similarity, position_mean_ci
 from gradscope.analysis.distance import sequence_dl_distances
@@ -24,13 +23,12 @@ from gradscope.store.accuracy import accuracy_dataset
 from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.cosine import cosine_dataset
 from gradscope.store.records import AccuracyResult, CosineResult
-from gradscope.tasks import Batch, ReverseVariable, grid_batch, make_task
+from gradscope.tasks import TASKS, Batch, grid_batch, make_task
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.train.evaluate import predict, predict_decoded, predict_vectors
 from gradscope.workflows.common import (MAX_COUNT, as_count, checkpoint_sources, config_attrs, expand_checkpoints,
                                         load_source)
-from gradscope.tasks.lm import LanguageModel
 from gradscope.workflows.lm import evaluate_lm_checkpoint
 
 DECODING_CHOICES = ("both", "autoregressive", "teacher")
@@ -115,9 +113,11 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
         check(getattr(opts, name) is None, f"{name}: applies to vector tasks (reverse-continuous: the bootstrap of "
                                            f"the cosine similarity); {loaded.path} is a {loaded.config.task.name} "
                                            f"checkpoint; remove {name}")
-    check(opts.corpus is None or isinstance(task, LanguageModel),
-          f"corpus: {loaded.path} is a {loaded.config.task.name} checkpoint, not lm; corpus applies to lm runs only")
-    if isinstance(task, LanguageModel):  # perplexity on the corpus's test split
+    corpus = [n for n, cls in TASKS.items() if cls.evaluation == "corpus"]
+    check(opts.corpus is None or task.evaluation == "corpus",
+          f"corpus: {loaded.path} is a {loaded.config.task.name} checkpoint; corpus applies to "
+          f"{', '.join(corpus)} runs only")
+    if task.evaluation == "corpus":  # perplexity on the corpus's test split
         return evaluate_lm_checkpoint(loaded, device, opts.corpus)
     model = loaded.model.to(device)
     held = loaded.heldout
@@ -140,10 +140,6 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
         new = targets >= old
         extra.update(item_time_correct=np.stack([(correct & m).sum(0).numpy() for m in (~new, new)]),
                      item_time_scored=np.stack([(scored & m).sum(0).numpy() for m in (~new, new)]))
-    lengths = None
-    if isinstance(task, ReverseVariable):
-        lc, lt = length_counts(preds, targets)
-        lengths = (lc.numpy(), lt.numpy())
     grid = None
     if held.grid is not None and opts.grid is not False:
         gpreds = _predict(model, grid_batch(task, held.grid), main, opts.batch_size)
@@ -159,8 +155,7 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
         loaded.path, loaded.iteration, loaded.path.parent.name,
         correct.sum(1).numpy(), scored.sum(1).numpy(), sequence_dl_distances(preds, targets).astype(np.float64),
         correct.sum(0).numpy(), scored.sum(0).numpy(),
-        *(grid if grid is not None else (None,) * 4),
-        *(lengths if lengths is not None else (None, None)), **extra,
+        *(grid if grid is not None else ()), family=task.score(held.uniform, preds), **extra,
     )
 
 
@@ -206,7 +201,7 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
                   f"checkpoint: {loaded.path} is a {'feedback' if loaded.config.model.feedback else 'standard'} model "
                   f"and the first is not; evaluate them separately")
         config = config or loaded.config
-        vectors = loaded.config.model.inputs == "vectors"
+        vectors = TASKS[loaded.config.task.name].evaluation == "vectors"
         results.append(evaluate_vectors(loaded, opts, device) if vectors else evaluate_checkpoint(loaded, opts, device))
         configs.append(config_attrs(loaded.config))
         del loaded

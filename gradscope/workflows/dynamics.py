@@ -43,8 +43,8 @@ from gradscope.workflows.dynamics_cost import CoreShape, estimator_seconds, part
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
 from gradscope.tasks.vocab import sample_tokens
+from gradscope.tasks import make_task
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.tasks.vector_probes import TABLE_SIZE, vector_probe_model
 from gradscope.workflows.lm import TEXT, lm_sequences, lm_task, lm_token_classes, lm_trajectories
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
@@ -399,23 +399,15 @@ def warn_diverged_values(run: DynamicsRun) -> None:
         warn_diverged(", ".join(f"{v} in {k}" for k, v in bad.items()), "they are stored as they are")
 
 
-def token_classes(tokens: torch.Tensor, vocab_size: int, query: int | None) -> np.ndarray:
-    """'frequent' ([0, K/2)), 'rare' ([K/2, K)) or 'query' for each token id (SPEC §3's dual vocabulary)."""
-    t = tokens.numpy()
-    out = np.where(t < vocab_size // 2, "frequent", "rare").astype(object)
-    if query is not None:
-        out[t == query] = "query"
-    return out
-
-
 def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, seed: int,
                       vocab: int | None = None) -> torch.Tensor:
     """Inputs (n, steps, in) of long trajectories: the task's episodes back to back (module docstring).
-    ``vocab``: the ids the model reads, when not the task's K (a vector task's probe table: uniform)."""
+    ``vocab``: the ids the model reads (the family's ``probe_ids``); when not the task's K (a vector
+    task's probe table) they are drawn uniformly."""
     task, L = config.task, config.task.length
     episodes = math.ceil(steps / (2 * L))
     gen = torch.Generator().manual_seed(seed)
-    distribution = task.distribution if vocab is None else "uniform"
+    distribution = task.distribution if vocab in (None, task.vocab_size) else "uniform"
     tokens = sample_tokens((n * episodes, L), vocab or task.vocab_size, distribution, task.rarity, gen)
     tokens = torch.cat([tokens, torch.full_like(tokens, model.query_token)], dim=1)  # (n·E, 2L)
     with torch.no_grad():
@@ -509,11 +501,11 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
           "target_freq/disturbant: lm checkpoints are probed on test paragraphs; each step is classed "
           "frequent or rare by the corpus's train counts")
     conditions = [(TEXT, TEXT)] if text else conditions_for(task, target_freq, disturbant)
-    # a vector task's model is probed through ids into a seeded table of sphere points (as stability is)
-    vectors = loaded.config.model.inputs == "vectors"
-    as_probed = (lambda m: vector_probe_model(m, opts.seed)) if vectors else (lambda m: m)  # noqa: E731
+    # the model as the family's probes see it (a vector task: ids into a seeded table of sphere points)
+    family = make_task(task)
+    as_probed = lambda m: family.probed(m, opts.seed)  # noqa: E731
     probed = as_probed(loaded.model)
-    vocab = TABLE_SIZE if vectors else task.vocab_size
+    vocab = family.probe_ids
     core, query = probed.core, probed.query_token
     width = probed.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
     T = (1 if text else 2) * task.length
@@ -532,9 +524,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     else:
         probes = make_probes(opts.sequences, task.length, 1, vocab, conditions, opts.seed)
         tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], query)], dim=1)
-        # a vector task has one frequency class: every point of the sphere is as likely
-        classes = np.where(tokens.numpy() == query, "query", "point").astype(object) if vectors else \
-            token_classes(tokens, task.vocab_size, query)
+        classes = family.probe_classes(tokens, query)
     config = config_attrs(loaded.config)
     if on_start is not None:
         on_start(len(files))
@@ -548,8 +538,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
         model = as_probed(loaded.model.to(device))
         traj = None if "lyapunov" not in opts.parts else \
             lm_trajectories(model, lm, opts.steps, opts.trajectories, opts.seed + 1) if text else \
-            task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1,
-                              TABLE_SIZE if vectors else None)
+            task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1, vocab)
         parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents,
                                                          plan.methods)
         run = path.parent.name if path.parent != Path("") else ""

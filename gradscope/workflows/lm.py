@@ -76,7 +76,7 @@ def evaluate_lm_checkpoint(loaded: Loaded, device: torch.device, corpus: str | P
     return AccuracyResult(
         loaded.path, loaded.iteration, loaded.path.parent.name,
         correct.sum(1).numpy(), scored.sum(1).numpy(), sequence_dl_distances(preds, targets).astype(np.float64),
-        correct.sum(0).numpy(), scored.sum(0).numpy(), None, None, None, None, None, None, lm=counts, freq_types=types)
+        correct.sum(0).numpy(), scored.sum(0).numpy(), lm=counts, freq_types=types)
 
 
 def _class_of(corpus: Corpus) -> np.ndarray:

@@ -34,7 +34,6 @@ from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions
                                         checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
 from gradscope.tasks import make_task
 from gradscope.tasks.config import TaskConfig
-from gradscope.tasks.vector_probes import TABLE_SIZE, vector_probe_model
 
 # Names the options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
 RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
@@ -140,9 +139,9 @@ def result_bytes(triplets: int, length: int, checkpoints: int, top_sv: int) -> i
 
 
 def probe_vocab(task: TaskConfig) -> int:
-    """How many probe token ids a task's models read: K, or for vector tokens the size of the
-    table of sphere points the ids index (:mod:`gradscope.tasks.vector_probes`)."""
-    return TABLE_SIZE if make_task(task).inputs == "vectors" else task.vocab_size
+    """How many probe token ids a task's models read, as its family declares (K; a vector task: the
+    size of the table of sphere points the ids index)."""
+    return make_task(task).probe_ids
 
 
 def check_store_table(path: Path, first: Loaded, seed: int) -> None:
@@ -299,8 +298,7 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
         check(loaded.config.task.vocab_size == task.vocab_size and loaded.config.task.length == task.length,
               f"checkpoint: {path} has a different vocabulary or length than {first}; analyse it separately")
         model = loaded.model.to(device)
-        if loaded.config.model.inputs == "vectors":  # probe ids index a seeded table of sphere points
-            model = vector_probe_model(model, opts.seed)
+        model = make_task(loaded.config.task).probed(model, opts.seed)  # as the family's probes see it
         plan = plan_model(model, opts, probes, position, output_phase)
         if on_plan is not None:
             on_plan(plan)

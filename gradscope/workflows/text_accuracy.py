@@ -250,8 +250,7 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
     }
     freq_types = bins.sum(1)
     result = AccuracyResult(Path(source), 0, Path(source).name, s_hit[:, 0].astype(np.int64), s_n[:, 0].astype(np.int64),
-                            np.full(n_par, np.nan), t_hit, t_n, None, None, None, None, None, None,
-                            lm=lm, freq_types=freq_types)
+                            np.full(n_par, np.nan), t_hit, t_n, lm=lm, freq_types=freq_types)
     configs = {"model_config": _describe(net, vocab),
                "task_config": {"name": "text", "vocab_size": vocab, "length": opts.max_length,
                                "text": str(text.path.resolve()), "text_sha256": text.sha256,

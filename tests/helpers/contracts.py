@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 import gradscope
 from gradscope.cli.app import app
+from gradscope.errors import GradscopeError
 from gradscope.models import CORES, SeqModel
 from gradscope.models.core import step_at, step_jacobian
 from gradscope.store import read_store
@@ -70,3 +71,96 @@ def check_core(name: str, tmp_path: Path) -> None:
     html = tmp_path / "report.html"
     _run(runner, ["report", str(run), str(stab), str(acc), str(dyn), "-o", str(html)])
     assert html.stat().st_size > 100_000
+
+
+# a small run of any family: the family adds its own settings (its ``tiny``); the first registered core
+FAMILY_RUN = ["--vocab", "6", "--length", "4", "--embed", "4", "--hidden", "6", "--iterations", "6",
+              "--heldout", "32", "--batch-size", "8", "-q"]
+
+
+def check_declarations(name: str) -> None:
+    """The family's declared store part agrees with the store's own layout and every other family's
+    (a variable of one name has one layout), and its report panels draw declared variables."""
+    from gradscope.store.schema import LAYOUTS
+    from gradscope.tasks.registry import TASKS
+
+    cls = TASKS[name]
+    static = LAYOUTS["accuracy"]
+    for var, v in cls.layout.items():
+        assert static.get(var, (v.dims, v.kind)) == (v.dims, v.kind), f"{name}: {var} clashes with the store layout"
+        for other, ocls in TASKS.items():
+            if var in ocls.layout:
+                o = ocls.layout[var]
+                assert (o.dims, o.kind) == (v.dims, v.kind), f"{name}: {var} clashes with the {other} family's"
+    for dim, coords in cls.needs.items():
+        assert all(c in cls.layout for c in coords), f"{name}: needs undeclared coordinates of {dim}"
+    if cls.report is not None:
+        for panel in cls.report.panels:
+            dims = cls.layout[panel.variable].dims
+            assert panel.x in dims and (panel.split is None or panel.split in dims), (name, panel)
+
+
+def check_sampling(name: str) -> None:
+    """Batches are seeded (same generator seed, same batch), of the task's shape, and scored only
+    where targets are classes of the model."""
+    from gradscope.tasks import IGNORE, make_task
+    from gradscope.tasks.config import TaskConfig
+    from gradscope.tasks.registry import TASKS
+
+    cls = TASKS[name]
+    assert cls.tiny is not None
+    task = make_task(TaskConfig(name=name, vocab_size=6, length=4, heldout_size=32, **cls.tiny))
+    a, b = (task.sample(16, torch.Generator().manual_seed(3)) for _ in range(2))
+    for x, y in ((a.inputs, b.inputs), (a.targets, b.targets)):  # bit-identical (a vector task's NaN: unscored)
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+    assert a.inputs.shape[:2] == a.targets.shape[:2] == (16, task.total_len)
+    if task.inputs == "tokens":
+        assert int(a.inputs.min()) >= 0 and int(a.inputs.max()) <= task.query
+        scored = a.targets[a.targets != IGNORE]
+        assert scored.numel() > 0 and int(scored.min()) >= 0 and int(scored.max()) < task.num_classes
+
+
+def check_family(name: str, tmp_path: Path) -> None:
+    """Every layer on the registered task family ``name`` (a key of gradscope.tasks.registry.TASKS):
+    its declarations, its batches, then from the command line training, accuracy (its declared
+    variables stored with their dims), stability where probes are defined, summarize (its declared
+    metrics) and the report (its declared section). A family whose small run needs outside data
+    (``tiny = None``) is checked on its declarations only; its own tests train it."""
+    from gradscope.store.accuracy import family_values
+    from gradscope.tasks.registry import TASKS
+
+    cls = TASKS[name]
+    check_declarations(name)
+    if cls.tiny is None:
+        return
+    check_sampling(name)
+    runner = CliRunner()
+    run = tmp_path / "run"
+    own = [a for k, v in cls.tiny.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    shared = FAMILY_RUN[2:] if cls.inputs == "vectors" else FAMILY_RUN  # vectors: a width (dim), no vocabulary
+    _run(runner, ["train", "--task", name, *shared, *own, "-o", str(run)])
+    assert gradscope.load(run).config.task.name == name
+    acc = tmp_path / "accuracy.zarr"
+    _run(runner, ["accuracy", str(run), "-o", str(acc), "-q"])
+    try:
+        ds = read_store(acc)
+    except GradscopeError as exc:
+        raise AssertionError(f"{name}: its accuracy store breaks the declared layout: {exc}") from None
+    family, values = family_values(ds)
+    assert family is cls
+    for var, v in cls.layout.items():
+        assert var in ds.variables and ds[var].dims == v.dims, f"{name}: {var} not stored as declared"
+    stores = [str(acc)]
+    if cls.probes:
+        stab = tmp_path / "stability.zarr"
+        _run(runner, ["stability", str(run), "--triplets", "2", "-o", str(stab), "-q"])
+        assert np.isfinite(read_store(stab)["score_default"].values).all()
+        stores.append(str(stab))
+    summary = tmp_path / "summary.zarr"
+    _run(runner, ["summarize", str(acc), "--resamples", "50", "-o", str(summary)])
+    metrics = {str(m) for m in read_store(summary)["metric"].values}
+    assert set(cls.summary_metrics(values)[0]) <= metrics
+    html = tmp_path / "report.html"
+    _run(runner, ["report", str(run), *stores, "-o", str(html)])
+    page = html.read_text()
+    assert (f'id="task-{name}"' in page) == (cls.report is not None)

@@ -188,7 +188,7 @@ def test_continuous_bad_input_is_one_line_exit_2(tmp_path: Path, runner) -> None
 
 
 def test_vector_probe_ids_read_the_table_and_the_query() -> None:
-    from gradscope.tasks.vector_probes import probe_table, vector_probe_model
+    from gradscope.tasks.reverse_continuous import probe_table, vector_probe_model
 
     torch.manual_seed(0)
     model = SeqModel(ModelConfig(core="lstm", vocab_size=4, embed_size=6, hidden_size=8, pe="sinusoidal", max_len=8,
