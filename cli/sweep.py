@@ -70,7 +70,8 @@ def sweep_command(
     from gradscope.workflows.reproduce import Layout
     from gradscope.workflows.sweep import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
-    opts = ClusterOptions(scheduler, workers, threads, parse_resources(resources), retries)  # checked first
+    opts = ClusterOptions(scheduler=scheduler, workers=workers, threads=threads,  # checked first
+                          resources=parse_resources(resources), retries=retries)
     spec = read_spec(spec_file)
     points = plan_points(spec)
     out = out if out is not None else Path(f"sweep-{spec.name}")  # the name is one plain component
