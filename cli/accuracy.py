@@ -157,8 +157,7 @@ def accuracy_command(
                      counts_text, tokenizer, max_length, quiet)
         return
     refuse_given(ctx, ["counts_text", "tokenizer", "max_length"], "they apply to --text (a pretrained LM on raw text)")
-    if batch_size < 1:
-        raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
+    # batch_size, decoding, resamples and seed are checked in AccuracyOptions.__post_init__
     opts = AccuracyOptions(bins=parse_bins(bins), grid=grid, device=device, batch_size=batch_size, decoding=decoding,
                            resamples=resamples if given(ctx, "resamples") else None,
                            seed=seed if given(ctx, "seed") else None, corpus=None if corpus is None else str(corpus))

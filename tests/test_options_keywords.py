@@ -75,3 +75,25 @@ def test_every_options_class_is_keyword_only() -> None:
         assert not positional, f"{cls.__name__}: fields {positional} may be given positionally; use kw_only=True"
         with pytest.raises(TypeError):
             cls(*[f.default for f in dataclasses.fields(cls)][:1])
+
+
+@pytest.mark.parametrize("command, args, build", [
+    ("stability", ["--sv", "0"], lambda: importlib.import_module("gradscope.workflows.stability").StabilityOptions(sv=0)),
+    ("accuracy", ["--batch-size", "0"],
+     lambda: importlib.import_module("gradscope.workflows.accuracy").AccuracyOptions(batch_size=0)),
+    ("dynamics", ["--sv", "0"], lambda: importlib.import_module("gradscope.workflows.dynamics").DynamicsOptions(sv=0)),
+])
+def test_an_option_is_checked_once_in_its_dataclass(runner, tmp_path: Path, command: str, args: list[str],
+                                                    build) -> None:  # noqa: ANN001
+    """The CLI refuses a bad option with the options dataclass's own message (its flag for the field
+    name), not a second check of its own written in the command's body."""
+    from gradscope.errors import GradscopeError
+
+    with pytest.raises(GradscopeError) as caught:
+        build()
+    sample = ROOT / "sample_checkpoints" / "gru-sinusoidal-s1" / "step-0006000.pt"
+    result = runner.invoke(importlib.import_module("gradscope.cli.app").app,
+                           [command, str(sample), *args, "-q", "-o", str(tmp_path / "out.zarr")])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: --{str(caught.value).replace('_', '-', str(caught.value).index(':'))}\n"
+    assert not (tmp_path / "out.zarr").exists()
