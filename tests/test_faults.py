@@ -368,11 +368,11 @@ SPEC = """
 name = "faults"
 preset = "tiny"
 [settings]
-hidden = 16
-embed = 8
-vocab = 8
+hidden_size = 16
+embed_size = 8
+vocab_size = 8
 length = 4
-heldout = 64
+heldout_size = 64
 grid_per_cell = 2
 batch_size = 16
 iterations = 40
