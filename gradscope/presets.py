@@ -154,7 +154,11 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
     and beta2; the old names of :data:`RENAMED_SETTINGS` with a DeprecationWarning); the model's
     vocabulary and PE length are sized to the task. An error names the setting, as its field."""
     check(preset in PRESETS, f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
-    return _build(PRESETS[preset], renamed(options))
+    options = renamed(options)
+    unknown = sorted(set(options) - set(settings()) - set(BETAS))  # a misspelt name was silently ignored
+    check(not unknown, f"{unknown[0] if unknown else ''}: not a setting of a run; valid settings are "
+                       f"{', '.join([*settings(), *BETAS])}")
+    return _build(PRESETS[preset], options)
 
 
 def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:

@@ -144,6 +144,8 @@ def test_build_config_takes_the_field_names_and_the_old_ones_with_a_warning() ->
         build_config("tiny", {"hidden": 12, "hidden_size": 12})
     with pytest.raises(GradscopeError, match="^num_layers: got 0"):  # the field's own check, as it is
         build_config("tiny", {"num_layers": 0})
+    with pytest.raises(GradscopeError, match="^hiden_size: not a setting of a run; valid settings are core, "):
+        build_config("tiny", {"hiden_size": 8})  # a misspelt name was ignored, and the preset's H trained
 
 
 def test_a_sweep_spec_takes_the_field_names_and_the_old_ones_with_a_warning() -> None:
