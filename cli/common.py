@@ -12,14 +12,18 @@ from rich.console import Console
 from gradscope.errors import GradscopeError
 
 
+SETTINGS = "gradscope.settings"  # ctx.meta key: the values of options generated per call (cli/train.py)
+
+
 def command_line(ctx: typer.Context) -> str:
     """The current command as a shell line, rebuilt from the parsed parameters (provenance).
 
     Only parameters that differ from their defaults are listed; arguments come first.
     """
     parts = ["gradscope", ctx.info_name or ""]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name or "")
+    generated = ctx.meta.get(SETTINGS, {})  # options a command generates (train's settings), as it left them
+    for param in ctx.command.get_params(ctx):
+        value = ctx.params.get(param.name or "", generated.get(param.name or ""))
         if value is None or value == param.default or value == () or value is False:
             continue
         values = value if isinstance(value, (list, tuple)) else [value]
