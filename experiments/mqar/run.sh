@@ -6,9 +6,9 @@
 set -euo pipefail
 OUT=${1:-runs/mqar}
 mkdir -p "$OUT"
-SETTINGS=(--task mqar --distribution dual --rarity 0.125 --vocab 128 --length 16 --embed 32 --hidden 128
-          --iterations 3000 --batch-size 64 --lr 3e-3 --warmup 100 --checkpoint-every 3000 --log-every 100
-          --heldout 1024 --threads 1 -q)
+SETTINGS=(--task mqar --distribution dual --rarity 0.125 --vocab-size 128 --length 16 --embed-size 32
+          --hidden-size 128 --iterations 3000 --batch-size 64 --lr 3e-3 --warmup 100 --checkpoint-every 3000
+          --log-every 100 --heldout-size 1024 --threads 1 -q)
 
 one() {  # core pe seed
   local dir="$OUT/$1-$2-s$3"
@@ -16,7 +16,7 @@ one() {  # core pe seed
     if [ -f "$dir/config.json" ]; then
       gradscope train --resume "$dir" -q
     else
-      gradscope train --model "$1" --pe "$2" --seed "$3" "${SETTINGS[@]}" -o "$dir"
+      gradscope train --core "$1" --pe "$2" --seed "$3" "${SETTINGS[@]}" -o "$dir"
     fi
     gradscope accuracy "$dir" -o "$dir/accuracy.zarr" --overwrite -q > "$dir/accuracy.txt"
   fi

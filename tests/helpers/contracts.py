@@ -74,8 +74,8 @@ def check_core(name: str, tmp_path: Path) -> None:
 
 
 # a small run of any family: the family adds its own settings (its ``tiny``); the first registered core
-FAMILY_RUN = ["--vocab", "6", "--length", "4", "--embed", "4", "--hidden", "6", "--iterations", "6",
-              "--heldout", "32", "--batch-size", "8", "-q"]
+FAMILY_RUN = ["--vocab-size", "6", "--length", "4", "--embed-size", "4", "--hidden-size", "6", "--iterations", "6",
+              "--heldout-size", "32", "--batch-size", "8", "-q"]
 
 
 def check_declarations(name: str) -> None:
