@@ -83,12 +83,11 @@ def check_out(out: Path, overwrite: bool) -> None:
     """Refuse an output store before any work is done: an existing path without ``--overwrite``,
     an existing file (a store is a directory), or a missing parent directory. (Writing refuses an
     existing store again, atomically, in case one appears meanwhile.)"""
+    from gradscope.store.io import check_store_target
+
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
-    if out.exists() and not out.is_dir():
-        raise GradscopeError(f"--out: {out} is a file; a store is a directory, choose another path")
-    if not out.parent.is_dir():
-        raise GradscopeError(f"--out: directory {out.parent} does not exist")
+    check_store_target(out, overwrite, "--out")
 
 
 def warn(message: str) -> None:
