@@ -158,11 +158,10 @@ def accuracy_command(
                      counts_text, tokenizer, max_length, quiet)
         return
     refuse_given(ctx, ["counts_text", "tokenizer", "max_length"], "they apply to --text (a pretrained LM on raw text)")
-    if batch_size < 1:
-        raise GradscopeError(f"--batch-size: got {batch_size}; it must be positive")
-    opts = AccuracyOptions(parse_bins(bins), grid, device, batch_size, decoding,
-                           resamples if given(ctx, "resamples") else None, seed if given(ctx, "seed") else None,
-                           None if corpus is None else str(corpus))
+    # batch_size, decoding, resamples and seed are checked in AccuracyOptions.__post_init__
+    opts = AccuracyOptions(bins=parse_bins(bins), grid=grid, device=device, batch_size=batch_size, decoding=decoding,
+                           resamples=resamples if given(ctx, "resamples") else None,
+                           seed=seed if given(ctx, "seed") else None, corpus=None if corpus is None else str(corpus))
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
     with make_progress(console) as progress:
@@ -228,10 +227,11 @@ def text_command(ctx: typer.Context, checkpoints: list[Path], out: Optional[Path
     refuse_given(ctx, ["bins", "grid", "decoding", "corpus"], "they apply to gradscope checkpoints, not to --text")
     if len(checkpoints) != 1:
         raise GradscopeError("checkpoint: with --text give exactly one model directory")
-    opts = TextAccuracyOptions(str(text), None if counts_text is None else str(counts_text),
-                               None if tokenizer is None else str(tokenizer), max_length,
-                               batch_size if given(ctx, "batch_size") else 16,
-                               resamples if given(ctx, "resamples") else DEFAULT_RESAMPLES, seed, device)
+    opts = TextAccuracyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
+                               tokenizer=None if tokenizer is None else str(tokenizer), max_length=max_length,
+                               batch_size=batch_size if given(ctx, "batch_size") else 16,
+                               resamples=resamples if given(ctx, "resamples") else DEFAULT_RESAMPLES, seed=seed,
+                               device=device)
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
     with make_progress(console) as progress:

@@ -12,14 +12,18 @@ from rich.console import Console
 from gradscope.errors import GradscopeError
 
 
+SETTINGS = "gradscope.settings"  # ctx.meta key: the values of options generated per call (cli/train.py)
+
+
 def command_line(ctx: typer.Context) -> str:
     """The current command as a shell line, rebuilt from the parsed parameters (provenance).
 
     Only parameters that differ from their defaults are listed; arguments come first.
     """
     parts = ["gradscope", ctx.info_name or ""]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name or "")
+    generated = ctx.meta.get(SETTINGS, {})  # options a command generates (train's settings), as it left them
+    for param in ctx.command.get_params(ctx):
+        value = ctx.params.get(param.name or "", generated.get(param.name or ""))
         if value is None or value == param.default or value == () or value is False:
             continue
         values = value if isinstance(value, (list, tuple)) else [value]
@@ -79,12 +83,11 @@ def check_out(out: Path, overwrite: bool) -> None:
     """Refuse an output store before any work is done: an existing path without ``--overwrite``,
     an existing file (a store is a directory), or a missing parent directory. (Writing refuses an
     existing store again, atomically, in case one appears meanwhile.)"""
+    from gradscope.store.io import check_store_target
+
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
-    if out.exists() and not out.is_dir():
-        raise GradscopeError(f"--out: {out} is a file; a store is a directory, choose another path")
-    if not out.parent.is_dir():
-        raise GradscopeError(f"--out: directory {out.parent} does not exist")
+    check_store_target(out, overwrite, "--out")
 
 
 def warn(message: str) -> None:

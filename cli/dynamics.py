@@ -152,8 +152,9 @@ def dynamics_command(
     from gradscope.workflows.dynamics import PARTS, DynamicsOptions, run_dynamics, run_factory_dynamics
     from gradscope.workflows.common import DivergedWarning
 
-    opts = DynamicsOptions(parts, sequences, grid_sequences, sv, trajectories, steps, warmup, reorth, seed, device,
-                           exponents, qr_dtype, budget_seconds)
+    opts = DynamicsOptions(parts=parts, sequences=sequences, grid_sequences=grid_sequences, sv=sv,
+                           trajectories=trajectories, steps=steps, warmup=warmup, reorth=reorth, seed=seed, device=device,
+                           exponents=exponents, qr_dtype=qr_dtype, budget_seconds=budget_seconds)
     uses = {"lyapunov": ["trajectories", "steps", "warmup", "exponents", "qr_dtype", "reorth"],
             "grid": ["grid_sequences"], "spectra": ["sv"]}
     chosen = set(PARTS if opts.parts is None else opts.parts)  # None: every part the budget allows

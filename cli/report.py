@@ -53,7 +53,8 @@ def report_command(
     if not any(i.kind == "stability" for i in items):  # only stability stores are bootstrapped and scored here
         refuse_given(ctx, ["score", "resamples", "seed"], "they set the stability figures, and no input is a "
                      "stability store")
-    opts = ReportOptions(score, iteration, resamples, seed, title, command_line(ctx))
+    opts = ReportOptions(score=score, iteration=iteration, resamples=resamples, seed=seed, title=title,
+                         command=command_line(ctx))
     page, sections = render_report(items, opts)
     images = export_static(sections, out, static, overwrite) if static else []
     # exclusive without --overwrite: a report that appeared meanwhile is not replaced

@@ -100,8 +100,12 @@ def stability_command(
     from gradscope.workflows.common import DivergedWarning
     from gradscope.workflows.stability import run_model_stability, run_stability, StabilityOptions
 
-    if sv < 1:
-        raise GradscopeError(f"--sv: got {sv}; it must be positive")
+    # every probe option is checked in StabilityOptions.__post_init__, before anything else
+    opts = StabilityOptions(target_freq=tuple(target_freq or ()), disturbant=tuple(disturbant or ()),
+                            target_pos=target_pos, triplets=triplets, probes=probes, seed=seed, method=method,
+                            batch_size=batch_size, sv=sv, device=device, token_counts=token_counts, length=length,
+                            filler=filler, corpus=corpus, estimator=estimator, sketch_units=sketch_units,
+                            budget_seconds=budget_seconds)
     check_resamples(resamples)
     check_text_source(ctx, "stability", text, model_factory, config, ["token_counts", "probes", "filler"],
                       "with --text the probes are drawn from the text")
@@ -110,9 +114,6 @@ def stability_command(
                              "gradscope checkpoints generate their own")
     if model_factory is not None:
         refuse_given(ctx, ["corpus"], "it names an lm checkpoint's corpus; a --model-factory model has none")
-    opts = StabilityOptions(tuple(target_freq or ()), tuple(disturbant or ()), target_pos, triplets, probes, seed,
-                            method, batch_size, sv, device, token_counts, length, filler, corpus=corpus,
-                            estimator=estimator, sketch_units=sketch_units, budget_seconds=budget_seconds)
     out_path = out if out is not None else default_out("stability", checkpoints[0] if checkpoints else Path("x"))
     check_out(out_path, overwrite)
     with make_progress(console) as progress, warnings.catch_warnings():

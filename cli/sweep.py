@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -10,7 +11,7 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, make_console
+from .common import command_line, make_console, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -70,8 +71,16 @@ def sweep_command(
     from gradscope.workflows.reproduce import Layout
     from gradscope.workflows.sweep import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
-    opts = ClusterOptions(scheduler, workers, threads, parse_resources(resources), retries)  # checked first
-    spec = read_spec(spec_file)
+    opts = ClusterOptions(scheduler=scheduler, workers=workers, threads=threads,  # checked first
+                          resources=parse_resources(resources), retries=retries)
+    with warnings.catch_warnings(record=True) as said:  # an old setting name in the spec: one line each
+        warnings.simplefilter("always", DeprecationWarning)
+        spec = read_spec(spec_file)
+    for w in said:
+        if issubclass(w.category, DeprecationWarning):
+            warn(f"{spec_file}: {w.message}")
+        else:
+            warnings.warn(w.message, w.category, stacklevel=1)
     points = plan_points(spec)
     out = out if out is not None else Path(f"sweep-{spec.name}")  # the name is one plain component
     if out.exists() and not out.is_dir():

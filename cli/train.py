@@ -12,7 +12,7 @@ from typer.core import TyperCommand
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, make_console
+from .common import SETTINGS, command_line, make_console, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -82,68 +82,76 @@ def _float(text: str) -> Any:
         return text
 
 
-CORE_OPTIONS = "gradscope.core_options"  # where TrainCommand leaves the core options' values in ctx.meta
 
 
-def core_option_params() -> list[Any]:
-    """One click option per registered core setting (:func:`gradscope.models.registry.core_options`),
-    made by typer from a signature built here, as it makes the hand-written options."""
-    from gradscope.models.registry import core_options
+def setting_params() -> list[Any]:
+    """One click option per setting of a run (:func:`gradscope.presets.settings`: the config
+    sections' fields declared with ``gradscope.fields.option``, then every registered core's own),
+    flag ``--<field name>``, made by typer from a signature built here, as it makes the written options."""
+    from gradscope.presets import settings
 
     params = []
-    for o in core_options().values():
+    for o in settings().values():
         parser, metavar = {int: (_int, "<int>"), float: (_float, "<float>")}.get(o.kind, (None, None))
         span = "" if o.low is None and o.high is None else \
-            f"; {'' if o.low is None else f'>= {o.low}'}{', ' if None not in (o.low, o.high) else ''}{'' if o.high is None else f'<= {o.high}'}"
+            f"{'' if o.low is None else f'>= {o.low}'}{', ' if None not in (o.low, o.high) else ''}{'' if o.high is None else f'<= {o.high}'}"
+        note = "; ".join(p for p in (", ".join(o.cores), span) if p)
         extra = {"parser": parser, "metavar": metavar} if parser is not None else {}
         flag = "--" + o.name.replace("_", "-")
-        annotation = Annotated[Optional[o.kind], Opt(flag, help=f"{o.help} ({', '.join(o.cores)}{span})", **extra)]
+        annotation = Annotated[Optional[o.kind], Opt(flag, help=f"{o.help} ({note})" if note else o.help, **extra)]
         params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
 
-    def settings(**_: Any) -> None:
-        """The cores' own settings."""
+    def settings_of_a_run(**_: Any) -> None:
+        """The settings of a run."""
 
-    settings.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    settings_of_a_run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     holder = typer.Typer(add_completion=False)
-    holder.command()(settings)
+    holder.command()(settings_of_a_run)
     return list(typer.main.get_command(holder).params)
 
 
 class TrainCommand(TyperCommand):
-    """`gradscope train` with one option per registered core setting, added when this command is
-    parsed or its help shown (other commands never import the models for it)."""
+    """`gradscope train` with one option per setting of a run (:func:`setting_params`), added after
+    --preset when this command is parsed or its help shown (other commands never import the configs
+    and models for it). The command receives their values in ``ctx.meta[SETTINGS]``."""
 
     def get_params(self, ctx: typer.Context) -> list[Any]:
         params = super().get_params(ctx)
         own = {p.name for p in params}
-        extra = [p for p in core_option_params() if p.name not in own]
-        return params[:-1] + extra + params[-1:]  # --help stays last
+        extra = [p for p in setting_params() if p.name not in own]
+        at = next((i + 1 for i, p in enumerate(params) if p.name == "preset"), len(params) - 1)
+        return params[:at] + extra + params[at:]
 
     def invoke(self, ctx: typer.Context) -> Any:
-        names = {p.name for p in core_option_params()}
-        ctx.meta[CORE_OPTIONS] = {k: ctx.params.pop(k) for k in list(ctx.params) if k in names}
+        names = {p.name for p in setting_params()}
+        ctx.meta[SETTINGS] = {k: ctx.params.pop(k) for k in list(ctx.params) if k in names}
         return super().invoke(ctx)
 
 
 def extension_run_config(parent: Path, options: dict[str, Any], new_item_share: float | None) -> RunConfig:
-    """The config of `gradscope train --extend-from PARENT --vocab K'`: the parent's model (no model
-    option may be given), its task with task options given applied, and its training settings
+    """The config of `gradscope train --extend-from PARENT --vocab-size K'`: the parent's model (no
+    model option may be given), its task with task options given applied, and its training settings
     with the training options given applied."""
-    from gradscope.presets import FIELDS
+    from gradscope.presets import settings
     from gradscope.train.extend import extension_config
 
+    known = settings()
     given = {k: v for k, v in options.items() if v is not None}
-    fixed = sorted(k for k in given if FIELDS.get(k, ("core", ""))[0] in ("model", "core"))
+    fixed = sorted(k for k in given if k in known and known[k].section in ("model", "core"))
     if fixed:
         raise GradscopeError(f"--extend-from: the extended model keeps its parent's architecture; remove "
                              f"{', '.join('--' + k.replace('_', '-') for k in fixed)}")
-    if "vocab" not in given:
-        raise GradscopeError("--vocab: give the extended vocabulary size K' (larger than the checkpoint's)")
-    task = {FIELDS[k][1]: v for k, v in given.items() if k in FIELDS and FIELDS[k][0] == "task" and k != "vocab"}
-    train = {FIELDS[k][1]: v for k, v in given.items() if k in FIELDS and FIELDS[k][0] == "train"}
+    if "vocab_size" not in given:
+        raise GradscopeError("--vocab-size: give the extended vocabulary size K' (larger than the checkpoint's)")
+    task = {known[k].field: v for k, v in given.items()
+            if k in known and known[k].section == "task" and k != "vocab_size"}
+    train = {known[k].field: v for k, v in given.items() if k in known and known[k].section == "train"}
     if "beta1" in given or "beta2" in given:
         raise GradscopeError("--beta1/--beta2: an extension keeps its parent's Adam betas")
-    return extension_config(parent, given["vocab"], new_item_share=new_item_share, train=train, task=task)
+    return extension_config(parent, given["vocab_size"], new_item_share=new_item_share, train=train, task=task)
+
+
+OLD = "Deprecated: the old name of --{}; it will be removed."
 
 
 @user_errors
@@ -151,57 +159,45 @@ def train_command(
     ctx: typer.Context,
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Run directory to create (default: runs/<preset>-<core>-<pe>-K<K>-s<seed>).")] = None,
     resume: Annotated[Optional[Path], Opt(help="Continue the run in this directory exactly where its last checkpoint left off.")] = None,
-    preset: Annotated[str, Opt(help="Starting configuration: tiny (≈1 min on 2 CPU cores) or paper (SPEC §3, for a GPU).")] = "tiny",
-    model: Annotated[Optional[str], Opt(help="Core: a name in gradscope's core registry (an unknown name lists them all). A core's own settings are the last options listed.")] = None,
-    pe: Annotated[Optional[str], Opt(help="Positional encoding: a kind in gradscope's PE registry (none, sinusoidal, learnable, random and dummy are built in; an unknown name lists them all).")] = None,
-    pe_combine: Annotated[Optional[str], Opt(help="How PE meets the embedding: concat or add.")] = None,
-    layers: Annotated[Optional[int], Opt(help="Number of layers (RNN) or S4D blocks.", parser=_int, metavar="<int>")] = None,
-    embed: Annotated[Optional[int], Opt(help="Embedding size E.", parser=_int, metavar="<int>")] = None,
-    hidden: Annotated[Optional[int], Opt(help="Hidden size H.", parser=_int, metavar="<int>")] = None,
-    max_len: Annotated[Optional[int], Opt(help="Positions covered by a learnable/random PE (default: the task's length).", parser=_int, metavar="<int>")] = None,
-    task: Annotated[Optional[str], Opt(help="Task: a name in gradscope's task registry (reverse, reverse-variable, sort, delayed-sum, predecessor and copy are built in; an unknown name lists them all).")] = None,
-    vocab: Annotated[Optional[int], Opt(help="Vocabulary size K (copy: data tokens; blank and delimiter are added).", parser=_int, metavar="<int>")] = None,
-    length: Annotated[Optional[int], Opt(help="Sequence length L (reverse-variable: the maximum).", parser=_int, metavar="<int>")] = None,
-    max_length: Annotated[Optional[int], Opt(help="lm: the first N tokens of each paragraph (the same as --length; default 1024, as the paper).", parser=_int, metavar="<int>")] = None,
-    corpus: Annotated[Optional[str], Opt(help="lm: the corpus directory made by `gradscope corpus prepare` (its vocabulary sets K).")] = None,
-    min_length: Annotated[Optional[int], Opt(help="reverse-variable: the minimum L.", parser=_int, metavar="<int>")] = None,
-    distribution: Annotated[Optional[str], Opt(help="Token distribution: uniform or dual (Frequent/Rare halves).")] = None,
-    rarity: Annotated[Optional[float], Opt(help="dual: probability that a position holds a Rare token.", parser=_float, metavar="<float>")] = None,
-    heldout: Annotated[Optional[int], Opt(help="Size of the uniform held-out test set.", parser=_int, metavar="<int>")] = None,
-    grid_per_cell: Annotated[Optional[int], Opt(help="dual reverse: held-out sequences per (target, disturbant, position).", parser=_int, metavar="<int>")] = None,
-    hold_min: Annotated[Optional[int], Opt(help="copy: fewest blanks in the hold phase.", parser=_int, metavar="<int>")] = None,
-    hold_max: Annotated[Optional[int], Opt(help="copy: most blanks in the hold phase.", parser=_int, metavar="<int>")] = None,
-    dim: Annotated[Optional[int], Opt(help="reverse-continuous: tokens are points of the unit sphere S^(dim−1).", parser=_int, metavar="<int>")] = None,
-    decoding: Annotated[Optional[str], Opt(help="Output-phase input: none (query tokens), or a feedback model fed the previous token: teacher (ground truth, as the paper trained) or autoregressive (its own prediction).")] = None,
-    extend_from: Annotated[Optional[Path], Opt(help="Vocabulary extension (paper §4.2): a checkpoint or run directory to extend to --vocab items; only the new rows train, everything pretrained is frozen.")] = None,
-    new_item_share: Annotated[Optional[float], Opt(help="--extend-from: probability that a position holds a new item (default: uniform over all items, as the paper did).", parser=_float, metavar="<float>")] = None,
-    iterations: Annotated[Optional[int], Opt(help="Training iterations.", parser=_int, metavar="<int>")] = None,
-    batch_size: Annotated[Optional[int], Opt(help="Sequences per batch.", parser=_int, metavar="<int>")] = None,
-    lr: Annotated[Optional[float], Opt(help="Peak learning rate (linear warm-up, then cosine to 0).", parser=_float, metavar="<float>")] = None,
-    warmup: Annotated[Optional[int], Opt(help="Warm-up iterations.", parser=_int, metavar="<int>")] = None,
+    preset: Annotated[str, Opt(help="Starting configuration: tiny (≈1 min on 2 CPU cores) or paper (SPEC §3, for a GPU). The settings that follow override it; each is named as its config field.")] = "tiny",
     beta1: Annotated[Optional[float], Opt(help="Adam β1.", parser=_float, metavar="<float>")] = None,
     beta2: Annotated[Optional[float], Opt(help="Adam β2 (paper 0.999; its reference code 0.98).", parser=_float, metavar="<float>")] = None,
-    eps: Annotated[Optional[float], Opt(help="Adam ε (reference code: 1e-9).", parser=_float, metavar="<float>")] = None,
-    clip: Annotated[Optional[float], Opt(help="Gradient-norm clip (0 disables).", parser=_float, metavar="<float>")] = None,
-    checkpoint_every: Annotated[Optional[int], Opt(help="Write a checkpoint every N iterations.", parser=_int, metavar="<int>")] = None,
-    log_every: Annotated[Optional[int], Opt(help="Log metrics every N iterations.", parser=_int, metavar="<int>")] = None,
-    seed: Annotated[Optional[int], Opt(help="Seed for initialisation, held-out data and batches.", parser=_int, metavar="<int>")] = None,
-    device: Annotated[Optional[str], Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = None,
-    threads: Annotated[Optional[int], Opt(help="torch CPU threads (0 = torch's default).", parser=_int, metavar="<int>")] = None,
+    max_length: Annotated[Optional[int], Opt(help="lm: the first N tokens of each paragraph (the same as --length; default 1024, as the paper).", parser=_int, metavar="<int>")] = None,
+    extend_from: Annotated[Optional[Path], Opt(help="Vocabulary extension (paper §4.2): a checkpoint or run directory to extend to --vocab-size items; only the new rows train, everything pretrained is frozen.")] = None,
+    new_item_share: Annotated[Optional[float], Opt(help="--extend-from: probability that a position holds a new item (default: uniform over all items, as the paper did).", parser=_float, metavar="<float>")] = None,
     stop_after: Annotated[Optional[int], Opt(help="Stop after this many iterations in this invocation (checkpointed; continue with --resume).", parser=_int, metavar="<int>")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
+    # the settings' names before issue #39 (gradscope.presets.RENAMED_SETTINGS), hidden; each prints a warning
+    model: Annotated[Optional[str], Opt(hidden=True, help=OLD.format("core"))] = None,
+    layers: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("num-layers"), parser=_int, metavar="<int>")] = None,
+    embed: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("embed-size"), parser=_int, metavar="<int>")] = None,
+    hidden: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("hidden-size"), parser=_int, metavar="<int>")] = None,
+    vocab: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("vocab-size"), parser=_int, metavar="<int>")] = None,
+    heldout: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("heldout-size"), parser=_int, metavar="<int>")] = None,
 ) -> None:
-    """Train a model on a synthetic task, writing a run directory with checkpoints."""
+    """Train a model on a synthetic task, writing a run directory with checkpoints. Every setting
+    (--core, --hidden-size, --vocab-size, …) is named as its config field, as in sweep specs."""
     from gradscope.guard import as_int
-    from gradscope.presets import build_config, FIELDS, PRESETS
+    from gradscope.presets import PRESETS, RENAMED_SETTINGS, build_config
     from gradscope.train.loop import is_run_dir, read_run_config, train
 
-    options = {k: v for k, v in locals().items() if k in FIELDS or k in ("beta1", "beta2")}
+    options: dict[str, Any] = dict(ctx.meta.get(SETTINGS, {}))
+    old = {"model": model, "layers": layers, "embed": embed, "hidden": hidden, "vocab": vocab, "heldout": heldout}
+    for name, value in old.items():
+        new = RENAMED_SETTINGS[name]
+        if value is None:
+            continue
+        if options.get(new) is not None:
+            raise GradscopeError(f"--{new.replace('_', '-')}: given twice, also as --{name} (its old name); give "
+                                 f"--{new.replace('_', '-')} only")
+        warn(f"--{name} is deprecated and will be removed; use --{new.replace('_', '-')}")
+        options[new] = value
+    options.update(beta1=beta1, beta2=beta2)
     if max_length is not None:
-        if length is not None and length != max_length:
-            raise GradscopeError(f"--max-length: got {max_length} and --length {length}; they name the same setting")
+        if options.get("length") is not None and options["length"] != max_length:
+            raise GradscopeError(f"--max-length: got {max_length} and --length {options['length']}; they name the same "
+                                 f"setting")
         options["length"] = max_length
-    options.update(ctx.meta.get(CORE_OPTIONS, {}))
     if resume is not None:
         given = sorted(k for k, v in {**options, "extend_from": extend_from, "new_item_share": new_item_share}.items()
                        if v is not None)

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent / "fig5-cpu"
 SEEDS = (1, 2)
 RUNS = {(pe, seed): ROOT / f"gru-{pe}-s{seed}" for seed in SEEDS for pe in ("none", "sinusoidal")}
 GRADSCOPE = os.environ.get("GRADSCOPE", "gradscope")  # e.g. a frozen install while the source tree is edited
-COMMON = ["--preset", "tiny", "--model", "gru", "--embed", "64", "--hidden", "128", "--vocab", "64", "--length", "16",
-          "--distribution", "dual", "--rarity", "0.125", "--heldout", "1024", "--grid-per-cell", "16",
+COMMON = ["--preset", "tiny", "--core", "gru", "--embed-size", "64", "--hidden-size", "128", "--vocab-size", "64", "--length", "16",
+          "--distribution", "dual", "--rarity", "0.125", "--heldout-size", "1024", "--grid-per-cell", "16",
           "--iterations", "60000", "--batch-size", "128", "--lr", "0.003", "--warmup", "200",
           "--checkpoint-every", "5000", "--log-every", "100", "--threads", "1", "-q"]
 

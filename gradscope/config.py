@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import from_dict
+from gradscope.fields import from_dict, option
 from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown, text
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES
@@ -34,22 +34,25 @@ FLOAT32_MAX = 3.4028234663852886e38  # a float32 step size or epsilon beyond thi
 class TrainConfig:
     """Optimisation (SPEC §3): Adam, linear warm-up then cosine to 0, grad-norm clipping."""
 
-    iterations: int = 300_000
-    batch_size: int = 512
-    lr: float = 1e-3
-    warmup: int = 1000
+    # option(...): a setting of `gradscope train --<field>` and of sweep specs (betas: --beta1 and --beta2)
+    iterations: int = option(300_000, "Training iterations.")
+    batch_size: int = option(512, "Sequences per batch.")
+    lr: float = option(1e-3, "Peak learning rate (linear warm-up, then cosine to 0).")
+    warmup: int = option(1000, "Warm-up iterations.")
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    clip: float = 1.0
-    checkpoint_every: int = 5000
-    log_every: int = 100
-    seed: int = 111
-    device: str = "auto"
-    threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    eps: float = option(1e-8, "Adam ε (reference code: 1e-9).")
+    clip: float = option(1.0, "Gradient-norm clip (0 disables).")
+    checkpoint_every: int = option(5000, "Write a checkpoint every N iterations.")
+    log_every: int = option(100, "Log metrics every N iterations.")
+    seed: int = option(111, "Seed for initialisation, held-out data and batches.")
+    device: str = option("auto", "auto (cuda when present), cpu, cuda or cuda:N.")
+    threads: int = option(0, "torch CPU threads (0 = torch's default).")  # torch intra-op threads
     # How the output phase is fed (paper App. B.2): none = query tokens (the standard model); teacher
     # = the previous ground-truth token (a feedback model trained teacher-forced, as the paper did);
     # autoregressive = the model's own previous prediction (free-running training).
-    decoding: str = "none"
+    decoding: str = option("none", "Output-phase input: none (query tokens), or a feedback model fed the previous "
+                                   "token: teacher (ground truth, as the paper trained) or autoregressive (its own "
+                                   "prediction).")
 
     def __post_init__(self) -> None:
         for name in ("iterations", "checkpoint_every", "log_every"):

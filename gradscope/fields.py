@@ -30,9 +30,10 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
 
 
 def option(default: Any, help: str, *, short: str | None = None, alias: str | None = None,
-           low: float | None = None, high: float | None = None) -> Any:
+           low: float | None = None, high: float | None = None, flag: str | None = None) -> Any:
     """A config field that is also a user-facing setting: ``gradscope train --<name>``, a sweep axis,
     a summary field (``--by <alias>``) and a report label (``<short>=value``). ``low``/``high``: the
-    range the CLI's help states (the config's own checks enforce it)."""
+    range the CLI's help states (the config's own checks enforce it). ``flag``: the setting's name
+    where it is not the field's own (the task's ``name`` is ``--task``, as its errors say)."""
     return dataclasses.field(default=default, metadata={"help": help, "short": short, "alias": alias,
-                                                        "range": (low, high)})
+                                                        "range": (low, high), "flag": flag})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
@@ -70,32 +72,68 @@ def scale_configs(scale: str) -> dict[str, RunConfig]:
     return {core: _paper(core, PAPER_VOCAB.get(core, 64)) for core in CORES}
 
 
-# option name (as in `gradscope train --<name>` and a sweep spec) → (config section, field); the
-# cores' own options (:func:`option_fields`) come from the registry.
-FIELDS: dict[str, tuple[str, str]] = {
-    "model": ("model", "core"), "pe": ("model", "pe"), "pe_combine": ("model", "pe_combine"),
-    "layers": ("model", "num_layers"), "embed": ("model", "embed_size"), "hidden": ("model", "hidden_size"),
-    "max_len": ("model", "max_len"),
-    "task": ("task", "name"), "vocab": ("task", "vocab_size"), "length": ("task", "length"),
-    "min_length": ("task", "min_length"), "distribution": ("task", "distribution"), "rarity": ("task", "rarity"),
-    "heldout": ("task", "heldout_size"), "grid_per_cell": ("task", "grid_per_cell"),
-    "hold_min": ("task", "hold_min"), "hold_max": ("task", "hold_max"), "dim": ("task", "dim"),
-    "corpus": ("task", "corpus"),
-    "iterations": ("train", "iterations"), "batch_size": ("train", "batch_size"), "lr": ("train", "lr"),
-    "warmup": ("train", "warmup"), "eps": ("train", "eps"), "clip": ("train", "clip"),
-    "checkpoint_every": ("train", "checkpoint_every"), "log_every": ("train", "log_every"),
-    "seed": ("train", "seed"), "device": ("train", "device"), "threads": ("train", "threads"),
-    "decoding": ("train", "decoding"),
-}
+@dataclass(frozen=True)
+class Setting:
+    """A setting of a run: ``gradscope train --<name>``, a key of a sweep spec and of
+    :func:`build_config`'s options. ``name`` is the config field's own name (the task's ``name`` is
+    ``task``, as its errors say), so an error naming the field names the setting."""
+
+    name: str
+    section: str  # model, task, train, or core (the chosen core's own config)
+    field: str
+    kind: type
+    help: str
+    low: float | None = None
+    high: float | None = None
+    cores: tuple[str, ...] = ()  # section core: the cores that have it
 
 
-def option_fields() -> dict[str, tuple[str, str]]:
-    """:data:`FIELDS` and every registered core's own options (section "core")."""
-    own = {name: ("core", name) for name in core_options()}
-    clash = sorted(set(own) & set(FIELDS))
-    if clash:
-        raise GradscopeError(f"core options {', '.join(clash)} clash with shared settings of the same name")
-    return {**FIELDS, **own}
+SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
+# the settings' names before issue #39 gave them their fields' names; accepted for one release, with a
+# DeprecationWarning (`gradscope train` prints one warning line naming the new flag)
+RENAMED_SETTINGS = {"model": "core", "layers": "num_layers", "embed": "embed_size", "hidden": "hidden_size",
+                    "vocab": "vocab_size", "heldout": "heldout_size"}
+BETAS = ("beta1", "beta2")  # TrainConfig.betas, one setting per value
+
+
+def settings() -> dict[str, Setting]:
+    """Every setting, by name: the fields of the config sections declared with
+    :func:`gradscope.fields.option`, then every registered core's own options (section "core").
+    Computed on each call, so a core registered at run time has its own. Names are unique."""
+    out: dict[str, Setting] = {}
+
+    def add(setting: Setting) -> None:
+        taken = out[setting.name].section if setting.name in out else \
+            "train" if setting.name in BETAS else "an old name" if setting.name in RENAMED_SETTINGS else None
+        if taken is not None:
+            raise GradscopeError(f"setting {setting.name}: declared by {setting.section} and {taken}; a setting's "
+                                 f"name must be unique across sections (and the cores' own options)")
+        out[setting.name] = setting
+
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if "help" in f.metadata:
+                low, high = f.metadata.get("range", (None, None))
+                add(Setting(f.metadata.get("flag") or f.name, section, f.name, type(f.default), f.metadata["help"],
+                            low, high))
+    for name, o in core_options().items():
+        add(Setting(name, "core", name, o.kind, o.help, o.low, o.high, o.cores))
+    return out
+
+
+def renamed(options: dict[str, Any], stacklevel: int = 3) -> dict[str, Any]:
+    """``options`` with every old setting name (:data:`RENAMED_SETTINGS`) given replaced by its new
+    one, each with a DeprecationWarning; an old and a new name of one setting together are an error."""
+    out = dict(options)
+    for old, new in RENAMED_SETTINGS.items():
+        if out.get(old) is None:
+            out.pop(old, None)
+            continue
+        check(out.get(new) is None, f"{new}: given twice, also as {old} (its old name); give {new} only")
+        warnings.warn(f"the setting {old} is now {new}, as its config field; {old} will be removed",
+                      DeprecationWarning, stacklevel=stacklevel)
+        out[new] = out.pop(old)
+    return out
 
 
 def _checked(name: str, value: Any, default: Any) -> Any:
@@ -112,29 +150,26 @@ def _checked(name: str, value: Any, default: Any) -> Any:
 
 
 def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
-    """Preset values, overridden by every option given (names as in :func:`option_fields`, plus beta1
-    and beta2); the model's vocabulary and PE length are sized to the task."""
-    if preset not in PRESETS:
-        raise GradscopeError(f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
-    try:
-        return _build(PRESETS[preset], options)
-    except GradscopeError as exc:  # a config field's error, in the name of the option that sets it
-        field, sep, rest = str(exc).partition(":")
-        option = {f: name for name, (_, f) in FIELDS.items()}.get(field)
-        if sep and option is not None and options.get(option) is not None:  # the option the user gave
-            raise GradscopeError(f"{option}{sep}{rest}") from None
-        raise
+    """Preset values, overridden by every option given (names as in :func:`settings`, plus beta1
+    and beta2; the old names of :data:`RENAMED_SETTINGS` with a DeprecationWarning); the model's
+    vocabulary and PE length are sized to the task. An error names the setting, as its field."""
+    check(preset in PRESETS, f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
+    options = renamed(options)
+    unknown = sorted(set(options) - set(settings()) - set(BETAS))  # a misspelt name was silently ignored
+    check(not unknown, f"{unknown[0] if unknown else ''}: not a setting of a run; valid settings are "
+                       f"{', '.join([*settings(), *BETAS])}")
+    return _build(PRESETS[preset], options)
 
 
 def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:
     sections: dict[str, dict[str, Any]] = {"model": {}, "task": {}, "train": {}, "core": {}}
-    core = options.get("model") or base.model.core
-    check(isinstance(core, str), f"model: got {str(core)[:40]!r}; expected the name of a core")
+    core = options.get("core") or base.model.core
+    check(isinstance(core, str), f"core: got {str(core)[:40]!r}; expected the name of a core")
     own = core_class(core).Config() if core != base.model.core else base.model.core_config
-    fields = option_fields()
+    known = settings()
     for name, value in options.items():
-        if value is not None and name in fields:
-            section, field = fields[name]
+        if value is not None and name in known:
+            section, field = known[name].section, known[name].field
             if section == "core":  # a setting of the chosen core's own config
                 check(hasattr(own, field), f"{name}: the {core!r} core has no {field} setting")
                 default = getattr(own, field)
@@ -162,11 +197,12 @@ def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:
     if task.name in TASKS:
         given = sections["task"].get("vocab_size")
         check(given is None or TASKS[task.name].inputs == "tokens",
-              f"vocab: the {task.name} task's tokens are vectors whose width is dim (--dim), not a vocabulary; "
-              f"leave --vocab out")
+              f"vocab_size: the {task.name} task's tokens are vectors whose width is dim (--dim), not a "
+              f"vocabulary; leave --vocab-size out")
         task = TASKS[task.name].resolve(task)
         check(given is None or given == task.vocab_size,
-              f"vocab: got {given}; the {task.name} task's corpus has {task.vocab_size} tokens (leave --vocab out)")
+              f"vocab_size: got {given}; the {task.name} task's corpus has {task.vocab_size} tokens (leave "
+              f"--vocab-size out)")
     sections["model"].setdefault("vocab_size", make_task(task).num_classes)
     sections["model"].setdefault("inputs", make_task(task).inputs)  # token ids or vectors (the continuous task)
     sections["model"]["feedback"] = sections["train"].get("decoding", base.train.decoding) != "none"

@@ -27,7 +27,7 @@ from .stability_figures import distribution_figure, spectra_figure, stability_fi
 STATIC_FORMATS = ("png", "svg")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReportOptions:
     """score: stability score plotted; iteration: checkpoint for distributions, spectra and the
     accuracy grid (None: each store's last); resamples/seed: the stability bootstrap."""

@@ -10,7 +10,7 @@ from typing import Any
 import math
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import from_dict, one_of
+from gradscope.fields import from_dict, one_of, option
 from gradscope.guard import as_int
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES, core_class
@@ -65,14 +65,18 @@ class ModelConfig:
     (input or output phase) of width E is concatenated to every input.
     """
 
-    core: str = "gru"
-    vocab_size: int = 64  # K output classes; the embedding has K + 1 rows
-    embed_size: int = 512
-    hidden_size: int = 512
-    num_layers: int = 1
-    pe: str = "none"
-    pe_combine: str = "concat"
-    max_len: int = 128  # positions a learnable/random PE covers (>= total sequence length)
+    # option(...): a setting of `gradscope train --<field>` and of sweep specs (help: its --help text)
+    core: str = option("gru", "Core: a name in gradscope's core registry (an unknown name lists them all). A core's "
+                              "own settings follow the training settings.")
+    vocab_size: int = 64  # K output classes; the embedding has K + 1 rows (sized to the task, not a setting)
+    embed_size: int = option(512, "Embedding size E.")
+    hidden_size: int = option(512, "Hidden size H.")
+    num_layers: int = option(1, "Number of layers (RNN) or S4D blocks.")
+    pe: str = option("none", "Positional encoding: a kind in gradscope's PE registry (none, sinusoidal, learnable, "
+                             "random and dummy are built in; an unknown name lists them all).")
+    pe_combine: str = option("concat", "How PE meets the embedding: concat or add.")
+    # positions a learnable/random PE covers (>= total sequence length)
+    max_len: int = option(128, "Positions covered by a learnable/random PE (default: the task's length).")
     core_config: Any = None
     inputs: str = "tokens"
     feedback: bool = False

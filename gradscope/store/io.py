@@ -49,6 +49,25 @@ def provenance(kind: str, command: str, device: str, extra: dict[str, Any] | Non
     return attrs
 
 
+def check_store_target(path: Path, overwrite: bool, what: str = "out") -> None:
+    """Refuse a path a store cannot be written to, before any work: no name (``''``, ``.``, ``..``),
+    a missing parent directory, an existing path without ``overwrite``, a file, or a directory that
+    is not a store and not empty (``overwrite`` replaces a store, never a folder of other files)."""
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise GradscopeError(f"{what}: got {str(path)!r}; give the store a name (e.g. results.zarr), not a folder "
+                             f"such as the current directory")
+    if not path.parent.is_dir():
+        raise GradscopeError(f"{what}: directory {path.parent} does not exist")
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        raise GradscopeError(f"{what}: {path} already exists; choose another path or pass overwrite=True (--overwrite)")
+    if path.exists() and not path.is_dir():
+        raise GradscopeError(f"{what}: {path} is a file; a store is a directory, choose another path")
+    if path.is_dir() and not path.is_symlink() and not is_store(path) and any(path.iterdir()):
+        raise GradscopeError(f"{what}: {path} is a folder that is not a store; overwrite replaces a store, never a "
+                             f"folder of other files: choose another path")
+
+
 def write_store(ds: xr.Dataset, path: Path, overwrite: bool = False) -> Path:
     """Write ``ds`` to a zarr v3 store at ``path`` atomically (a temporary sibling, then a rename).
 
@@ -58,13 +77,8 @@ def write_store(ds: xr.Dataset, path: Path, overwrite: bool = False) -> Path:
     consolidated metadata with them. A full disk or a file-size limit is a one-line user error
     that leaves ``path`` as it was."""
     path = Path(path)
-    if not path.parent.is_dir():
-        raise GradscopeError(f"out: directory {path.parent} does not exist")
+    check_store_target(path, overwrite)
     remove_stale_temporaries(path.parent, path.name)
-    if (path.exists() or path.is_symlink()) and not overwrite:
-        raise GradscopeError(f"out: {path} already exists; choose another path or pass overwrite=True (--overwrite)")
-    if path.exists() and not path.is_dir():
-        raise GradscopeError(f"out: {path} is a file; a store is a directory, choose another path")
     ds = ds.copy(deep=False)
     ds.attrs = {**ds.attrs, RECORD: make_record(ds)}
     tmp = temp_path(path)

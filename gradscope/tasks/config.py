@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradscope.errors import check
+from gradscope.fields import option
 from gradscope.models.config import MAX_SIZE, integer, real, shown, text
 from gradscope.tasks.registry import TASKS
 
@@ -18,24 +19,27 @@ class TaskConfig:
     """A synthetic task (SPEC §3). ``length`` is L (the maximum L for ``reverse-variable``; the
     number of tokens to remember for ``copy``)."""
 
-    name: str = "reverse"
-    vocab_size: int = 64
-    length: int = 64
-    min_length: int = 32  # reverse-variable only
-    distribution: str = "uniform"
-    rarity: float = 0.125  # dual only: probability that a position holds a Rare token
-    heldout_size: int = 1024
-    grid_per_cell: int = 16  # dual + reverse only: N sequences per (target, disturbant, position)
-    hold_min: int = 60  # copy only
-    hold_max: int = 100  # copy only
-    dim: int = 0  # reverse-continuous only: tokens are points of the unit sphere S^(dim−1)
+    # option(...): a setting of `gradscope train --<field>` (``name`` is --task) and of sweep specs
+    name: str = option("reverse", "Task: a name in gradscope's task registry (reverse, reverse-variable, sort, "
+                                  "delayed-sum, predecessor and copy are built in; an unknown name lists them all).",
+                       flag="task")
+    vocab_size: int = option(64, "Vocabulary size K (copy: data tokens; blank and delimiter are added).")
+    length: int = option(64, "Sequence length L (reverse-variable: the maximum).")
+    min_length: int = option(32, "reverse-variable: the minimum L.")
+    distribution: str = option("uniform", "Token distribution: uniform or dual (Frequent/Rare halves).")
+    rarity: float = option(0.125, "dual: probability that a position holds a Rare token.")
+    heldout_size: int = option(1024, "Size of the uniform held-out test set.")
+    grid_per_cell: int = option(16, "dual reverse: held-out sequences per (target, disturbant, position).")
+    hold_min: int = option(60, "copy: fewest blanks in the hold phase.")
+    hold_max: int = option(100, "copy: most blanks in the hold phase.")
+    dim: int = option(0, "reverse-continuous: tokens are points of the unit sphere S^(dim−1).")
     # Vocabulary extension (paper §4.2): items 0 … old_items−1 are the pretrained ("old") ones and
     # old_items … K−1 the new ones (0: no split). new_item_share: the probability that a position
     # holds a new item (uniform within old and within new); None: uniform over all K items, as the
     # paper did, i.e. a share of (K − old_items)/K.
     old_items: int = 0
     new_item_share: float | None = None
-    corpus: str = ""  # lm only: the corpus directory (gradscope corpus prepare)
+    corpus: str = option("", "lm: the corpus directory made by `gradscope corpus prepare` (its vocabulary sets K).")
     corpus_sha256: str = ""  # lm only: the sha256 of that corpus's manifest (its identity)
 
     def __post_init__(self) -> None:

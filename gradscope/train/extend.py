@@ -106,7 +106,7 @@ def extension_config(parent: Path, vocab_size: int, *, new_item_share: float | N
           f"extension needs a task whose K classes are the K items")
     K = cfg.model.vocab_size
     check(isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size > K,
-          f"vocab: got {vocab_size}; extending the checkpoint {path} (vocabulary {K}) needs more than {K} items")
+          f"vocab_size: got {vocab_size}; extending the checkpoint {path} (vocabulary {K}) needs more than {K} items")
     check(cfg.train.decoding != "autoregressive",
           f"{what} was trained free-running (decoding autoregressive); extension trains teacher-forced or "
           f"standard models")

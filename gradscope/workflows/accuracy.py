@@ -34,7 +34,7 @@ from gradscope.workflows.lm import evaluate_lm_checkpoint
 DECODING_CHOICES = ("both", "autoregressive", "teacher")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AccuracyOptions:
     """Each field is named as its ``gradscope accuracy`` flag. ``grid``: None = evaluate the grid when
     the checkpoint has one; True = require it, False = skip it. ``batch_size``: sequences per forward pass.
@@ -228,6 +228,6 @@ def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None 
     cosine similarity per position with bootstrap CIs (resamples, None: 10,000; seed, None: 0). An lm checkpoint's holds
     perplexity on its corpus's test split; ``corpus`` names that corpus's directory if it moved.
     """
-    opts = AccuracyOptions(bins, grid, device, batch_size, decoding, resamples, seed,
-                           None if corpus is None else str(corpus))
+    opts = AccuracyOptions(bins=bins, grid=grid, device=device, batch_size=batch_size, decoding=decoding,
+                           resamples=resamples, seed=seed, corpus=None if corpus is None else str(corpus))
     return run_accuracy(checkpoint_sources(source), opts).to_xarray()

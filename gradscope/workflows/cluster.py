@@ -33,7 +33,7 @@ MAX_THREADS = 4096
 MAX_RETRIES = 100
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClusterOptions:
     """``scheduler``: address of an existing scheduler (else a LocalCluster of ``workers``
     processes × 1 thread); ``threads``: torch threads per task (None: the host's cores divided by

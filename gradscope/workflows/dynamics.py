@@ -70,7 +70,7 @@ ESTIMATES = {"flow": f"‖∂y_T/∂z_k‖_F by Hutchinson ({PROBES} probes, sta
 DEFAULT_BUDGET = 60.0  # seconds for the whole command, all parts and checkpoints (600 per part before #37)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DynamicsOptions:
     """What to compute. ``sequences`` probe sequences per condition; ``steps`` and ``warmup`` of each of
     ``trajectories`` Lyapunov trajectories, re-orthonormalised every ``reorth`` steps.

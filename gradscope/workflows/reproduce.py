@@ -36,7 +36,7 @@ STUDIES = ("reverse", "lm")
 SUMMARY_FIELDS = ("core", "pe")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StudyOptions:
     """The synthetic (``study="reverse"``, SPEC §3) or language-modelling (``"lm"``, docs/lm.md) study,
     named as `gradscope reproduce`'s flags. None: the study's default (models gru, lstm, s4d — lm: the

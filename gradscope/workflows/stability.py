@@ -41,7 +41,7 @@ RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturb
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StabilityOptions:
     """How to probe; each field is named as its ``gradscope stability`` flag (``target_pos`` is
     ``--target-pos``). Empty group tuples mean: the four {frequent, rare}² conditions for a
@@ -466,10 +466,12 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
     if "probes_file" in renamed:  # the old name of a probes path
         warnings.warn("stability(probes_file=…) is now probes=…, as its flag", DeprecationWarning, stacklevel=2)
         probes_path = Path(renamed["probes_file"])
-    opts = StabilityOptions(tuple(target_freq), tuple(disturbant), target_pos, triplets, probes_path, seed,
-                            method, batch_size, sv, device, Path(token_counts) if token_counts is not None else None,
-                            length, filler, split, None if corpus is None else Path(corpus), estimator,
-                            sketch_units, budget_seconds, **{k: v for k, v in renamed.items() if k != "probes_file"})
+    opts = StabilityOptions(target_freq=tuple(target_freq), disturbant=tuple(disturbant), target_pos=target_pos,
+                            triplets=triplets, probes=probes_path, seed=seed, method=method, batch_size=batch_size,
+                            sv=sv, device=device, token_counts=Path(token_counts) if token_counts is not None else None,
+                            length=length, filler=filler, split=split, corpus=None if corpus is None else Path(corpus),
+                            estimator=estimator, sketch_units=sketch_units, budget_seconds=budget_seconds,
+                            **{k: v for k, v in renamed.items() if k != "probes_file"})
     if isinstance(source, nn.Module):
         return run_model_stability(source, opts, probes=given).to_xarray()
     return run_stability(checkpoint_sources(source), opts, probes=given).to_xarray()

@@ -7,11 +7,11 @@ A spec (see ``docs/sweep-tiny.toml``)::
 
     name = "tiny-grid"
     preset = "tiny"                 # base configuration; [settings] overrides it
-    [settings]                      # any `gradscope train` option, e.g. hidden = 32
+    [settings]                      # any `gradscope train` setting, e.g. hidden_size = 32
     iterations = 400
     [axes]                          # every combination of these lists is one grid point
     pe = ["none", "sinusoidal"]
-    vocab = [16, 32]
+    vocab_size = [16, 32]
     [accuracy]                      # omit the table to skip the analysis
     checkpoints = "all"             # "all", "last" or a list of iterations
     [stability]
@@ -32,6 +32,7 @@ import shutil
 import socket
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ import torch
 
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import safe_component
-from gradscope.presets import PRESETS, build_config, option_fields
+from gradscope.presets import BETAS, PRESETS, RENAMED_SETTINGS, build_config, renamed
+from gradscope.presets import settings as settings_of_a_run
 from gradscope.store.io import write_store
 from gradscope.train.loop import EVAL_FILE, is_run_dir, read_run_config
 from gradscope.workflows.accuracy import AccuracyOptions
@@ -207,9 +209,10 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     axes = doc.get("axes", {})
     check(isinstance(settings, dict), "spec: settings must be a table ([settings])")
     check(isinstance(axes, dict) and bool(axes), "spec: give at least one axis in [axes], e.g. seed = [1, 2]")
-    fields = tuple(option_fields())  # the registered cores' own options included
-    _unknown("[settings]", settings, (*fields, "beta1", "beta2"))
-    _unknown("[axes]", axes, fields)
+    names = (*settings_of_a_run(), *RENAMED_SETTINGS)  # the registered cores' own options included; old names warn
+    _unknown("[settings]", settings, (*names, *BETAS))
+    _unknown("[axes]", axes, names)
+    renamed({**settings, **{k: v[0] if isinstance(v, list) and v else v for k, v in axes.items()}})  # warn once per old name
     both = sorted(set(settings) & set(axes))
     check(not both, f"spec: {', '.join(both)} is both a setting and an axis; keep it in one place")
     for key, value in settings.items():
@@ -248,7 +251,7 @@ def _tag(axis: str, value: Any) -> str:
 
 def point_name(config: Any, axes: tuple[tuple[str, Any], ...]) -> str:
     """<core>-<pe>-K<vocab>[-<other axis><value>…]-s<seed>: readable and unique within a grid."""
-    named = ("model", "pe", "vocab", "seed")
+    named = ("core", "model", "pe", "vocab_size", "vocab", "seed")  # the old names keep a grid's point names
     extra = [_tag(a, v) for a, v in axes if a not in named]
     task = [config.task.name] if any(a == "task" for a, _ in axes) else []
     return "-".join([*task, config.model.core, config.model.pe, f"K{config.task.vocab_size}", *extra,
@@ -288,7 +291,9 @@ def plan_points(spec: SweepSpec) -> list[SweepPoint]:
         axes = tuple(zip(names, values))
         options = {**dict(spec.settings), **dict(axes)}
         try:
-            config = build_config(spec.preset, options)
+            with warnings.catch_warnings():  # an old setting name: parse_spec said so once
+                warnings.simplefilter("ignore", DeprecationWarning)
+                config = build_config(spec.preset, options)
         except GradscopeError as exc:
             where = ", ".join(f"{a}={v}" for a, v in axes)
             raise GradscopeError(f"spec: at {where}: {exc}") from None

@@ -40,7 +40,7 @@ LOGITS_BUDGET = 1 << 28  # bytes of float32 logits per forward batch (at most; o
 DEFAULT_RESAMPLES = 1000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TextAccuracyOptions:
     """Each field is named as its ``gradscope accuracy`` flag. ``text``: the raw UTF-8 text scored;
     ``counts_text``: the text whose token counts define the frequency bins (None: ``text``);
@@ -274,7 +274,7 @@ def text_accuracy(model: Any, text: str | Path, *, counts_text: str | Path | Non
     model: a ``save_pretrained`` directory holding the model and its tokenizer (loaded as
     ``model_factory``: hf or hf:CLASS), or a causal LM in memory (its forward gives logits) with
     ``tokenizer``, the folder of its tokenizer. Options are named as ``gradscope accuracy``'s flags."""
-    opts = TextAccuracyOptions(str(text), None if counts_text is None else str(counts_text),
-                               None if tokenizer is None else str(tokenizer), max_length, batch_size, resamples, seed,
-                               device, cache)
+    opts = TextAccuracyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
+                               tokenizer=None if tokenizer is None else str(tokenizer), max_length=max_length,
+                               batch_size=batch_size, resamples=resamples, seed=seed, device=device, cache=cache)
     return run_text_accuracy(model, opts, model_factory=model_factory).to_xarray()

@@ -32,7 +32,7 @@ from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text
 STEPS = ("accuracy", "stability", "dynamics")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TextStudyOptions:
     """Each field is named as its ``gradscope reproduce`` flag; the defaults finish in a few minutes
     on a laptop CPU for a small model (docs/real-text.md). ``target_pos``/``probe_length``: the
@@ -94,16 +94,18 @@ def reproduce_text(model: str | Path, text: str | Path, *, out: str | Path, coun
     """Accuracy, stability and dynamics by token frequency of the ``save_pretrained`` directory
     ``model`` on ``text`` (module docstring), into ``out``; ``on_step(step, note)`` says what is done.
     The report: ``gradscope report OUT/*.zarr`` (or ``gradscope.reports.build.render_report``)."""
-    opts = TextStudyOptions(str(text), None if counts_text is None else str(counts_text),
-                            None if tokenizer is None else str(tokenizer), triplets, target_pos, probe_length,
-                            max_length, resamples, seed, budget_seconds, device)
+    opts = TextStudyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
+                            tokenizer=None if tokenizer is None else str(tokenizer), triplets=triplets,
+                            target_pos=target_pos, probe_length=probe_length, max_length=max_length,
+                            resamples=resamples, seed=seed, budget_seconds=budget_seconds, device=device)
     folder, where = Path(model), Path(out)
     check(folder.exists(), f"model: {folder} does not exist")
     check(Path(opts.text).is_file(), f"text: {opts.text} is not a file")
     check(opts.counts_text is None or Path(opts.counts_text).is_file(), f"counts_text: {opts.counts_text} is not a file")
     check(not where.exists() or where.is_dir(), f"out: {where} exists and is not a directory")
     key = json.dumps(study_key(folder, opts, model_factory), sort_keys=True)
-    acc_opts = TextAccuracyOptions(opts.text, opts.counts_text, opts.tokenizer, max_length, resamples=resamples,
+    acc_opts = TextAccuracyOptions(text=opts.text, counts_text=opts.counts_text, tokenizer=opts.tokenizer,
+                                   max_length=max_length, resamples=resamples,
                                    seed=seed, device=device)
     stab_opts = StabilityOptions(triplets=triplets, target_pos=target_pos, length=probe_length, seed=seed,
                                  device=device, budget_seconds=10 * budget_seconds)

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from gradscope.cli.app import app
 
-SMALL = ["--vocab", "8", "--length", "4", "--hidden", "16", "--embed", "8", "--iterations", "30",
-         "--checkpoint-every", "10", "--batch-size", "16", "--heldout", "32", "--grid-per-cell", "2", "-q"]
+SMALL = ["--vocab-size", "8", "--length", "4", "--hidden-size", "16", "--embed-size", "8", "--iterations", "30",
+         "--checkpoint-every", "10", "--batch-size", "16", "--heldout-size", "32", "--grid-per-cell", "2", "-q"]
 
 
 def test_help_lists_commands_and_options(runner: CliRunner) -> None:
@@ -20,12 +20,12 @@ def test_help_lists_commands_and_options(runner: CliRunner) -> None:
     assert result.exit_code == 0 and "train" in result.stdout
     result = runner.invoke(app, ["train", "--help"])
     assert result.exit_code == 0
-    for option in ("--preset", "--resume", "--model", "--pe", "--rarity", "--beta2", "--stop-after"):
+    for option in ("--preset", "--resume", "--core", "--pe", "--rarity", "--beta2", "--stop-after"):
         assert option in result.stdout
 
 
 def test_train_writes_a_run_directory(runner: CliRunner, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["train", "-o", str(tmp_path / "r"), "--model", "lstm", "--pe", "sinusoidal", *SMALL])
+    result = runner.invoke(app, ["train", "-o", str(tmp_path / "r"), "--core", "lstm", "--pe", "sinusoidal", *SMALL])
     assert result.exit_code == 0, result.stderr
     files = sorted(p.name for p in (tmp_path / "r").iterdir())
     assert files == ["config.json", "eval.json", "metrics.jsonl", "step-0000010.pt", "step-0000020.pt",
@@ -46,10 +46,10 @@ def test_stop_after_then_resume(runner: CliRunner, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--task", "predecessor", "--vocab", "4", "--length", "8"], "vocab_size"),
-    (["--vocab", "2", "--length", "3", "--heldout", "100"], "heldout_size"),
-    (["--model", "transformer"], "--model: got 'transformer'"),
-    (["--hidden", "0"], "--hidden: got 0"),
+    (["--task", "predecessor", "--vocab-size", "4", "--length", "8"], "vocab_size"),
+    (["--vocab-size", "2", "--length", "3", "--heldout-size", "100"], "--heldout-size: got 100"),
+    (["--core", "transformer"], "--core: got 'transformer'"),
+    (["--hidden-size", "0"], "--hidden-size: got 0"),
     (["--iterations", "-5"], "iterations: got -5"),
     (["--rarity", "1.5"], "rarity"),
     (["--device", "cuda:7"], "device"),
@@ -72,8 +72,8 @@ def test_existing_run_dir_and_bad_resume_are_refused(runner: CliRunner, tmp_path
     assert sorted(p.name for p in run.iterdir()) == before  # nothing lost
     not_run = runner.invoke(app, ["train", "--resume", str(tmp_path)])
     assert not_run.exit_code == 2 and "not a gradscope run" in not_run.stderr
-    mixed = runner.invoke(app, ["train", "--resume", str(run), "--hidden", "8"])
-    assert mixed.exit_code == 2 and "--hidden" in mixed.stderr
+    mixed = runner.invoke(app, ["train", "--resume", str(run), "--hidden-size", "8"])
+    assert mixed.exit_code == 2 and "--hidden-size" in mixed.stderr
 
 
 def test_resume_with_a_corrupt_checkpoint_fails_cleanly(runner: CliRunner, tmp_path: Path) -> None:

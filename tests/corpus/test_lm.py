@@ -55,9 +55,9 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def lm_config(corpus: Path, core: str = "lstm", pe: str = "none", length: int = 24, iterations: int = 3) -> RunConfig:
-    base = build_config("tiny", {"task": "lm", "corpus": str(corpus), "length": length, "model": core, "pe": pe,
-                                 "embed": 8, "hidden": 8, "iterations": iterations, "batch_size": 8,
-                                 "checkpoint_every": iterations, "log_every": 1, "warmup": 1, "heldout": 8})
+    base = build_config("tiny", {"task": "lm", "corpus": str(corpus), "length": length, "core": core, "pe": pe,
+                                 "embed_size": 8, "hidden_size": 8, "iterations": iterations, "batch_size": 8,
+                                 "checkpoint_every": iterations, "log_every": 1, "warmup": 1, "heldout_size": 8})
     return dataclasses.replace(base, model=dataclasses.replace(base.model,
                                                                core_config=dict(core_class(core).tiny_config)))
 
@@ -177,7 +177,7 @@ def test_every_core_trains_and_resumes_with_and_without_pe(corpus_dir: Path, tmp
 
 def test_cli_train_accuracy_summarize_stability(corpus_dir: Path, tmp_path: Path, runner, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    common = ["train", "--task", "lm", "--corpus", str(corpus_dir), "--model", "lstm", "--embed", "8", "--hidden",
+    common = ["train", "--task", "lm", "--corpus", str(corpus_dir), "--core", "lstm", "--embed-size", "8", "--hidden-size",
               "8", "--max-length", "16", "--iterations", "4", "--batch-size", "8", "--checkpoint-every", "4",
               "--warmup", "1", "-q"]
     for pe in ("none", "sinusoidal"):
@@ -243,7 +243,7 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
           "supports at most")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     fails(["corpus", "prepare", str(tmp_path / "latin1.txt"), "-o", str(tmp_path / "l")], "not UTF-8")
-    base = ["train", "--task", "lm", "--model", "lstm", "--iterations", "1", "-q", "-o", str(tmp_path / "run")]
+    base = ["train", "--task", "lm", "--core", "lstm", "--iterations", "1", "-q", "-o", str(tmp_path / "run")]
     fails(base, "needs a corpus")
     fails(base + ["--corpus", str(tmp_path)], "manifest.json")
     for name, damage in (("train.tokens.npy", b"\x93NUMPY garbage"), ("manifest.json", b"{not json"),
@@ -259,7 +259,7 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     prepare_corpus(tmp_path / "raw.txt", empty, CorpusSettings(vocab_size=40))
     (empty / "test.tokens.npy").write_bytes(b"")
     fails(base + ["--corpus", str(empty)], "corpus")
-    fails(base + ["--corpus", str(corpus_dir), "--vocab", "61"], "--vocab")
+    fails(base + ["--corpus", str(corpus_dir), "--vocab-size", "61"], "--vocab-size")
     # a vocabulary SentencePiece cannot parse, an output under a file, a manifest nested past the parser
     fails(["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "huge"), "--vocab", "2147483648"],
           "vocab: got 2147483648")
@@ -284,7 +284,7 @@ def test_a_moved_corpus_is_named_with_corpus_and_a_loaded_checkpoint_equals_its_
 
     monkeypatch.chdir(tmp_path)
     shutil.copytree(corpus_dir, tmp_path / "corpus")
-    r = runner.invoke(app, ["train", "--task", "lm", "--corpus", "corpus", "--model", "gru", "--embed", "8", "--hidden",
+    r = runner.invoke(app, ["train", "--task", "lm", "--corpus", "corpus", "--core", "gru", "--embed-size", "8", "--hidden-size",
                             "8", "--max-length", "12", "--iterations", "2", "--batch-size", "4", "--checkpoint-every",
                             "2", "--warmup", "1", "-q", "-o", "run"])
     assert r.exit_code == 0, r.stderr
@@ -333,8 +333,8 @@ def test_tokens_per_second_counts_real_tokens_not_padding(corpus_dir: Path, tmp_
 
 
 def test_lm_option_errors_name_their_flags(corpus_dir: Path, tmp_path: Path, runner) -> None:
-    r = runner.invoke(app, ["train", "--task", "lm", "--corpus", str(corpus_dir), "--model", "gru", "--embed", "8",
-                            "--hidden", "8", "--max-length", "12", "--iterations", "2", "--batch-size", "4",
+    r = runner.invoke(app, ["train", "--task", "lm", "--corpus", str(corpus_dir), "--core", "gru", "--embed-size", "8",
+                            "--hidden-size", "8", "--max-length", "12", "--iterations", "2", "--batch-size", "4",
                             "--checkpoint-every", "2", "--warmup", "1", "-q", "-o", str(tmp_path / "run")])
     assert r.exit_code == 0, r.stderr
     for args, flag in ((["accuracy", "--decoding", "teacher"], "--decoding: got 'teacher'"),

@@ -21,8 +21,8 @@ from gradscope.models import CORES, SeqModel
 from gradscope.models.core import step_at, step_jacobian
 from gradscope.store import read_store
 
-SMALL = ["--vocab", "6", "--length", "4", "--embed", "4", "--hidden", "6", "--iterations", "12",
-         "--checkpoint-every", "6", "--heldout", "32", "--grid-per-cell", "2", "--batch-size", "8", "-q"]
+SMALL = ["--vocab-size", "6", "--length", "4", "--embed-size", "4", "--hidden-size", "6", "--iterations", "12",
+         "--checkpoint-every", "6", "--heldout-size", "32", "--grid-per-cell", "2", "--batch-size", "8", "-q"]
 
 
 def _run(runner: CliRunner, args: list[str]) -> None:
@@ -53,7 +53,7 @@ def check_core(name: str, tmp_path: Path) -> None:
     assert name in CORES and CORES[name].tiny_config is not None
     check_step_jacobian(name)
     run = tmp_path / "run"
-    _run(runner, ["train", "--model", name, *SMALL, "--stop-after", "6", "-o", str(run)])
+    _run(runner, ["train", "--core", name, *SMALL, "--stop-after", "6", "-o", str(run)])
     _run(runner, ["train", "--resume", str(run), "-q"])  # resumed where it stopped
     loaded = gradscope.load(run)
     assert loaded.iteration == 12 and loaded.config.model.core == name
@@ -74,8 +74,8 @@ def check_core(name: str, tmp_path: Path) -> None:
 
 
 # a small run of any family: the family adds its own settings (its ``tiny``); the first registered core
-FAMILY_RUN = ["--vocab", "6", "--length", "4", "--embed", "4", "--hidden", "6", "--iterations", "6",
-              "--heldout", "32", "--batch-size", "8", "-q"]
+FAMILY_RUN = ["--vocab-size", "6", "--length", "4", "--embed-size", "4", "--hidden-size", "6", "--iterations", "6",
+              "--heldout-size", "32", "--batch-size", "8", "-q"]
 
 
 def check_declarations(name: str) -> None:

@@ -145,9 +145,9 @@ def test_trains_and_is_analysed_from_the_cli(runner, tmp_path) -> None:  # type:
     import xarray as xr
 
     run = tmp_path / "run"
-    done = runner.invoke(app, ["train", "--model", "mamba", "--state-size", "2", "--conv-width", "3", "--vocab", "6",
-                               "--length", "4", "--embed", "4", "--hidden", "4", "--iterations", "20",
-                               "--checkpoint-every", "20", "--heldout", "32", "--grid-per-cell", "2", "--batch-size",
+    done = runner.invoke(app, ["train", "--core", "mamba", "--state-size", "2", "--conv-width", "3", "--vocab-size", "6",
+                               "--length", "4", "--embed-size", "4", "--hidden-size", "4", "--iterations", "20",
+                               "--checkpoint-every", "20", "--heldout-size", "32", "--grid-per-cell", "2", "--batch-size",
                                "8", "-q", "-o", str(run)])
     assert done.exit_code == 0, done.stderr
     st = runner.invoke(app, ["stability", str(run), "-o", str(tmp_path / "st.zarr"), "-q", "--triplets", "4",

@@ -92,8 +92,8 @@ def test_vjp_engine_with_structure_equals_the_brute_force() -> None:
 
 def test_trains_and_is_analysed_from_the_cli(runner, tmp_path) -> None:  # type: ignore[no-untyped-def]
     run = tmp_path / "run"
-    done = runner.invoke(app, ["train", "--model", "mingru", "--vocab", "6", "--length", "4", "--embed", "4",
-                               "--hidden", "8", "--iterations", "20", "--checkpoint-every", "20", "--heldout", "32",
+    done = runner.invoke(app, ["train", "--core", "mingru", "--vocab-size", "6", "--length", "4", "--embed-size", "4",
+                               "--hidden-size", "8", "--iterations", "20", "--checkpoint-every", "20", "--heldout-size", "32",
                                "--grid-per-cell", "2", "--batch-size", "8", "-q", "-o", str(run)])
     assert done.exit_code == 0, done.stderr
     st = runner.invoke(app, ["stability", str(run), "-o", str(tmp_path / "st.zarr"), "-q", "--triplets", "4",

@@ -106,8 +106,8 @@ def test_a_registered_core_runs_through_every_command(monkeypatch: pytest.Monkey
 
     monkeypatch.setitem(CORES, "linear", LinearCore)  # the one registry line
     assert "--scale" in runner.invoke(app, ["train", "--help"]).stdout
-    small = ["--model", "linear", "--vocab", "6", "--length", "4", "--embed", "4", "--hidden", "6", "--iterations", "20",
-             "--checkpoint-every", "10", "--heldout", "32", "--grid-per-cell", "2", "--batch-size", "8", "-q"]
+    small = ["--core", "linear", "--vocab-size", "6", "--length", "4", "--embed-size", "4", "--hidden-size", "6", "--iterations", "20",
+             "--checkpoint-every", "10", "--heldout-size", "32", "--grid-per-cell", "2", "--batch-size", "8", "-q"]
     runs = {}
     for scale in ("0.5", "0.95"):
         runs[scale] = tmp_path / f"run-{scale}"
@@ -177,8 +177,8 @@ def test_a_task_and_a_pe_kind_are_one_registry_line_each(monkeypatch: pytest.Mon
     batch = make_task(TaskConfig(name="repeat", vocab_size=5, length=3)).sample(4, torch.Generator().manual_seed(0))
     assert torch.equal(batch.targets[:, 3:], batch.inputs[:, :3])  # exact token ids
     run = tmp_path / "run"
-    done = runner.invoke(app, ["train", "--task", "repeat", "--pe", "ramp", "--vocab", "6", "--length", "4", "--embed",
-                               "4", "--hidden", "6", "--iterations", "10", "--checkpoint-every", "10", "--heldout", "32",
+    done = runner.invoke(app, ["train", "--task", "repeat", "--pe", "ramp", "--vocab-size", "6", "--length", "4", "--embed-size",
+                               "4", "--hidden-size", "6", "--iterations", "10", "--checkpoint-every", "10", "--heldout-size", "32",
                                "--grid-per-cell", "2", "--batch-size", "8", "-q", "-o", str(run)])
     assert done.exit_code == 0, done.stderr
     st = runner.invoke(app, ["stability", str(run), "-o", str(tmp_path / "st.zarr"), "-q", "--triplets", "4",

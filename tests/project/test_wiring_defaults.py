@@ -30,8 +30,8 @@ def _default(fn: object, name: str) -> object:
 
 
 def _cli_default(command: str, name: str) -> object:
-    group = get_command(app)
-    params = {p.name: p for p in group.commands[command].params}
+    cmd = get_command(app).commands[command]  # get_params: train's settings are generated per call
+    params = {p.name: p for p in cmd.get_params(cmd.make_context(command, [], resilient_parsing=True))}
     return params[name].default
 
 

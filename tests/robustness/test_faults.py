@@ -48,7 +48,7 @@ import xarray as xr
 from tests.helpers.faultkit import Child, Gate, fork_call, slow, spawn, temporaries, wait_for, writing
 from tests.helpers.fuzzkit import Outcome, count, snapshot
 
-TRAIN_OPTS = ["--model", "gru", "--hidden", "16", "--embed", "8", "--vocab", "8", "--length", "4", "--heldout", "64",
+TRAIN_OPTS = ["--core", "gru", "--hidden-size", "16", "--embed-size", "8", "--vocab-size", "8", "--length", "4", "--heldout-size", "64",
               "--grid-per-cell", "2", "--batch-size", "16", "--iterations", "40", "--warmup", "3", "--threads", "1",
               # checkpoints at 4, 8, 12…, log lines at 10, 20…: a resume between two log lines is possible
               "--checkpoint-every", "4", "--log-every", "10", "-q"]
@@ -368,11 +368,11 @@ SPEC = """
 name = "faults"
 preset = "tiny"
 [settings]
-hidden = 16
-embed = 8
-vocab = 8
+hidden_size = 16
+embed_size = 8
+vocab_size = 8
 length = 4
-heldout = 64
+heldout_size = 64
 grid_per_cell = 2
 batch_size = 16
 iterations = 40

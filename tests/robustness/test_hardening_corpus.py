@@ -32,8 +32,8 @@ from gradscope.workflows.corpus import CorpusSettings, prepare_corpus
 
 WORDS = ("the cat sat on a mat and dog ran to big red house with blue door under tree old man saw small bird in "
          "green field quick fox jumps over lazy river bank").split()
-TRAIN = ["train", "--task", "lm", "--model", "lstm", "--embed", "8", "--hidden", "8", "--max-length", "12",
-         "--batch-size", "4", "--warmup", "1", "--heldout", "4", "--threads", "1", "-q"]
+TRAIN = ["train", "--task", "lm", "--core", "lstm", "--embed-size", "8", "--hidden-size", "8", "--max-length", "12",
+         "--batch-size", "4", "--warmup", "1", "--heldout-size", "4", "--threads", "1", "-q"]
 
 
 def write_text(path: Path, n: int, seed: int) -> Path:

@@ -84,14 +84,14 @@ def test_vocab_on_the_continuous_task_is_refused_not_recorded(tmp_path: Path, ru
     """`train --task reverse-continuous --dim 4 --vocab 5` trained (its width is --dim) and recorded
     vocab_size 5 in config.json: an option accepted, ignored and recorded."""
     out = tmp_path / "r"
-    result = runner.invoke(app, ["train", "--task", "reverse-continuous", "--dim", "4", "--vocab", "5", "--iterations",
+    result = runner.invoke(app, ["train", "--task", "reverse-continuous", "--dim", "4", "--vocab-size", "5", "--iterations",
                                  "2", "--checkpoint-every", "2", "-o", str(out), "-q"])
-    refused(result, "--vocab", "--dim")
+    refused(result, "--vocab-size", "--dim")
     assert not out.exists()
     from gradscope.presets import build_config
 
-    with pytest.raises(GradscopeError, match="vocab"):
-        build_config("tiny", {"task": "reverse-continuous", "dim": 4, "vocab": 5})
+    with pytest.raises(GradscopeError, match="vocab_size"):
+        build_config("tiny", {"task": "reverse-continuous", "dim": 4, "vocab_size": 5})
     assert build_config("tiny", {"task": "reverse-continuous", "dim": 4}).model.vocab_size == 4
 
 

@@ -451,9 +451,10 @@ SCALARS = st.one_of(st.integers(-2, 40), st.sampled_from([10**6, 10**9, 10**12, 
                                                           "../x", "", True]))
 VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=3), st.dictionaries(st.sampled_from(["a", "b"]), SCALARS,
                                                                            max_size=2))
-SETTING_KEYS = st.sampled_from(["hidden", "vocab", "iterations", "batch_size", "lr", "embed", "layers", "length",
-                                "heldout", "checkpoint_every", "max_len", "seed", "bogus", "device", "pe", "model"])
-AXIS_KEYS = st.sampled_from(["seed", "pe", "model", "vocab", "hidden", "task", "bogus"])
+SETTING_KEYS = st.sampled_from(["hidden_size", "vocab_size", "iterations", "batch_size", "lr", "embed_size", "num_layers",
+                                "length", "heldout_size", "checkpoint_every", "max_len", "seed", "bogus", "device", "pe",
+                                "core"])
+AXIS_KEYS = st.sampled_from(["seed", "pe", "core", "vocab_size", "hidden_size", "task", "bogus"])
 TABLE_KEYS = {"accuracy": ["checkpoints", "bins", "device", "bogus"],
               "stability": ["checkpoints", "target_freq", "disturbant", "triplets", "position", "seed", "device"]}
 
@@ -482,7 +483,7 @@ def specs(draw: st.DrawFn) -> tuple[str, str]:
         doc[table] = {**doc.get(table, {}), draw(st.sampled_from(TABLE_KEYS[table])): draw(st.one_of(
             SCALARS, st.sampled_from(["all", "last", [5], [1, 2], ["rare"], "frequent", 10**8, -1, 2**63])))}
     elif mutation == "grid":
-        doc["axes"] = {"seed": list(range(1, 120)), "hidden": list(range(1, 120))}
+        doc["axes"] = {"seed": list(range(1, 120)), "hidden_size": list(range(1, 120))}
     text = toml(doc)
     if mutation == "deep":
         depth = draw(st.sampled_from([50, 3000]))
@@ -542,8 +543,8 @@ def test_escaping_names_and_bombs_are_refused(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("GRADSCOPE_MEMORY_BUDGET", BUDGET)
     cases = {"name = \"/../../x\"\n[axes]\nseed = [1]\n": "name",
              "a = " + "[" * 5000 + "]" * 5000 + "\n": "too deeply",
-             "[settings]\nhidden = 100000\n[axes]\nseed = [1]\n": "memory",
-             "[axes]\nseed = " + str(list(range(1, 300))) + "\nhidden = " + str(list(range(1, 300))) + "\n": "grid points"}
+             "[settings]\nhidden_size = 100000\n[axes]\nseed = [1]\n": "memory",
+             "[axes]\nseed = " + str(list(range(1, 300))) + "\nhidden_size = " + str(list(range(1, 300))) + "\n": "grid points"}
     for i, (text, message) in enumerate(cases.items()):
         (tmp_path / f"{i}.toml").write_text(text)
         outcome = invoke(["sweep", tmp_path / f"{i}.toml", "--dry-run"])

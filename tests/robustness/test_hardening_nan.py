@@ -82,7 +82,7 @@ def test_accuracy_of_an_inf_checkpoint_names_it(healthy: Path, tmp_path: Path) -
 
 def test_extending_a_nan_parent_says_so_once_before_training(healthy: Path, tmp_path: Path) -> None:
     parent, key = one_nan(healthy, tmp_path / "parent.pt", _gru_key(healthy))
-    outcome = invoke(["train", "-q", "--extend-from", parent, "--vocab", "12", "--iterations", "2",
+    outcome = invoke(["train", "-q", "--extend-from", parent, "--vocab-size", "12", "--iterations", "2",
                       "-o", tmp_path / "ext"])
     assert outcome.rc == 0, outcome.err
     lines = warnings_of(outcome.err)

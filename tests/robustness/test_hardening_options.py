@@ -112,14 +112,14 @@ def test_an_option_left_at_its_default_is_not_refused(work: Path) -> None:
     """Only options that were given are refused: the tiny preset's dual distribution does not stop a
     continuous run, and `--distribution uniform` states what a one-class task does."""
     out = invoke(["train", "-q", "--task", "reverse-continuous", "--dim", "3", "--distribution", "uniform",
-                  "--iterations", "2", "--heldout", "8", "-o", "run"])
+                  "--iterations", "2", "--heldout-size", "8", "-o", "run"])
     assert out.rc == 0, out.err
     task = json.loads((work / "run" / "config.json").read_text())["config"]["task"]
     assert task["distribution"] == "uniform" and task["corpus"] == ""
 
 
 def test_extension_refuses_a_task_option_that_does_not_apply(work: Path) -> None:
-    refused(["train", "-q", "--extend-from", SAMPLE, "--vocab", "80", "--hold-min", "2", "--iterations", "1", "-o", "ext"],
+    refused(["train", "-q", "--extend-from", SAMPLE, "--vocab-size", "80", "--hold-min", "2", "--iterations", "1", "-o", "ext"],
             "--hold-min", work)
 
 
@@ -174,8 +174,8 @@ def test_reproduce_refuses_lm_options_on_the_reverse_study(work: Path) -> None:
 def test_stability_probes_store_of_a_vector_checkpoint_keeps_its_seed(work: Path) -> None:
     """Before: --probes STORE rebuilt the sphere table from --seed, so another seed silently scored
     other vectors with exit 0."""
-    assert invoke(["train", "-q", "--task", "reverse-continuous", "--dim", "3", "--length", "4", "--hidden", "8",
-                   "--embed", "8", "--iterations", "2", "--heldout", "8", "-o", "cont"]).rc == 0
+    assert invoke(["train", "-q", "--task", "reverse-continuous", "--dim", "3", "--length", "4", "--hidden-size", "8",
+                   "--embed-size", "8", "--iterations", "2", "--heldout-size", "8", "-o", "cont"]).rc == 0
     fast = ["-q", "--triplets", "2", "--resamples", "10"]
     assert invoke(["stability", "cont", "-o", "first.zarr", "--seed", "5", *fast]).rc == 0
     refused(["stability", "cont", "--probes", "first.zarr", "-o", "again.zarr", *fast], "--seed", work, "5")
@@ -190,8 +190,8 @@ def test_stability_probes_store_of_a_vector_checkpoint_keeps_its_seed(work: Path
 
 def test_stability_probes_store_of_a_token_model_on_a_vector_checkpoint(work: Path, tmp_path_factory) -> None:
     """A token model's probe ids are vocabulary items, not indices of the sphere table."""
-    assert invoke(["train", "-q", "--task", "reverse-continuous", "--dim", "3", "--length", "16", "--hidden", "8",
-                   "--embed", "8", "--iterations", "2", "--heldout", "8", "-o", "cont"]).rc == 0
+    assert invoke(["train", "-q", "--task", "reverse-continuous", "--dim", "3", "--length", "16", "--hidden-size", "8",
+                   "--embed-size", "8", "--iterations", "2", "--heldout-size", "8", "-o", "cont"]).rc == 0
     tokens = tmp_path_factory.mktemp("tokens") / "st.zarr"
     assert invoke(["stability", "-q", SAMPLE, "--triplets", "2", "--resamples", "10", "-o", tokens]).rc == 0
     refused(["stability", "-q", "cont", "--probes", tokens, "-o", "again.zarr"], "--probes", work, "tokens")
@@ -204,9 +204,9 @@ def test_mamba_scan_state_is_in_the_memory_estimate(work: Path, monkeypatch: pyt
     left behind: the estimate omitted the scan's B × T × E × N state. Here N = 1000 under a 256 MB
     budget: 64 sequences × 16 steps × 4 × 64 × 1000 floats = 1 GB of scan state (before: it trained)."""
     monkeypatch.setenv("GRADSCOPE_MEMORY_BUDGET", str(256 << 20))
-    refused(["train", "-q", "--model", "mamba", "--state-size", "1000", "--iterations", "1", "--heldout", "8",
+    refused(["train", "-q", "--core", "mamba", "--state-size", "1000", "--iterations", "1", "--heldout-size", "8",
              "-o", "run"], "train", work, "mamba core's own state", "memory")
-    out = invoke(["train", "-q", "--model", "mamba", "--state-size", "16", "--iterations", "1", "--heldout", "8",
+    out = invoke(["train", "-q", "--core", "mamba", "--state-size", "16", "--iterations", "1", "--heldout-size", "8",
                   "--grid-per-cell", "1", "-o", "run"])
     assert out.rc == 0, out.err  # N = 16 (16 MB of scan state) fits
 
@@ -215,13 +215,13 @@ def test_mamba_scan_state_is_in_the_memory_estimate(work: Path, monkeypatch: pyt
 def test_mamba_convolution_wider_than_the_sequence_is_refused(work: Path, width: str) -> None:
     """Before: accepted (1e5 never finished; 1e9 was refused only as a model too large to build). The
     tiny preset's sequences are 2 × 8 = 16 steps."""
-    refused(["train", "-q", "--model", "mamba", "--conv-width", width, "--iterations", "1", "--heldout", "8",
+    refused(["train", "-q", "--core", "mamba", "--conv-width", width, "--iterations", "1", "--heldout-size", "8",
              "--grid-per-cell", "1", "-o", "run"], "--conv-width", work, "16")
 
 
 def test_mamba_convolution_as_wide_as_the_sequence_trains(work: Path) -> None:
-    out = invoke(["train", "-q", "--model", "mamba", "--conv-width", "16", "--iterations", "1", "--hidden", "8",
-                  "--embed", "8", "--heldout", "8", "--grid-per-cell", "1", "-o", "run"])
+    out = invoke(["train", "-q", "--core", "mamba", "--conv-width", "16", "--iterations", "1", "--hidden-size", "8",
+                  "--embed-size", "8", "--heldout-size", "8", "--grid-per-cell", "1", "-o", "run"])
     assert out.rc == 0, out.err
 
 

@@ -216,9 +216,9 @@ KILL_MID_WRITE = textwrap.dedent("""
 
 
 def test_kill_minus_9_mid_checkpoint_then_resume_leaves_nothing_and_ends_the_same(tmp_path: Path) -> None:
-    args = ["--vocab", "8", "--length", "4", "--hidden", "16", "--embed", "8", "--iterations", "12",
+    args = ["--vocab-size", "8", "--length", "4", "--hidden-size", "16", "--embed-size", "8", "--iterations", "12",
             "--checkpoint-every", "5", "--log-every", "5", "--batch-size", "16", "--seed", "3", "--threads", "1",
-            "--heldout", "64", "--grid-per-cell", "2", "-q"]
+            "--heldout-size", "64", "--grid-per-cell", "2", "-q"]
     victim = subprocess.run([sys.executable, "-c", KILL_MID_WRITE, "train", "-o", str(tmp_path / "killed"), *args],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert victim.returncode == -9, victim.stderr
@@ -253,8 +253,8 @@ def test_a_second_trainer_is_refused_while_another_process_trains_and_a_killed_o
     from gradscope.files.lock import run_lock_path
     run = tmp_path / "r"
     cmd = [sys.executable, "-c", "from gradscope.cli.app import main; main()", "train", "-o", str(run),
-           "--vocab", "8", "--length", "4", "--hidden", "16", "--embed", "8", "--iterations", "1000000",
-           "--checkpoint-every", "20", "--batch-size", "16", "--heldout", "64", "--grid-per-cell", "2", "-q",
+           "--vocab-size", "8", "--length", "4", "--hidden-size", "16", "--embed-size", "8", "--iterations", "1000000",
+           "--checkpoint-every", "20", "--batch-size", "16", "--heldout-size", "64", "--grid-per-cell", "2", "-q",
            "--threads", "1"]
     other = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -291,8 +291,8 @@ def test_train_out_an_existing_file_is_one_line(tmp_path: Path) -> None:
 BAD_OPTIONS = [
     ["--device", "meta"], ["--device", "xpu"], ["--device", "cuda:7"], ["--device", "bogus"], ["--device", "cpu:x"],
     ["--seed", "-1"], ["--seed", str(2**64)], ["--seed", str(2**63)],
-    ["--batch-size", "1000000000"], ["--batch-size", "1e9"], ["--vocab", "1000000000"], ["--hidden", "100000"],
-    ["--embed", "100000000"], ["--layers", "100000"], ["--length", "1000000"], ["--heldout", "1000000000"],
+    ["--batch-size", "1000000000"], ["--batch-size", "1e9"], ["--vocab-size", "1000000000"], ["--hidden-size", "100000"],
+    ["--embed-size", "100000000"], ["--num-layers", "100000"], ["--length", "1000000"], ["--heldout-size", "1000000000"],
     ["--pe", "learnable", "--max-len", "1000000000"], ["--threads", "-1"], ["--lr", "nan"], ["--lr", "inf"],
     ["--clip", "nan"], ["--rarity", "nan"], ["--eps", "inf"], ["--beta1", "nan"], ["--iterations", "1e30"],
     ["--stop-after", "-3"],

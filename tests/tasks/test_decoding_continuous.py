@@ -177,8 +177,8 @@ def test_continuous_bad_input_is_one_line_exit_2(tmp_path: Path, runner) -> None
     train(cfg, tmp_path / "c")
     cases = [
         (["train", "--task", "reverse-continuous", "--length", "3"], "--dim: got 0"),
-        (["train", "--extend-from", str(tmp_path / "c"), "--vocab", "8"], "no vocabulary to extend"),
-        (["train", "--extend-from", str(tmp_path / "c"), "--vocab", "8", "--dim", "6"], "--dim: got 6"),
+        (["train", "--extend-from", str(tmp_path / "c"), "--vocab-size", "8"], "no vocabulary to extend"),
+        (["train", "--extend-from", str(tmp_path / "c"), "--vocab-size", "8", "--dim", "6"], "--dim: got 6"),
         (["accuracy", str(tmp_path / "c"), "--decoding", "teacher"], "--decoding: got 'teacher'"),
     ]
     for args, message in cases:
@@ -254,7 +254,7 @@ def test_report_draws_the_experiments_per_position(tmp_path: Path, runner) -> No
     train(fb, tmp_path / "fb")
     parent = small_run(iterations=4, distribution="uniform")
     train(parent, tmp_path / "parent")
-    r = runner.invoke(app, ["train", "-q", "--extend-from", str(tmp_path / "parent"), "--vocab",
+    r = runner.invoke(app, ["train", "-q", "--extend-from", str(tmp_path / "parent"), "--vocab-size",
                             str(parent.task.vocab_size + 4), "--iterations", "2", "-o", str(tmp_path / "ext")])
     assert r.exit_code == 0, r.output
     for run in ("cont", "fb", "ext"):

@@ -85,8 +85,8 @@ def ok(runner: CliRunner, args: list[str]) -> None:
 @pytest.fixture(scope="module")
 def mqar_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("mqar") / "run"
-    ok(CliRunner(), ["train", "--task", "mqar", "--distribution", "dual", "--vocab", "8", "--length", "4", "--embed",
-                     "4", "--hidden", "8", "--iterations", "20", "--heldout", "64", "--batch-size", "16", "-q",
+    ok(CliRunner(), ["train", "--task", "mqar", "--distribution", "dual", "--vocab-size", "8", "--length", "4",
+                     "--embed-size", "4", "--hidden-size", "8", "--iterations", "20", "--heldout-size", "64", "--batch-size", "16", "-q",
                      "-o", str(run)])
     return run
 

@@ -129,14 +129,14 @@ def test_task_config_refuses_share_without_split() -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--vocab", "6"], "--vocab: got 6"),
-    (["--vocab", "8"], "--vocab: got 8"),
-    (["--vocab", "12", "--task", "sort"], "--task: got 'sort'"),
-    (["--vocab", "12", "--dim", "4"], "--dim: got 4"),
-    (["--vocab", "12", "--hidden", "4"], "remove --hidden"),
-    (["--vocab", "12", "--new-item-share", "1.5"], "--new-item-share: got 1.5"),
-    (["--vocab", "12", "--new-item-share", "1"], "--new-item-share: got 1.0; it must be > 0.0 and < 1.0"),
-    (["--vocab", "12", "--new-item-share", "0"], "--new-item-share: got 0.0"),
+    (["--vocab-size", "6"], "--vocab-size: got 6"),
+    (["--vocab-size", "8"], "--vocab-size: got 8"),
+    (["--vocab-size", "12", "--task", "sort"], "--task: got 'sort'"),
+    (["--vocab-size", "12", "--dim", "4"], "--dim: got 4"),
+    (["--vocab-size", "12", "--hidden-size", "4"], "remove --hidden-size"),
+    (["--vocab-size", "12", "--new-item-share", "1.5"], "--new-item-share: got 1.5"),
+    (["--vocab-size", "12", "--new-item-share", "1"], "--new-item-share: got 1.0; it must be > 0.0 and < 1.0"),
+    (["--vocab-size", "12", "--new-item-share", "0"], "--new-item-share: got 0.0"),
 ])
 def test_cli_bad_extension_is_one_line_exit_2(runner, tmp_path: Path, parent: Path, args: list[str],
                                               message: str) -> None:
@@ -147,7 +147,7 @@ def test_cli_bad_extension_is_one_line_exit_2(runner, tmp_path: Path, parent: Pa
 
 
 def test_cli_extends_and_records(runner, tmp_path: Path, parent: Path) -> None:
-    result = runner.invoke(app, ["train", "-q", "--extend-from", str(parent), "--vocab", "12", "--iterations", "5",
+    result = runner.invoke(app, ["train", "-q", "--extend-from", str(parent), "--vocab-size", "12", "--iterations", "5",
                                  "--new-item-share", "0.5", "-o", str(tmp_path / "e")])
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "e" / "config.json").read_text())["config"]

@@ -73,7 +73,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
     state, log) to an uninterrupted run of the same configuration stopped at 400 (both keep the
     4000-iteration schedule)."""
     stop = 400
-    args = ["--vocab", "8", "--length", "6", "--hidden", "32", "--embed", "16", "--iterations", "4000",
+    args = ["--vocab-size", "8", "--length", "6", "--hidden-size", "32", "--embed-size", "16", "--iterations", "4000",
             "--checkpoint-every", "50", "--log-every", "10", "--batch-size", "32", "--seed", "5", "--quiet",
             "--threads", "1"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -21,24 +21,24 @@ from gradscope.models import SeqModel
 from gradscope.tasks import make_task
 
 ITERATIONS, BATCH = 30, 64
-COMMON = ["--model", "gru", "--hidden", "8", "--embed", "4", "--iterations", str(ITERATIONS), "--batch-size",
+COMMON = ["--core", "gru", "--hidden-size", "8", "--embed-size", "4", "--iterations", str(ITERATIONS), "--batch-size",
           str(BATCH), "--checkpoint-every", "15", "--log-every", "15", "--seed", "3", "--quiet"]
 
 # Each task at a size whose sequences are few (n_patterns in brackets), so collisions are common.
 TASKS = {
-    "reverse": ["--task", "reverse", "--vocab", "3", "--length", "3", "--distribution", "uniform",
-                "--heldout", "13"],  # 27
-    "reverse-dual-grid": ["--task", "reverse", "--vocab", "4", "--length", "3", "--distribution", "dual",
-                          "--rarity", "0.5", "--heldout", "16", "--grid-per-cell", "2"],  # 64, + 24 grid rows
-    "reverse-variable": ["--task", "reverse-variable", "--vocab", "2", "--length", "3", "--min-length", "2",
-                         "--distribution", "uniform", "--heldout", "6"],  # 4 + 8
-    "sort": ["--task", "sort", "--vocab", "3", "--length", "3", "--distribution", "uniform", "--heldout", "13"],  # 27
-    "delayed-sum": ["--task", "delayed-sum", "--vocab", "2", "--length", "3", "--distribution", "uniform",
-                    "--heldout", "16"],  # 2^6
-    "predecessor": ["--task", "predecessor", "--vocab", "3", "--length", "3", "--distribution", "uniform",
-                    "--heldout", "6"],  # 3! · 2
-    "copy": ["--task", "copy", "--vocab", "2", "--length", "3", "--hold-min", "0", "--hold-max", "1",
-             "--distribution", "uniform", "--heldout", "8"],  # 2^3 · 2
+    "reverse": ["--task", "reverse", "--vocab-size", "3", "--length", "3", "--distribution", "uniform",
+                "--heldout-size", "13"],  # 27
+    "reverse-dual-grid": ["--task", "reverse", "--vocab-size", "4", "--length", "3", "--distribution", "dual",
+                          "--rarity", "0.5", "--heldout-size", "16", "--grid-per-cell", "2"],  # 64, + 24 grid rows
+    "reverse-variable": ["--task", "reverse-variable", "--vocab-size", "2", "--length", "3", "--min-length", "2",
+                         "--distribution", "uniform", "--heldout-size", "6"],  # 4 + 8
+    "sort": ["--task", "sort", "--vocab-size", "3", "--length", "3", "--distribution", "uniform", "--heldout-size", "13"],  # 27
+    "delayed-sum": ["--task", "delayed-sum", "--vocab-size", "2", "--length", "3", "--distribution", "uniform",
+                    "--heldout-size", "16"],  # 2^6
+    "predecessor": ["--task", "predecessor", "--vocab-size", "3", "--length", "3", "--distribution", "uniform",
+                    "--heldout-size", "6"],  # 3! · 2
+    "copy": ["--task", "copy", "--vocab-size", "2", "--length", "3", "--hold-min", "0", "--hold-max", "1",
+             "--distribution", "uniform", "--heldout-size", "8"],  # 2^3 · 2
 }
 
 

@@ -35,11 +35,11 @@ GRID = """
 name = "grid"
 preset = "tiny"
 [settings]
-hidden = 16
-embed = 8
-vocab = 8
+hidden_size = 16
+embed_size = 8
+vocab_size = 8
 length = 4
-heldout = 64
+heldout_size = 64
 grid_per_cell = 2
 batch_size = 16
 iterations = {iterations}
@@ -101,7 +101,7 @@ def test_the_documented_example_spec_plans_a_2x2_grid() -> None:
 
 
 def test_other_axes_name_the_points(tmp_path: Path) -> None:
-    spec = parse_spec('[axes]\nlr = [0.01, 0.003]\nmodel = ["lstm"]\n')
+    spec = parse_spec('[axes]\nlr = [0.01, 0.003]\ncore = ["lstm"]\n')
     assert [p.name for p in plan_points(spec)] == ["lstm-none-K16-lr0.01-s111", "lstm-none-K16-lr0.003-s111"]
     assert [p.run.config.train.lr for p in plan_points(spec)] == [0.01, 0.003]
     assert spec.analyses.accuracy is None and spec.analyses.stability is None  # no tables: train only
@@ -112,8 +112,8 @@ def test_other_axes_name_the_points(tmp_path: Path) -> None:
     ("[axes]\nseed = []\n", "give a non-empty list"),
     ("[axes]\nseed = [1, 1]\n", "repeated values"),
     ("[settings]\nseed = 1\n[axes]\nseed = [2]\n", "seed is both a setting and an axis"),
-    ("[settings]\nhidden = \"32\"\n[axes]\nseed = [1]\n", "hidden: got '32'; expected int"),
-    ("[axes]\nmodel = [\"transformer\"]\n", "at model=transformer: model: got 'transformer'"),
+    ("[settings]\nhidden_size = \"32\"\n[axes]\nseed = [1]\n", "hidden_size: got '32'; expected int"),
+    ("[axes]\ncore = [\"transformer\"]\n", "at core=transformer: core: got 'transformer'"),
     ("preset = \"huge\"\n[axes]\nseed = [1]\n", "preset: got 'huge'"),
     ("[axes]\nseed = [1]\n[stability]\ncheckpoints = [1234]\n", "there is none at 1234"),
     ("[settings]\ndistribution = \"uniform\"\n[axes]\nseed = [1]\n[stability]\ntarget_freq = [\"rare\"]\n",
@@ -121,7 +121,7 @@ def test_other_axes_name_the_points(tmp_path: Path) -> None:
     ("[settings]\ntask = \"copy\"\n[axes]\nseed = [1]\n[stability]\n", "stability probes are defined for"),
     ("[axes]\nseed = [1]\n[stability]\ntriplets = 0\n", "triplets: got 0"),
     ("[axes]\nseed = [1\n", "not valid TOML"),
-    ("[settings]\nhidden = 8\n", "give at least one axis"),
+    ("[settings]\nhidden_size = 8\n", "give at least one axis"),
 ])
 def test_bad_specs_are_one_line_errors(text: str, message: str, runner: CliRunner, tmp_path: Path) -> None:
     with pytest.raises(GradscopeError, match=None) as err:
