@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("gradscope", "cli", "reports", "bench", "experiments", "tests")
 # where the options classes live, as they install (cli/ and reports/ are gradscope.cli and gradscope.reports)
 PACKAGES = {"gradscope": "gradscope", "cli": "gradscope.cli", "reports": "gradscope.reports"}
