@@ -131,7 +131,7 @@ def accuracy_command(
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint, oldest first).", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: accuracy-<name>.zarr).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
-    bins: Annotated[str, Opt(help="Target-position bins of the grid: a count (4 = quarters) or 0-based edges (0,8,64).")] = "4",
+    bins: Annotated[Optional[str], Opt(help="Target-position bins of the grid: a count or 0-based edges (0,8,64). Default: 4 (quarters); refused for a checkpoint without a grid.", show_default=False)] = None,
     grid: Annotated[Optional[bool], Opt("--grid/--no-grid", help="Require (or skip) the frequency grid. Default: evaluate it when the checkpoint has one.")] = None,
     device: Annotated[str, Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = "auto",
     batch_size: Annotated[int, Opt(help="Sequences per forward pass.")] = 1024,
@@ -159,7 +159,7 @@ def accuracy_command(
         return
     refuse_given(ctx, ["counts_text", "tokenizer", "max_length"], "they apply to --text (a pretrained LM on raw text)")
     # batch_size, decoding, resamples and seed are checked in AccuracyOptions.__post_init__
-    opts = AccuracyOptions(bins=parse_bins(bins), grid=grid, device=device, batch_size=batch_size, decoding=decoding,
+    opts = AccuracyOptions(bins=None if bins is None else parse_bins(bins), grid=grid, device=device, batch_size=batch_size, decoding=decoding,
                            resamples=resamples if given(ctx, "resamples") else None,
                            seed=seed if given(ctx, "seed") else None, corpus=None if corpus is None else str(corpus))
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
@@ -180,7 +180,7 @@ def accuracy_command(
     if last.decodings or last.item_time_correct is not None:
         console.print(side_table(last))
     if last.grid_bin_correct is not None:
-        console.print(grid_table(last, opts.bins))
+        console.print(grid_table(last, opts.bins_used))
     if last.lm is not None:
         console.print(lm_table(last))
     ds = run.to_xarray()

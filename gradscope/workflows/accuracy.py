@@ -11,7 +11,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from gradscope.analysis.accuracy import bins_arg, binned_counts, grid_counts, grid_item_counts, token_correct
+from gradscope.analysis.accuracy import (DEFAULT_BINS, bins_arg, binned_counts, grid_counts, grid_item_counts,
+                                         token_correct)
 from gradscope.analysis.bootstrap import MAX_RESAMPLES
 from gradscope.analysis.cosine import cosine_similarity, position_mean_ci
 from gradscope.analysis.distance import sequence_dl_distances
@@ -44,7 +45,7 @@ class AccuracyOptions:
     ``seed`` (None: 0). An option given (not None) where it does not apply (resamples or seed on a
     token task, corpus on a checkpoint that is not lm) is refused, not ignored."""
 
-    bins: int | tuple[int, ...] = 4
+    bins: int | tuple[int, ...] | None = None  # None: 4 (quarters) where there is a grid
     grid: bool | None = None
     device: str = "auto"
     batch_size: int = 1024
@@ -64,6 +65,10 @@ class AccuracyOptions:
             as_int(self.resamples, "resamples", 1, MAX_RESAMPLES)
         if self.seed is not None:
             as_int(self.seed, "seed", 0, 2**63 - 1)
+
+    @property
+    def bins_used(self) -> int | tuple[int, ...]:
+        return DEFAULT_BINS if self.bins is None else self.bins
 
     @property
     def resamples_used(self) -> int:
@@ -88,6 +93,7 @@ def evaluate_vectors(loaded: Loaded, opts: AccuracyOptions, device: torch.device
     per sequence and time, with a bootstrap interval of its mean per scored time."""
     decodings_for(loaded, opts)  # a vector model has no feedback input: no decoding to choose
     check(not opts.grid, f"grid: {loaded.path} has no frequency grid (a vector task has one frequency class)")
+    check(opts.bins is None, f"bins: {loaded.path} has no frequency grid to bin (a vector task has one frequency class)")
     check(opts.corpus is None, f"corpus: {loaded.path} is not an lm checkpoint; corpus applies to lm runs only")
     model = loaded.model.to(device)
     held = loaded.heldout.uniform
@@ -118,9 +124,15 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
           f"corpus: {loaded.path} is a {loaded.config.task.name} checkpoint; corpus applies to "
           f"{', '.join(corpus)} runs only")
     if task.evaluation == "corpus":  # perplexity on the corpus's test split
+        check(opts.bins is None and not opts.grid, f"{'bins' if opts.bins is not None else 'grid'}: {loaded.path} "
+                                                   f"has no frequency grid (an lm checkpoint's perplexity is binned by "
+                                                   f"token frequency and position)")
         return evaluate_lm_checkpoint(loaded, device, opts.corpus)
     model = loaded.model.to(device)
     held = loaded.heldout
+    check(opts.bins is None or (held.grid is not None and opts.grid is not False),
+          f"bins: {loaded.path} has no frequency grid to bin" if held.grid is None else
+          "bins: they bin the frequency grid, which grid=False (--no-grid) skips; leave one of them out")
     if opts.grid:
         check(held.grid is not None,
               f"grid: {loaded.path} has no frequency grid (its vocabulary is {loaded.config.task.distribution}; "
@@ -148,7 +160,7 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
         if old:
             ic, it = grid_item_counts(gpreds, held.grid, old)
             extra.update(grid_item_correct=ic.numpy(), grid_item_total=it.numpy())
-        bc, bt = binned_counts(gc, gt, bins_arg(opts.bins))
+        bc, bt = binned_counts(gc, gt, bins_arg(opts.bins_used))
         grid = (gc.numpy(), gt.numpy(), bc.numpy(), bt.numpy())
     model.to("cpu")
     return AccuracyResult(
@@ -171,7 +183,8 @@ class AccuracyRun:
     configs: tuple[dict[str, Any], ...] = ()  # each checkpoint's config attributes (config_attrs)
 
     def to_xarray(self) -> xr.Dataset:
-        options = {"bins": bins_arg(self.options.bins), "grid": self.options.grid, "decoding": self.options.decoding}
+        options = {"bins": bins_arg(self.options.bins_used), "grid": self.options.grid,
+                   "decoding": self.options.decoding}
         if self.results and isinstance(self.results[0], CosineResult):
             options = {"resamples": self.options.resamples_used, "seed": self.options.seed_used}
             ds = cosine_dataset(self.results, self.config, options, self.command, self.device)  # type: ignore[arg-type]
@@ -212,7 +225,7 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
                        tuple(configs))
 
 
-def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None = None,
+def accuracy(source: Any, *, bins: int | tuple[int, ...] | None = None, grid: bool | None = None,
              device: str = "auto", batch_size: int = 1024, decoding: str = "both", resamples: int | None = None,
              seed: int | None = None,
              corpus: str | Path | None = None) -> xr.Dataset:
@@ -223,7 +236,8 @@ def accuracy(source: Any, *, bins: int | tuple[int, ...] = 4, grid: bool | None 
     source: a checkpoint file or run directory (or a list of them: every checkpoint, oldest first),
     or a :class:`~gradscope.files.checkpoint.Loaded` (not read again). A model of your own has no
     held-out set: evaluate it in your own code.
-    bins: the grid's target-position bins, a count (4 = quarters) or 0-based edges.
+    bins: the grid's target-position bins, a count or 0-based edges (None: 4, quarters); given for a
+    checkpoint without a grid (or with grid=False), it is refused, not ignored.
     decoding: a feedback model's decodings (both, autoregressive, teacher). A vector task's store holds
     cosine similarity per position with bootstrap CIs (resamples, None: 10,000; seed, None: 0). An lm checkpoint's holds
     perplexity on its corpus's test split; ``corpus`` names that corpus's directory if it moved.

@@ -169,8 +169,8 @@ def _analyses(doc: dict[str, Any]) -> Analyses:
         table = doc["accuracy"]
         check(isinstance(table, dict), "spec: accuracy must be a table ([accuracy])")
         _unknown("[accuracy]", table, ACCURACY_KEYS)
-        bins = table.get("bins", 4)
-        bins = _int("accuracy", "bins", bins, 1) if not isinstance(bins, list) else tuple(
+        bins = table.get("bins")
+        bins = None if bins is None else _int("accuracy", "bins", bins, 1) if not isinstance(bins, list) else tuple(
             _int("accuracy", "bins", b, 0) for b in bins)
         acc = AccuracyOptions(bins=bins, device=_text("accuracy", "device", table.get("device", "auto")))
         acc_ckpt = _checkpoints("accuracy", table.get("checkpoints", "all"))

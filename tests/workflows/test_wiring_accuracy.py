@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +176,28 @@ def test_compare_reports_b_minus_a_with_scipys_p_and_d_z(runner: CliRunner, pe_s
     assert float(row[3]) == pytest.approx(dd.mean(), abs=5e-5)
     assert float(row[4]) == pytest.approx(dd.mean() / dd.std(ddof=1), abs=5e-4)
     assert float(row[5]) == pytest.approx(_sign_flip_p(dd), abs=5e-5)
+
+
+def test_bins_are_refused_where_there_is_no_grid_to_bin(tmp_path: Path) -> None:
+    """An option either applies or is refused: --bins on a checkpoint without a frequency grid (or with
+    --no-grid) was accepted and ignored. The default still bins a grid in quarters, recorded as before."""
+    from typer.testing import CliRunner
+
+    from gradscope.cli.app import app
+    from gradscope.store import read_store
+
+    runner = CliRunner()
+    small = ["--vocab-size", "6", "--length", "4", "--embed-size", "4", "--hidden-size", "6", "--iterations", "2",
+             "--heldout-size", "16", "-q"]
+    for name, extra in (("uniform", ["--distribution", "uniform"]), ("dual", ["--distribution", "dual", "--grid-per-cell", "2"])):
+        done = runner.invoke(app, ["train", *small, *extra, "-o", str(tmp_path / name)])
+        assert done.exit_code == 0, done.stderr
+    for run, flags, message in (("uniform", ["--bins", "2"], "has no frequency grid to bin"),
+                                ("dual", ["--bins", "2", "--no-grid"], "which grid=False (--no-grid) skips")):
+        done = runner.invoke(app, ["accuracy", str(tmp_path / run), *flags, "-o", str(tmp_path / "a.zarr"), "-q"])
+        assert done.exit_code == 2 and f"bins: " in done.stderr and message in done.stderr, done.stderr
+        assert not (tmp_path / "a.zarr").exists()
+    done = runner.invoke(app, ["accuracy", str(tmp_path / "dual"), "-o", str(tmp_path / "a.zarr"), "-q"])
+    assert done.exit_code == 0
+    ds = read_store(tmp_path / "a.zarr")
+    assert json.loads(ds.attrs["options"])["bins"] == 4 and ds.sizes["bin"] == 4
