@@ -180,7 +180,7 @@ def accuracy_command(
     if last.decodings or last.item_time_correct is not None:
         console.print(side_table(last))
     if last.grid_bin_correct is not None:
-        console.print(grid_table(last, opts.bins_used))
+        console.print(grid_table(last, opts.bins_for(last.grid_correct.shape[-1])))
     if last.lm is not None:
         console.print(lm_table(last))
     ds = run.to_xarray()

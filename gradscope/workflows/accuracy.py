@@ -66,9 +66,12 @@ class AccuracyOptions:
         if self.seed is not None:
             as_int(self.seed, "seed", 0, 2**63 - 1)
 
-    @property
-    def bins_used(self) -> int | tuple[int, ...]:
-        return DEFAULT_BINS if self.bins is None else self.bins
+    def bins_for(self, length: int | None) -> int | tuple[int, ...]:
+        """The bins of a grid of ``length`` target positions: as given, else quarters (fewer bins when
+        the grid has fewer than 4 positions: the default must not fail where the grid is short)."""
+        if self.bins is not None:
+            return self.bins
+        return DEFAULT_BINS if length is None else min(DEFAULT_BINS, length)
 
     @property
     def resamples_used(self) -> int:
@@ -160,7 +163,7 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
         if old:
             ic, it = grid_item_counts(gpreds, held.grid, old)
             extra.update(grid_item_correct=ic.numpy(), grid_item_total=it.numpy())
-        bc, bt = binned_counts(gc, gt, bins_arg(opts.bins_used))
+        bc, bt = binned_counts(gc, gt, bins_arg(opts.bins_for(gc.shape[-1])))
         grid = (gc.numpy(), gt.numpy(), bc.numpy(), bt.numpy())
     model.to("cpu")
     return AccuracyResult(
@@ -183,7 +186,10 @@ class AccuracyRun:
     configs: tuple[dict[str, Any], ...] = ()  # each checkpoint's config attributes (config_attrs)
 
     def to_xarray(self) -> xr.Dataset:
-        options = {"bins": bins_arg(self.options.bins_used), "grid": self.options.grid,
+        first = self.results[0] if self.results else None
+        length = getattr(first, "grid_correct", None)
+        options = {"bins": bins_arg(self.options.bins_for(None if length is None else length.shape[-1])),
+                   "grid": self.options.grid,
                    "decoding": self.options.decoding}
         if self.results and isinstance(self.results[0], CosineResult):
             options = {"resamples": self.options.resamples_used, "seed": self.options.seed_used}

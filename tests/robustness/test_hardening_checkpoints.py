@@ -231,7 +231,7 @@ def test_malformed_native_checkpoints_are_one_line_errors(case: str, sources: di
     with pytest.raises(GradscopeError):
         gradscope.load(path)
     before = snapshot(tmp_path)
-    for args in (["accuracy", "--bins", "1"], ["dynamics", "--sequences", "1", "--grid-sequences", "1"]):
+    for args in (["accuracy"], ["dynamics", "--sequences", "1", "--grid-sequences", "1"]):
         outcome = invoke([*args, path, "-o", tmp_path / "out.zarr", "-q", "--device", "cpu"])
         assert_clean(outcome, f"{args[0]}: {case}")
         assert outcome.rc == 2, f"{args[0]}: {case}"
@@ -354,7 +354,7 @@ def baseline_accuracy(sources: dict[str, Path], tmp_path_factory: pytest.TempPat
     out = tmp_path_factory.mktemp("baseline")
     found = {}
     for name, path in sources.items():
-        outcome = invoke(["accuracy", path, "-o", out / f"{name}.zarr", "-q", "--device", "cpu", "--bins", "1"])
+        outcome = invoke(["accuracy", path, "-o", out / f"{name}.zarr", "-q", "--device", "cpu"])
         assert outcome.rc == 0, outcome.err
         found[name] = numbers(out / f"{name}.zarr")
     return found
@@ -381,7 +381,7 @@ def test_field_mutations_through_accuracy(sources: dict[str, Path], field_paths:
     def run(case: tuple[str, tuple, str]) -> None:
         name, path, kind = case
         work, target, before = staged(tmp_path, sources[name].name, mutate(raw(sources[name]), path, kind))
-        outcome = invoke(["accuracy", target, "-o", work / "a.zarr", "-q", "--device", "cpu", "--bins", "1"])
+        outcome = invoke(["accuracy", target, "-o", work / "a.zarr", "-q", "--device", "cpu"])
         count("checkpoint-field-accuracy")
         assert_clean(outcome, f"{name} {path} {kind}")
         if outcome.rc == 0:
@@ -436,7 +436,7 @@ def test_byte_mutations_through_accuracy(sources: dict[str, Path], tmp_path: Pat
             for i in rng.integers(0, len(data), n):
                 data[i] ^= int(rng.integers(1, 256))
         work, target, before = staged(tmp_path, sources[name].name, bytes(data))
-        outcome = invoke(["accuracy", target, "-o", work / "a.zarr", "-q", "--device", "cpu", "--bins", "1"])
+        outcome = invoke(["accuracy", target, "-o", work / "a.zarr", "-q", "--device", "cpu"])
         count("checkpoint-bytes")
         assert_clean(outcome, f"{name} {how} {at}")
         if outcome.rc != 0:

@@ -201,3 +201,11 @@ def test_bins_are_refused_where_there_is_no_grid_to_bin(tmp_path: Path) -> None:
     assert done.exit_code == 0
     ds = read_store(tmp_path / "a.zarr")
     assert json.loads(ds.attrs["options"])["bins"] == 4 and ds.sizes["bin"] == 4
+    # a grid shorter than 4 positions: the default is one bin per position (it failed: "--bins: got 4")
+    done = runner.invoke(app, ["train", *small, "--distribution", "dual", "--grid-per-cell", "2", "--length", "3",
+                               "-o", str(tmp_path / "short")])
+    assert done.exit_code == 0, done.stderr
+    done = runner.invoke(app, ["accuracy", str(tmp_path / "short"), "-o", str(tmp_path / "s.zarr"), "-q"])
+    assert done.exit_code == 0, done.stderr
+    ds = read_store(tmp_path / "s.zarr")
+    assert json.loads(ds.attrs["options"])["bins"] == 3 and ds.sizes["bin"] == 3
