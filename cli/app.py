@@ -9,11 +9,11 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageErro
 
 from .accuracy import accuracy_command
 from .corpus import corpus_app
-from .dynamics import dynamics_command
+from .dynamics import DynamicsCommand, dynamics_command
 from .errors import err_console
 from .report import report_command
 from .reproduce import reproduce_command
-from .stability import stability_command
+from .stability import StabilityCommand, stability_command
 from .summarize import summarize_command
 from .sweep import sweep_command
 from .train import TrainCommand, train_command
@@ -63,9 +63,9 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain help: typer's rich help imports markdown, pygments and pydantic (~0.3 s)
 )
 app.command("train", cls=TrainCommand)(train_command)
-app.command("stability")(stability_command)
+app.command("stability", cls=StabilityCommand)(stability_command)
 app.command("accuracy")(accuracy_command)
-app.command("dynamics")(dynamics_command)
+app.command("dynamics", cls=DynamicsCommand)(dynamics_command)
 app.command("summarize")(summarize_command)
 app.command("report")(report_command)
 app.command("reproduce")(reproduce_command)

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 
-from .common import check_out, check_text_source, command_line, default_out, make_console, refuse_given, warn
+from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
+                     refuse_given, warn)
 from .errors import user_errors
+from .generated import build_options, generated_command
 from .progress import make_progress
 
 if TYPE_CHECKING:
@@ -113,23 +115,23 @@ def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
     return [first, errors, sums, f"{int(np.isneginf(lam).sum(-1).max())} · {int(low.sum(-1).max())}{unconv} of {D}"]
 
 
+def _dynamics_options() -> type:
+    from gradscope.workflows.options import DynamicsOptions  # torch-free: --help builds the options from it
+    return DynamicsOptions
+
+
+# the options of DynamicsOptions (each --<field>, its help and default from the field) are generated
+DynamicsCommand = generated_command(_dynamics_options, after="overwrite")
+
+
 @user_errors
 def dynamics_command(
     ctx: typer.Context,
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint of a run, oldest first).", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: dynamics-<name>.zarr).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
-    parts: Annotated[Optional[str], Opt(help="Comma-separated: flow, grid, spectra, gates, lyapunov (default: every part that fits --budget-seconds; the plan says which).", show_default=False)] = None,
     target_freq: Annotated[Optional[list[str]], Opt("--target-freq", help="Probe target group(s), as in `gradscope stability`.")] = None,
     disturbant: Annotated[Optional[list[str]], Opt("--disturbant", help="Probe disturbant group(s), as in `gradscope stability`.")] = None,
-    sequences: Annotated[Optional[int], Opt(help="Probe sequences per condition (flow, spectra, gates; default: 8, fewer if that does not fit --budget-seconds).", show_default=False)] = None,
-    grid_sequences: Annotated[Optional[int], Opt(help="Sequences for the (t, T) grid (default: 4, fewer if that does not fit).", show_default=False)] = None,
-    trajectories: Annotated[Optional[int], Opt(help="Lyapunov trajectories (default: 8, fewer if that does not fit).", show_default=False)] = None,
-    steps: Annotated[Optional[int], Opt(help="Steps per Lyapunov trajectory, the task's episodes back to back (default: 1000, fewer if that does not fit).", show_default=False)] = None,
-    warmup: Annotated[Optional[int], Opt(help="Warm-up steps discarded from the Lyapunov estimate (default: a tenth of --steps, at most 100).", show_default=False)] = None,
-    exponents: Annotated[Optional[int], Opt(help="Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).", show_default=False)] = None,
-    qr_dtype: Annotated[str, Opt(help="dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).")] = "float64",
-    budget_seconds: Annotated[float, Opt(help="Time budget of the whole command (every part and checkpoint), estimated before any work at this workplace's measured CPU rates; options left out shrink to fit it.")] = 60.0,
     model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) (runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="With --model-factory hf:CLASS and a weights file: the model's config.json.")] = None,
     length: Annotated[Optional[int], Opt(help="With --model-factory: probe sequence length (default 32); tokens uniform over the embedding's vocabulary.", show_default=False)] = None,
@@ -137,14 +139,11 @@ def dynamics_command(
     text: Annotated[Optional[Path], Opt(help="With --model hf: probe sequences and Lyapunov trajectories of this raw UTF-8 text's paragraphs, tokenised with the model's own tokenizer; each step classed by its token's frequency in the text (docs/real-text.md). --length is then the row length, start token included (default 32).")] = None,
     counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency classes (default: --text).")] = None,
     tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
-    reorth: Annotated[int, Opt(help="Re-orthonormalise every k steps (product of k step Jacobians first).")] = 1,
-    sv: Annotated[int, Opt(help="Top singular values kept per step Jacobian.")] = 8,
-    seed: Annotated[int, Opt(help="Seed of the probes and trajectories.")] = 0,
-    device: Annotated[str, Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = "auto",
     corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Gradient dynamics (SPEC §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra."""
+    """Gradient dynamics (SPEC §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra.
+    The sizes (--parts … --budget-seconds) are DynamicsOptions' fields."""
     import warnings
 
     from gradscope.errors import GradscopeError
@@ -152,9 +151,7 @@ def dynamics_command(
     from gradscope.workflows.dynamics import PARTS, DynamicsOptions, run_dynamics, run_factory_dynamics
     from gradscope.workflows.common import DivergedWarning
 
-    opts = DynamicsOptions(parts=parts, sequences=sequences, grid_sequences=grid_sequences, sv=sv,
-                           trajectories=trajectories, steps=steps, warmup=warmup, reorth=reorth, seed=seed, device=device,
-                           exponents=exponents, qr_dtype=qr_dtype, budget_seconds=budget_seconds)
+    opts = build_options(DynamicsOptions, ctx.meta.get(SETTINGS, {}))  # checked in its __post_init__
     uses = {"lyapunov": ["trajectories", "steps", "warmup", "exponents", "qr_dtype", "reorth"],
             "grid": ["grid_sequences"], "spectra": ["sv"]}
     chosen = set(PARTS if opts.parts is None else opts.parts)  # None: every part the budget allows

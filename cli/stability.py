@@ -9,8 +9,10 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import check_out, check_text_source, command_line, default_out, make_console, refuse_given, warn
+from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
+                     refuse_given, warn)
 from .errors import user_errors
+from .generated import build_options, generated_command
 from .progress import make_progress
 
 if TYPE_CHECKING:
@@ -59,39 +61,32 @@ def stability_table(rows: list[SummaryRow], kind: str, resamples: int, files: li
     return table
 
 
+def _stability_options() -> type:
+    from gradscope.workflows.options import StabilityOptions  # torch-free: --help builds the options from it
+    return StabilityOptions
+
+
+# the probe options (each --<field>, its help and default from StabilityOptions' field) are generated
+StabilityCommand = generated_command(_stability_options)
+
+
 @user_errors
 def stability_command(
     ctx: typer.Context,
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint of a run, oldest first).", show_default=False)],
-    target_freq: Annotated[Optional[list[str]], Opt("--target-freq", help="Target token group: frequent, rare or all (repeatable). Default: frequent and rare for dual-frequency checkpoints, all otherwise.")] = None,
-    disturbant: Annotated[Optional[list[str]], Opt("--disturbant", help="Disturbant (prefix and suffix) group: frequent, rare or all (repeatable).")] = None,
-    target_pos: Annotated[int, Opt("--target-pos", help="Target position p (1-based) whose state z_p the Jacobian starts from.")] = 1,
-    triplets: Annotated[int, Opt(help="Probe triplets per condition.")] = 64,
     score: Annotated[str, Opt(help="Score shown in the table: default, frobenius or l1 (all are stored).")] = "default",
-    probes: Annotated[Optional[Path], Opt(help="Explicit probes: .npy int64 (n, 3, L), .npz with 'tokens' (+ 'target_group', 'disturbant_group'), or a previous stability store.")] = None,
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: stability-<name>.zarr).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
-    device: Annotated[str, Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = "auto",
-    batch_size: Annotated[int, Opt(help="Triplets per Jacobian batch (bounds memory).")] = 32,
-    seed: Annotated[int, Opt(help="Seed for the probes and the bootstrap.")] = 0,
-    method: Annotated[str, Opt(help="Jacobian engine: auto, analytic, vjp or func.")] = "auto",
-    sv: Annotated[int, Opt(help="Singular values kept per Jacobian.")] = 64,
     resamples: Annotated[int, Opt(help="Bootstrap resamples for the CIs.")] = 10_000,
     model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) (runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")] = None,
     config: Annotated[Optional[Path], Opt("--config", help="With --model-factory hf:CLASS and a weights file: the model's config.json.")] = None,
-    token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.")] = None,
-    length: Annotated[Optional[int], Opt(help="With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length).")] = None,
-    filler: Annotated[Optional[int], Opt(help="With --model-factory: output phase of L copies of this token id after each probe (default: none).")] = None,
-    corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     text: Annotated[Optional[Path], Opt(help="With --model hf: probes drawn from this raw UTF-8 text, tokenised with the model's own tokenizer; groups by frequency in the text (docs/real-text.md). --length is then the probe row's length, start token included (default 32).")] = None,
     counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency groups (default: --text).")] = None,
     tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
-    estimator: Annotated[str, Opt(help="auto (exact Jacobians wherever they fit --budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).")] = "auto",
-    sketch_units: Annotated[Optional[int], Opt("--sketch-units", help="Independent units of the sketch (default: the most in 4..16 that fit the budget).", show_default=False)] = None,
-    budget_seconds: Annotated[float, Opt(help="Time budget per checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.")] = 600.0,
 ) -> None:
-    """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4)."""
+    """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4).
+    The probe options (--target-freq … --budget-seconds) are StabilityOptions' fields."""
     import warnings
 
     from gradscope.analysis.bootstrap import check_resamples
@@ -101,15 +96,11 @@ def stability_command(
     from gradscope.workflows.stability import run_model_stability, run_stability, StabilityOptions
 
     # every probe option is checked in StabilityOptions.__post_init__, before anything else
-    opts = StabilityOptions(target_freq=tuple(target_freq or ()), disturbant=tuple(disturbant or ()),
-                            target_pos=target_pos, triplets=triplets, probes=probes, seed=seed, method=method,
-                            batch_size=batch_size, sv=sv, device=device, token_counts=token_counts, length=length,
-                            filler=filler, corpus=corpus, estimator=estimator, sketch_units=sketch_units,
-                            budget_seconds=budget_seconds)
+    opts = build_options(StabilityOptions, ctx.meta.get(SETTINGS, {}))
     check_resamples(resamples)
     check_text_source(ctx, "stability", text, model_factory, config, ["token_counts", "probes", "filler"],
                       "with --text the probes are drawn from the text")
-    if model_factory is None and (token_counts is not None or filler is not None):
+    if model_factory is None and (opts.token_counts is not None or opts.filler is not None):
         raise GradscopeError("--token-counts/--filler: they describe probes for --model-factory models; "
                              "gradscope checkpoints generate their own")
     if model_factory is not None:
@@ -138,7 +129,7 @@ def stability_command(
             run = run_model_stability(model, opts, source=checkpoints[0], command=command_line(ctx), **hooks)
         else:
             run = run_stability(checkpoints, opts, command=command_line(ctx), **hooks)
-    console.print(stability_table(run.summary(score, seed, resamples), score, resamples,
+    console.print(stability_table(run.summary(score, opts.seed, resamples), score, resamples,
                                   [str(r.path) for r in run.results]))
     write_store(run.to_xarray(), out_path, overwrite=overwrite)
     nan, bad = run.nan_count[score], run.nonfinite_jacobians

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import from_dict, option
+from gradscope.fields import MAX_SEED, from_dict, option
 from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown, text
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES
@@ -22,7 +22,6 @@ from gradscope.tasks.registry import TASKS
 
 MAX_ITERATIONS = 2**62  # iterations and cadences (counts of options: workflows.common.MAX_COUNT)
 DECODINGS = ("none", "teacher", "autoregressive")  # TrainConfig.decoding
-MAX_SEED = 2**63 - 1
 DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
 __all__ = ["CORES", "DECODINGS", "DISTRIBUTIONS", "ExtendConfig", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig",
            "RunConfig", "TaskConfig", "TrainConfig", "from_dict"]

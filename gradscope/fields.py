@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
 from typing import Any, TypeVar
 
 from gradscope.errors import GradscopeError, check
@@ -37,3 +39,47 @@ def option(default: Any, help: str, *, short: str | None = None, alias: str | No
     where it is not the field's own (the task's ``name`` is ``--task``, as its errors say)."""
     return dataclasses.field(default=default, metadata={"help": help, "short": short, "alias": alias,
                                                         "range": (low, high), "flag": flag})
+
+
+# --- the values options take, declared once and torch-free (a command's --help reads them) ---------
+
+GROUPS = ("frequent", "rare", "all")  # probe token groups (SPEC §3's dual vocabulary; all: the whole of it)
+ENGINES = ("func", "vjp", "analytic")  # the Jacobian engines (gradscope.analysis.jacobian.METHODS)
+ESTIMATORS = ("auto", "exact", "sketch")  # exact stability Jacobians, or a sketch with standard errors
+
+
+# --- integers from outside, torch-free (the CLI's help builds options without loading torch) ---------
+
+MAX_COUNT = 2**31 - 1  # sizes, positions and counts of options: beyond this none fits in memory anyway
+MAX_SEED = 2**63 - 1  # what torch and numpy generators accept
+
+
+def as_int(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
+    """An integer from outside (a file field or an option): an int, an integral float or a 0-d
+    integer tensor, within [low, high]. Anything else (bool, str, NaN, 1e30) is a user error."""
+    if type(value).__module__.startswith("torch") and callable(getattr(value, "dim", None)) \
+            and value.dim() == 0 and not value.is_meta and str(value.layout) == "torch.strided":
+        value = value.item()  # a 0-d tensor (recognised without importing torch)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise GradscopeError(f"{what}: got {type(value).__name__} {str(value)[:40]!r}; expected an integer")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value) or abs(value) > 2**62:
+            raise GradscopeError(f"{what}: got {value!r}; expected an integer")
+        value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"between {low} and {high}" if low is not None and high is not None else \
+            (f"at least {low}" if low is not None else f"at most {high}")
+        raise GradscopeError(f"{what}: got {value}; it must be {bounds}")
+    return int(value)
+
+
+def as_count(value: Any, what: str, low: int = 1, high: int | None = None) -> int:
+    """An integer option (an int, an integral float or a numpy integer) within [low, high]."""
+    if not isinstance(value, (bool, float, int)) and hasattr(value, "__index__"):
+        value = operator.index(value)  # numpy integers
+    return as_int(value, what, low, high)
+
+
+def as_seed(value: Any, what: str = "seed") -> int:
+    """A seed from outside: an integer in 0 … 2**63 − 1 (what torch and numpy generators accept)."""
+    return as_count(value, what, 0, MAX_SEED)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from gradscope.errors import GradscopeError, GradscopeWarning
+from gradscope.fields import as_int  # noqa: F401 - checked here before it moved (torch-free: the CLI's help)
 
 MEMORY_FRACTION = 0.5  # of the memory available now: the most one allocation may claim
 MAX_RATIO = 1000.0  # declared bytes per byte present above which a large input is a decompression bomb
@@ -75,24 +76,6 @@ def check_bytes(nbytes: float, what: str, *, present: float | None = None) -> No
     if present is not None and nbytes > SMALL and nbytes > MAX_RATIO * max(present, 1.0):
         raise GradscopeError(f"{what}: declares {_size(nbytes)} from {_size(present)} on disk; refusing a "
                              f"decompression bomb")
-
-
-def as_int(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
-    """An integer from outside (a file field or an option): an int, an integral float or a 0-d
-    integer tensor, within [low, high]. Anything else (bool, str, NaN, 1e30) is a user error."""
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_meta and value.layout == torch.strided:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise GradscopeError(f"{what}: got {type(value).__name__} {str(value)[:40]!r}; expected an integer")
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != int(value) or abs(value) > 2**62:
-            raise GradscopeError(f"{what}: got {value!r}; expected an integer")
-        value = int(value)
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"between {low} and {high}" if low is not None and high is not None else \
-            (f"at least {low}" if low is not None else f"at most {high}")
-        raise GradscopeError(f"{what}: got {value}; it must be {bounds}")
-    return int(value)
 
 
 def check_tensor(value: Any, what: str, *, kind: str = "any", ndim: int | tuple[int, ...] | None = None,

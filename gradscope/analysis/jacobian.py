@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import jacrev, jvp, vjp, vmap
 
+from gradscope.fields import ENGINES
 from gradscope.errors import GradscopeError, check
 from gradscope.models.core import initial_state, scan, step_at
 
@@ -141,7 +142,7 @@ def _analytic_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
 
 
 Engine = Callable[[nn.Module, Tensor, Tensor, int], Tensor]
-METHODS: dict[str, Engine] = {"func": _func_engine, "vjp": _vjp_engine, "analytic": _analytic_engine}
+METHODS: dict[str, Engine] = dict(zip(ENGINES, (_func_engine, _vjp_engine, _analytic_engine)))  # by name, as declared
 
 
 # ---------------------------------------------------------------------------------------------

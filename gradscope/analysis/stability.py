@@ -19,12 +19,12 @@ from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.analysis.scores import (SCORES, companion_stats, finite_matrices, forward_similarity, svd_or_nan,
                                        wirtinger)
 from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tangents
+from gradscope.fields import ESTIMATORS  # noqa: F401 - declared with the options
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget as available_budget
 from gradscope.tasks.probes import Probes
 
 PAIRS = ("same-target", "same-suffix")
-ESTIMATORS = ("auto", "exact", "sketch")
 # The rate every time estimate assumes: what a laptop CPU core pair sustains on float64 BLAS-3, as the
 # dynamics budget (gradscope.workflows.dynamics.NOMINAL_FLOPS); float32 and narrower run at twice it.
 NOMINAL_FLOPS = 2e10

@@ -23,12 +23,12 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from gradscope.fields import GROUPS  # noqa: F401 - the probe groups, declared with the options
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes, check_tensor
 from gradscope.tasks.vocab import group_bounds
 
 MEMBERS = ("base", "same-target", "same-suffix")
-GROUPS = ("frequent", "rare", "all")
 MAX_LABEL = 100  # characters of a condition label
 MAX_HEADER = 10_000  # bytes of a .npy header (numpy's own limit)
 # The most triplets a probes file may hold: 256 × the default 4 conditions × 64, more than any analysis

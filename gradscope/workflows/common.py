@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
 import warnings
 from pathlib import Path
 from typing import Any
 
-from gradscope.config import MAX_SEED, RunConfig, TaskConfig
+from gradscope.config import RunConfig, TaskConfig
 from gradscope.errors import check
 from gradscope.files.checkpoint import Loaded, load_checkpoint, resolve_checkpoints
-from gradscope.guard import as_int
+from gradscope.fields import MAX_COUNT, as_count, as_seed  # noqa: F401 - the workflows' names for them
 from gradscope.tasks.probes import GROUPS
 
-MAX_COUNT = 2**31 - 1  # sizes, positions and counts of options: beyond this none fits in memory anyway
 
 
 class DivergedWarning(UserWarning):
@@ -28,18 +26,6 @@ def warn_diverged(found: str, consequence: str) -> None:
     became of them."""
     warnings.warn(DivergedWarning(f"non-finite (NaN or Inf) values, a diverged model: {found}; {consequence}"),
                   stacklevel=3)
-
-
-def as_count(value: Any, what: str, low: int = 1, high: int | None = None) -> int:
-    """An integer option (an int, an integral float or a numpy integer) within [low, high]."""
-    if not isinstance(value, (bool, float, int)) and hasattr(value, "__index__"):
-        value = operator.index(value)  # numpy integers
-    return as_int(value, what, low, high)
-
-
-def as_seed(value: Any, what: str = "seed") -> int:
-    """A seed from outside: an integer in 0 … 2**63 − 1 (what torch and numpy generators accept)."""
-    return as_count(value, what, 0, MAX_SEED)
 
 
 def conditions_for(task: TaskConfig, targets: tuple[str, ...], disturbants: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import math
 import warnings
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,15 +49,11 @@ from gradscope.workflows.lm import TEXT, lm_sequences, lm_task, lm_token_classes
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
-from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions_for, config_attrs,
+from gradscope.workflows.common import (MAX_COUNT, as_count, conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, warn_diverged)
+from gradscope.workflows.options import LADDERS, PARTS, QR_DTYPE_NAMES, DynamicsOptions  # declared there, torch-free
 
-PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")
-QR_DTYPES = {"float64": torch.float64, "float32": torch.float32}
-# What an option left out (None) may take, largest first: the plan (:func:`plan_dynamics`) starts at the
-# largest, the defaults before issue #37, and steps down the biggest part's options until the estimate
-# fits the budget. Given explicitly, the same numbers reproduce any earlier store.
-LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250)}
+QR_DTYPES = dict(zip(QR_DTYPE_NAMES, (torch.float64, torch.float32)))
 OWNERS = {"flow": ("sequences",), "grid": ("grid_sequences",), "spectra": ("sequences",), "gates": ("sequences",),
           "lyapunov": ("trajectories", "steps")}
 FLAGS = {"sequences": "--sequences", "grid_sequences": "--grid-sequences", "trajectories": "--trajectories",
@@ -67,77 +63,6 @@ ESTIMATES = {"flow": f"‖∂y_T/∂z_k‖_F by Hutchinson ({PROBES} probes, sta
              "grid": f"grid by Hutchinson ({PROBES} probes, standard error in tT_grid_se)",
              "spectra": f"top singular values by subspace iteration ({ITERATIONS} iterations, Ritz bound in step_sv_bound)",
              "gates": f"‖J_t‖_F by Hutchinson ({PROBES} probes, standard error in gate_norm_se)"}
-DEFAULT_BUDGET = 60.0  # seconds for the whole command, all parts and checkpoints (600 per part before #37)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DynamicsOptions:
-    """What to compute. ``sequences`` probe sequences per condition; ``steps`` and ``warmup`` of each of
-    ``trajectories`` Lyapunov trajectories, re-orthonormalised every ``reorth`` steps.
-
-    None (the default of parts, sequences, grid_sequences, trajectories, steps, exponents): the plan
-    chooses, the most of each (every part; 8, 4, 8, 1000, all D) that fits ``budget_seconds`` for the
-    whole command, and says what it chose. Given explicitly, an option is kept as given, and work that
-    does not fit the budget is an error naming ``budget_seconds``."""
-
-    parts: tuple[str, ...] | None = None
-    sequences: int | None = None  # per condition
-    grid_sequences: int | None = None
-    sv: int = 8  # top singular values kept per step Jacobian
-    trajectories: int | None = None
-    steps: int | None = None
-    warmup: int | None = None  # None: a tenth of the steps, at most 100
-    reorth: int = 1
-    seed: int = 0
-    device: str = "auto"
-    exponents: int | None = None  # None: all D when they fit the time budget, else the top k that fit
-    qr_dtype: str = "float64"
-    budget_seconds: float = DEFAULT_BUDGET  # the whole command's estimated wall time (dynamics_cost)
-    top_sv: InitVar[int | None] = None  # sv's name before issue #24 (a keyword only; read sv)
-
-    def __post_init__(self, top_sv: int | None) -> None:
-        """Types and ranges; the memory and time the sizes imply are checked once the model is known
-        (:func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
-        if top_sv is not None:
-            warnings.warn("DynamicsOptions(top_sv=…) is now sv=…, as its flag", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "sv", top_sv)
-        if isinstance(self.parts, str):
-            object.__setattr__(self, "parts", tuple(p.strip() for p in self.parts.split(",") if p.strip()))
-        if self.parts is not None:
-            check(isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts),
-                  f"parts: got {self.parts!r}; valid parts are {', '.join(PARTS)}")
-            bad = [p for p in self.parts if p not in PARTS]
-            check(not bad and bool(self.parts), f"parts: got {', '.join(bad) or 'none'}; valid parts are {', '.join(PARTS)}")
-            object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
-        for name in ("sequences", "grid_sequences", "sv", "trajectories", "steps", "reorth"):
-            if getattr(self, name) is not None or name in ("sv", "reorth"):
-                object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
-        if self.warmup is None and self.steps is not None:
-            object.__setattr__(self, "warmup", min(100, self.steps // 10))
-        if self.warmup is not None:
-            top = self.steps if self.steps is not None else LADDERS["steps"][0]
-            check(not isinstance(self.warmup, bool) and isinstance(self.warmup, int) and 0 <= self.warmup < top,
-                  f"warmup: got {self.warmup!r}; it must be an integer in [0, {top - 1}] (below steps = {top}; "
-                  f"leave it out for a tenth of the steps, here {min(100, top // 10)})")
-        if self.exponents is not None:
-            object.__setattr__(self, "exponents", as_count(self.exponents, "exponents", 1, MAX_COUNT))
-        check(self.qr_dtype in QR_DTYPES, f"qr_dtype: got {self.qr_dtype!r}; valid values are {', '.join(QR_DTYPES)}")
-        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
-              and 0 < self.budget_seconds < math.inf,
-              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
-        object.__setattr__(self, "seed", as_seed(self.seed, "seed"))
-        check(self.seed < 2**63 - 1, f"seed: got {self.seed}; it must be below {2**63 - 1} (trajectories use seed + 1)")
-        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
-
-    @property
-    def resolved(self) -> bool:
-        """Whether every option the plan chooses is set (as :attr:`DynamicsPlan.options` is)."""
-        return None not in (self.parts, self.sequences, self.grid_sequences, self.trajectories, self.steps)
-
-    def filled(self) -> "DynamicsOptions":
-        """Every option left out set to the largest it may take (the defaults before issue #37)."""
-        top = {name: ladder[0] for name, ladder in LADDERS.items() if getattr(self, name) is None}
-        return dataclasses.replace(self, parts=self.parts or PARTS, **top)
 
 
 def core_shape(core: nn.Module, width: int) -> CoreShape:

@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import warnings
 import json
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,107 +16,26 @@ import xarray as xr
 from torch import nn
 
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
-from gradscope.analysis.jacobian import METHODS
-from gradscope.analysis.stability import ESTIMATORS, PAIRS, StabilityPlan, plan_stability, probe_stability
+from gradscope.analysis.stability import PAIRS, StabilityPlan, plan_stability, probe_stability
 from gradscope.config import ModelConfig
 from gradscope.errors import check
 from gradscope.guard import check_bytes
 from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.records import CheckpointResult
 from gradscope.store.stability import probe_table_source, probes_from_store, stability_dataset
-from gradscope.tasks.probes import (GROUPS, Probes, check_probes_fit, frequency_groups, make_probes, read_counts_file,
+from gradscope.tasks.probes import (Probes, check_probes_fit, frequency_groups, make_probes, read_counts_file,
                                     read_probe_arrays, validate_probes)
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import TASKS, probe_tasks
 from gradscope.workflows.lm import PROBE_GROUPS, TEXT, lm_probes, lm_task
-from gradscope.workflows.common import (MAX_COUNT, as_count, as_seed, conditions_for, config_attrs,
+from gradscope.workflows.common import (conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
 from gradscope.tasks import make_task
 from gradscope.tasks.config import TaskConfig
-
-# Names the options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
-RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
-                   "probes_file": "probes", "chunk": "batch_size", "top_sv": "sv"}
+from gradscope.workflows.options import RENAMED_OPTIONS, StabilityOptions  # declared there, torch-free (--help)
 
 
-
-@dataclass(frozen=True, kw_only=True)
-class StabilityOptions:
-    """How to probe; each field is named as its ``gradscope stability`` flag (``target_pos`` is
-    ``--target-pos``). Empty group tuples mean: the four {frequent, rare}² conditions for a
-    dual-frequency checkpoint, all/all for a uniform one."""
-
-    target_freq: tuple[str, ...] = ()  # target groups
-    disturbant: tuple[str, ...] = ()  # disturbant groups
-    target_pos: int = 1  # the target position p, 1-based
-    triplets: int = 64  # per condition
-    probes: Path | None = None  # a probes file (.npy, .npz or a stability store)
-    seed: int = 0
-    method: str = "auto"
-    batch_size: int = 32  # triplets per Jacobian batch
-    sv: int = 64  # singular values kept per Jacobian
-    device: str = "auto"
-    # a user's own model (``--model-factory``): generated probes need token counts and a length;
-    # ``filler`` is the output phase's token (L copies after each probe), None for no output phase
-    token_counts: Path | None = None
-    length: int | None = None
-    filler: int | None = None
-    split: float = 0.5
-    corpus: Path | None = None  # lm checkpoints: this corpus directory instead of the recorded one (it moved)
-    # exact Jacobians, or a sketch with standard errors (issue #37): auto is exact wherever it fits
-    # budget_seconds (per checkpoint, estimated before any work) and memory; sketch_units fixes the sketch's size
-    estimator: str = "auto"
-    sketch_units: int | None = None
-    budget_seconds: float = 600.0
-    # the old names (RENAMED_OPTIONS), constructor keywords only: read the new names (opts.position is None)
-    target_groups: InitVar[tuple[str, ...] | None] = None
-    disturbant_groups: InitVar[tuple[str, ...] | None] = None
-    position: InitVar[int | None] = None
-    probes_file: InitVar[Path | None] = None
-    chunk: InitVar[int | None] = None
-    top_sv: InitVar[int | None] = None
-
-    def __post_init__(self, target_groups: Any, disturbant_groups: Any, position: Any, probes_file: Any, chunk: Any,
-                      top_sv: Any) -> None:
-        """Types and ranges (bounds that need the model, such as target_pos <= L, and the memory the
-        probes need are checked once the checkpoint is known)."""
-        old = dict(zip(RENAMED_OPTIONS, (target_groups, disturbant_groups, position, probes_file, chunk, top_sv)))
-        for name, value in old.items():
-            if value is not None:
-                warnings.warn(f"StabilityOptions({name}=…) is now {RENAMED_OPTIONS[name]}=…, as its flag",
-                              DeprecationWarning, stacklevel=3)
-                object.__setattr__(self, RENAMED_OPTIONS[name], value)
-        for name in ("target_freq", "disturbant"):
-            groups = getattr(self, name)
-            check(isinstance(groups, (tuple, list)) and all(isinstance(g, str) for g in groups),
-                  f"{name}: got {groups!r}; expected a tuple of groups ({', '.join(GROUPS)})")
-            object.__setattr__(self, name, tuple(dict.fromkeys(groups)))  # a group named twice is one condition
-        for name in ("target_pos", "triplets", "batch_size", "sv"):
-            object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
-        object.__setattr__(self, "seed", as_seed(self.seed))
-        check(self.method == "auto" or self.method in METHODS,
-              f"method: got {self.method!r}; valid values are auto, {', '.join(METHODS)}")
-        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
-        for name in ("probes", "token_counts"):
-            value = getattr(self, name)
-            check(value is None or isinstance(value, (str, Path)), f"{name}: got {type(value).__name__}; expected a path")
-            if isinstance(value, str):
-                object.__setattr__(self, name, Path(value))
-        if self.length is not None:
-            object.__setattr__(self, "length", as_count(self.length, "length", 1, MAX_COUNT))
-        if self.filler is not None:
-            object.__setattr__(self, "filler", as_count(self.filler, "filler", 0, MAX_COUNT))
-        check(isinstance(self.split, (int, float)) and not isinstance(self.split, bool) and 0 < self.split < 1,
-              f"split: got {self.split!r}; it must lie strictly between 0 and 1")
-        check(self.estimator in ESTIMATORS, f"estimator: got {self.estimator!r}; valid values are {', '.join(ESTIMATORS)}")
-        if self.sketch_units is not None:
-            object.__setattr__(self, "sketch_units", as_count(self.sketch_units, "sketch_units", 2, 1024))
-        check(self.estimator != "exact" or self.sketch_units is None,
-              "sketch_units: it sizes a sketch; with estimator 'exact' leave it out")
-        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
-              and 0 < self.budget_seconds < float("inf"),
-              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
 
 
 def read_probes_file(path: Path, length: int | None = None) -> Probes:

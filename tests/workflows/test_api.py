@@ -27,6 +27,10 @@ PYTHON_ONLY = {"stability": {"probes", "split"}, "dynamics": {"tokens", "traject
                "accuracy": set(), "summarize": {"source"}}
 
 
+def _flags(command) -> set[str]:  # noqa: ANN001 - every option, those generated from an options dataclass too
+    return {opt.lstrip("-").replace("-", "_") for p in command.get_params(typer.Context(command)) for opt in p.opts}
+
+
 def test_workflow_options_are_named_as_the_flags() -> None:
     commands = typer.main.get_command(app).commands
     for name in ("stability", "accuracy", "dynamics", "summarize"):
@@ -34,11 +38,11 @@ def test_workflow_options_are_named_as_the_flags() -> None:
         first, *rest = params.values()
         assert first.name == "source" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
         assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in rest), f"{name}: options are keywords only"
-        flags = {opt.lstrip("-").replace("-", "_") for p in commands[name].params for opt in p.opts}
+        flags = _flags(commands[name])
         options = {p.name for p in rest if p.kind is p.KEYWORD_ONLY}
         assert options - PYTHON_ONLY[name] <= flags, f"{name}: {sorted(options - PYTHON_ONLY[name] - flags)} have no flag"
     fields = {f for f in StabilityOptions.__dataclass_fields__ if f not in ("token_counts", "length", "filler", "split")}
-    flags = {opt.lstrip("-").replace("-", "_") for p in commands["stability"].params for opt in p.opts}
+    flags = _flags(commands["stability"])
     assert {f for f in fields if StabilityOptions.__dataclass_fields__[f]._field_type.name == "_FIELD"} <= flags
 
 

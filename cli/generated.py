@@ -1,0 +1,89 @@
+"""Options generated from an options dataclass (issue #39, part 2): each field declared with
+:func:`gradscope.fields.option` is one option, ``--<field name>`` (dashes for underscores), its help
+from the field, its default the field's default; the dataclass's ``__post_init__`` checks the
+values. Generated when the command is parsed or its help shown, so `gradscope --help` imports no
+model code; the command receives the values in ``ctx.meta[SETTINGS]`` and builds the dataclass with
+:func:`build_options`."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+from functools import lru_cache
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from typer.core import TyperCommand
+
+from .common import SETTINGS
+
+
+def click_params(params: list[inspect.Parameter]) -> list[Any]:
+    """The click options typer makes of ``params`` (a signature built here, as it makes written ones)."""
+
+    def generated(**_: Any) -> None:
+        """Generated options."""
+
+    generated.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    holder = typer.Typer(add_completion=False)
+    holder.command()(generated)
+    return list(typer.main.get_command(holder).params)
+
+
+def _cli_type(hint: Any) -> tuple[Any, bool]:
+    """(the option's type, repeatable) for a field's type: ``X | None`` is an optional X, a
+    ``tuple[X, ...]`` a repeatable option of X."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return _cli_type(inner[0]) if len(inner) == 1 else (str, False)
+    if typing.get_origin(hint) is tuple:
+        return args[0], True
+    return hint, False
+
+
+@lru_cache(maxsize=None)
+def field_params(cls: type) -> tuple[Any, ...]:
+    """One click option per field of ``cls`` that carries help (:func:`gradscope.fields.option`)."""
+    hints = typing.get_type_hints(cls)
+    params = []
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata:
+            continue
+        kind, repeat = _cli_type(hints[f.name])
+        flag = "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
+        default = None if repeat or f.default is dataclasses.MISSING else f.default
+        annotation = Annotated[Optional[list[kind]] if repeat else kind if default is not None else Optional[kind],
+                               typer.Option(flag, help=f.metadata["help"], show_default=default is not None)]
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+    return tuple(click_params(params))
+
+
+def build_options(cls: type, values: dict[str, Any], **more: Any) -> Any:
+    """``cls`` from the generated options' values (an option left out keeps the field's default)
+    and ``more`` (the command's own values of fields it has no generated option for)."""
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if v is not None and v not in ([], ())}
+    return cls(**given, **more)
+
+
+def generated_command(load: Callable[[], type], after: str | None = None) -> type[TyperCommand]:
+    """A TyperCommand class whose options also include ``load()``'s fields (:func:`field_params`),
+    inserted after the option named ``after`` (else first among the options)."""
+
+    class GeneratedCommand(TyperCommand):
+        def get_params(self, ctx: typer.Context) -> list[Any]:
+            params = super().get_params(ctx)
+            own = {p.name for p in params}
+            extra = [p for p in field_params(load()) if p.name not in own]
+            at = next((i + 1 for i, p in enumerate(params) if p.name == after),
+                      next((i for i, p in enumerate(params) if p.param_type_name == "option"), len(params)))
+            return params[:at] + extra + params[at:]
+
+        def invoke(self, ctx: typer.Context) -> Any:
+            names = {p.name for p in field_params(load())}
+            ctx.meta[SETTINGS] = {k: ctx.params.pop(k) for k in list(ctx.params) if k in names}
+            return super().invoke(ctx)
+
+    return GeneratedCommand

@@ -1,0 +1,192 @@
+"""The options of `gradscope stability` and `gradscope dynamics`, declared once (issue #39): each
+field made with :func:`gradscope.fields.option` carries its help and is the command's ``--<field>``
+flag (the CLI generates the flags from the fields, ``cli/generated.py``); the checks run only in
+``__post_init__``; the Python functions take the same names. Torch-free, so that a command's
+``--help`` builds its options without loading torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import InitVar, dataclass
+from pathlib import Path
+from typing import Any
+
+from gradscope.errors import check
+from gradscope.fields import ENGINES, ESTIMATORS, GROUPS, MAX_COUNT, as_count, as_seed, option
+
+# Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
+RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
+                   "probes_file": "probes", "chunk": "batch_size", "top_sv": "sv"}
+
+PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")  # the dynamics parts
+QR_DTYPE_NAMES = ("float64", "float32")
+# What a dynamics option left out (None) may take, largest first: the plan (workflows.dynamics.plan_dynamics)
+# starts at the largest, the defaults before issue #37, and steps down the biggest part's options until
+# the estimate fits the budget. Given explicitly, the same numbers reproduce any earlier store.
+LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250)}
+DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and checkpoints (600 per part before #37)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StabilityOptions:
+    """How to probe; each field is named as its ``gradscope stability`` flag (``target_pos`` is
+    ``--target-pos``). Empty group tuples mean: the four {frequent, rare}² conditions for a
+    dual-frequency checkpoint, all/all for a uniform one."""
+
+    # target groups
+    target_freq: tuple[str, ...] = option((), 'Target token group: frequent, rare or all (repeatable). Default: frequent and rare for dual-frequency checkpoints, all otherwise.')
+    # disturbant groups
+    disturbant: tuple[str, ...] = option((), 'Disturbant (prefix and suffix) group: frequent, rare or all (repeatable).')
+    # the target position p, 1-based
+    target_pos: int = option(1, 'Target position p (1-based) whose state z_p the Jacobian starts from.')
+    # per condition
+    triplets: int = option(64, 'Probe triplets per condition.')
+    # a probes file (.npy, .npz or a stability store)
+    probes: Path | None = option(None, "Explicit probes: .npy int64 (n, 3, L), .npz with 'tokens' (+ 'target_group', 'disturbant_group'), or a previous stability store.")
+    seed: int = option(0, 'Seed for the probes and the bootstrap.')
+    method: str = option("auto", 'Jacobian engine: auto, analytic, vjp or func.')
+    # triplets per Jacobian batch
+    batch_size: int = option(32, 'Triplets per Jacobian batch (bounds memory).')
+    # singular values kept per Jacobian
+    sv: int = option(64, 'Singular values kept per Jacobian.')
+    device: str = option("auto", 'auto (cuda when present), cpu, cuda or cuda:N.')
+    # a user's own model (``--model-factory``): generated probes need token counts and a length;
+    # ``filler`` is the output phase's token (L copies after each probe), None for no output phase
+    token_counts: Path | None = option(None, 'With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.')
+    length: int | None = option(None, "With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length).")
+    filler: int | None = option(None, 'With --model-factory: output phase of L copies of this token id after each probe (default: none).')
+    split: float = 0.5
+    # lm checkpoints: this corpus directory instead of the recorded one (it moved)
+    corpus: Path | None = option(None, "lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")
+    # exact Jacobians, or a sketch with standard errors (issue #37): auto is exact wherever it fits
+    # budget_seconds (per checkpoint, estimated before any work) and memory; sketch_units fixes the sketch's size
+    estimator: str = option("auto", 'auto (exact Jacobians wherever they fit --budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).')
+    sketch_units: int | None = option(None, 'Independent units of the sketch (default: the most in 4..16 that fit the budget).')
+    budget_seconds: float = option(600.0, "Time budget per checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.")
+    # the old names (RENAMED_OPTIONS), constructor keywords only: read the new names (opts.position is None)
+    target_groups: InitVar[tuple[str, ...] | None] = None
+    disturbant_groups: InitVar[tuple[str, ...] | None] = None
+    position: InitVar[int | None] = None
+    probes_file: InitVar[Path | None] = None
+    chunk: InitVar[int | None] = None
+    top_sv: InitVar[int | None] = None
+
+    def __post_init__(self, target_groups: Any, disturbant_groups: Any, position: Any, probes_file: Any, chunk: Any,
+                      top_sv: Any) -> None:
+        """Types and ranges (bounds that need the model, such as target_pos <= L, and the memory the
+        probes need are checked once the checkpoint is known)."""
+        old = dict(zip(RENAMED_OPTIONS, (target_groups, disturbant_groups, position, probes_file, chunk, top_sv)))
+        for name, value in old.items():
+            if value is not None:
+                warnings.warn(f"StabilityOptions({name}=…) is now {RENAMED_OPTIONS[name]}=…, as its flag",
+                              DeprecationWarning, stacklevel=3)
+                object.__setattr__(self, RENAMED_OPTIONS[name], value)
+        for name in ("target_freq", "disturbant"):
+            groups = getattr(self, name)
+            check(isinstance(groups, (tuple, list)) and all(isinstance(g, str) for g in groups),
+                  f"{name}: got {groups!r}; expected a tuple of groups ({', '.join(GROUPS)})")
+            object.__setattr__(self, name, tuple(dict.fromkeys(groups)))  # a group named twice is one condition
+        for name in ("target_pos", "triplets", "batch_size", "sv"):
+            object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
+        object.__setattr__(self, "seed", as_seed(self.seed))
+        check(self.method == "auto" or self.method in ENGINES,
+              f"method: got {self.method!r}; valid values are auto, {', '.join(ENGINES)}")
+        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
+        for name in ("probes", "token_counts"):
+            value = getattr(self, name)
+            check(value is None or isinstance(value, (str, Path)), f"{name}: got {type(value).__name__}; expected a path")
+            if isinstance(value, str):
+                object.__setattr__(self, name, Path(value))
+        if self.length is not None:
+            object.__setattr__(self, "length", as_count(self.length, "length", 1, MAX_COUNT))
+        if self.filler is not None:
+            object.__setattr__(self, "filler", as_count(self.filler, "filler", 0, MAX_COUNT))
+        check(isinstance(self.split, (int, float)) and not isinstance(self.split, bool) and 0 < self.split < 1,
+              f"split: got {self.split!r}; it must lie strictly between 0 and 1")
+        check(self.estimator in ESTIMATORS, f"estimator: got {self.estimator!r}; valid values are {', '.join(ESTIMATORS)}")
+        if self.sketch_units is not None:
+            object.__setattr__(self, "sketch_units", as_count(self.sketch_units, "sketch_units", 2, 1024))
+        check(self.estimator != "exact" or self.sketch_units is None,
+              "sketch_units: it sizes a sketch; with estimator 'exact' leave it out")
+        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
+              and 0 < self.budget_seconds < float("inf"),
+              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicsOptions:
+    """What to compute. ``sequences`` probe sequences per condition; ``steps`` and ``warmup`` of each of
+    ``trajectories`` Lyapunov trajectories, re-orthonormalised every ``reorth`` steps.
+
+    None (the default of parts, sequences, grid_sequences, trajectories, steps, exponents): the plan
+    chooses, the most of each (every part; 8, 4, 8, 1000, all D) that fits ``budget_seconds`` for the
+    whole command, and says what it chose. Given explicitly, an option is kept as given, and work that
+    does not fit the budget is an error naming ``budget_seconds``."""
+
+    parts: tuple[str, ...] | None = option(None, 'flow, grid, spectra, gates, lyapunov (comma-separated or repeated; default: every part that fits --budget-seconds; the plan says which).')
+    # per condition
+    sequences: int | None = option(None, 'Probe sequences per condition (flow, spectra, gates; default: 8, fewer if that does not fit --budget-seconds).')
+    grid_sequences: int | None = option(None, 'Sequences for the (t, T) grid (default: 4, fewer if that does not fit).')
+    # top singular values kept per step Jacobian
+    sv: int = option(8, 'Top singular values kept per step Jacobian.')
+    trajectories: int | None = option(None, 'Lyapunov trajectories (default: 8, fewer if that does not fit).')
+    steps: int | None = option(None, "Steps per Lyapunov trajectory, the task's episodes back to back (default: 1000, fewer if that does not fit).")
+    # None: a tenth of the steps, at most 100
+    warmup: int | None = option(None, 'Warm-up steps discarded from the Lyapunov estimate (default: a tenth of --steps, at most 100).')
+    reorth: int = option(1, 'Re-orthonormalise every k steps (product of k step Jacobians first).')
+    seed: int = option(0, 'Seed of the probes and trajectories.')
+    device: str = option("auto", 'auto (cuda when present), cpu, cuda or cuda:N.')
+    # None: all D when they fit the time budget, else the top k that fit
+    exponents: int | None = option(None, 'Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).')
+    qr_dtype: str = option("float64", "dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).")
+    # the whole command's estimated wall time (dynamics_cost)
+    budget_seconds: float = option(DEFAULT_BUDGET, "Time budget of the whole command (every part and checkpoint), estimated before any work at this workplace's measured CPU rates; options left out shrink to fit it.")
+    top_sv: InitVar[int | None] = None  # sv's name before issue #24 (a keyword only; read sv)
+
+    def __post_init__(self, top_sv: int | None) -> None:
+        """Types and ranges; the memory and time the sizes imply are checked once the model is known
+        (:func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
+        if top_sv is not None:
+            warnings.warn("DynamicsOptions(top_sv=…) is now sv=…, as its flag", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "sv", top_sv)
+        if isinstance(self.parts, str):
+            object.__setattr__(self, "parts", tuple(p.strip() for p in self.parts.split(",") if p.strip()))
+        elif isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts):  # --parts a,b --parts c
+            object.__setattr__(self, "parts", tuple(q.strip() for p in self.parts for q in p.split(",") if q.strip()))
+        if self.parts is not None:
+            check(isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts),
+                  f"parts: got {self.parts!r}; valid parts are {', '.join(PARTS)}")
+            bad = [p for p in self.parts if p not in PARTS]
+            check(not bad and bool(self.parts), f"parts: got {', '.join(bad) or 'none'}; valid parts are {', '.join(PARTS)}")
+            object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
+        for name in ("sequences", "grid_sequences", "sv", "trajectories", "steps", "reorth"):
+            if getattr(self, name) is not None or name in ("sv", "reorth"):
+                object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
+        if self.warmup is None and self.steps is not None:
+            object.__setattr__(self, "warmup", min(100, self.steps // 10))
+        if self.warmup is not None:
+            top = self.steps if self.steps is not None else LADDERS["steps"][0]
+            check(not isinstance(self.warmup, bool) and isinstance(self.warmup, int) and 0 <= self.warmup < top,
+                  f"warmup: got {self.warmup!r}; it must be an integer in [0, {top - 1}] (below steps = {top}; "
+                  f"leave it out for a tenth of the steps, here {min(100, top // 10)})")
+        if self.exponents is not None:
+            object.__setattr__(self, "exponents", as_count(self.exponents, "exponents", 1, MAX_COUNT))
+        check(self.qr_dtype in QR_DTYPE_NAMES, f"qr_dtype: got {self.qr_dtype!r}; valid values are {', '.join(QR_DTYPE_NAMES)}")
+        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
+              and 0 < self.budget_seconds < math.inf,
+              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
+        object.__setattr__(self, "seed", as_seed(self.seed, "seed"))
+        check(self.seed < 2**63 - 1, f"seed: got {self.seed}; it must be below {2**63 - 1} (trajectories use seed + 1)")
+        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
+
+    @property
+    def resolved(self) -> bool:
+        """Whether every option the plan chooses is set (as :attr:`DynamicsPlan.options` is)."""
+        return None not in (self.parts, self.sequences, self.grid_sequences, self.trajectories, self.steps)
+
+    def filled(self) -> "DynamicsOptions":
+        """Every option left out set to the largest it may take (the defaults before issue #37)."""
+        top = {name: ladder[0] for name, ladder in LADDERS.items() if getattr(self, name) is None}
+        return dataclasses.replace(self, parts=self.parts or PARTS, **top)
