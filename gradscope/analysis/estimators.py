@@ -42,6 +42,17 @@ def _repeat(x: Tensor, z: Tensor, m: int) -> tuple[Tensor, Tensor]:
     return x.repeat_interleave(m, dim=0), z.repeat_interleave(m, dim=0)
 
 
+def _chunked(fn, x: Tensor, z: Tensor, V: Tensor) -> Tensor:  # noqa: ANN001 - fn(x, z, V) → (B, m, D)
+    """fn over row blocks of at most :data:`~gradscope.analysis.cost.VJP_CHUNK` numbers (B·m·D): a reverse pass at real size slows 5×
+    past ~8 rows of a mamba-130m state (1.49 s for 16 rows, 0.29 s for 8; measured on this workplace's
+    CPU), so rows go 8 at a time there; small models run in one go, so their numbers do not change."""
+    B, m, D = V.shape
+    per = max(1, VJP_CHUNK // max(1, B * D))
+    if m <= per:
+        return fn(x, z, V)
+    return torch.cat([fn(x, z, V[:, i:i + per]) for i in range(0, m, per)], dim=1)
+
+
 def _jvp_columns(core: nn.Module, x: Tensor, z: Tensor, V: Tensor, t: int) -> Tensor:
     """J_t V for V (B, m, D) column blocks: (B, m, D), through ``torch.func.jvp`` (or the core's own
     ``step_jvp``), J_t never formed. (Forward mode has no slowdown past a few columns: one call.)"""
@@ -56,16 +67,8 @@ def _jvp_columns(core: nn.Module, x: Tensor, z: Tensor, V: Tensor, t: int) -> Te
 
 
 def _vjp_rows(core: nn.Module, x: Tensor, z: Tensor, U: Tensor, t: int) -> Tensor:
-    """U J_t for U (B, m, D): (B, m, D) by reverse mode. Rows that fit one call of
-    :data:`~gradscope.analysis.cost.VJP_CHUNK` numbers ride in the batch (one forward and one reverse
-    pass at batch B·m); beyond it (a real-size state) the step runs forward once at batch B and its
-    pullback is applied to one row at a time: 16 rows of a mamba-130m step took 0.56 s against 0.70 s
-    in two blocks of 8 (each with its own forward at batch 8B), one thread on this workplace's CPU."""
-    B, m, D = U.shape
-    if m * B * D <= VJP_CHUNK:
-        return _vjp_block(core, x, z, U, t)
-    _, pullback = torch.func.vjp(lambda s: step_at(core, x, s, t)[1], z)
-    return torch.stack([pullback(U[:, i])[0] for i in range(m)], dim=1)
+    """U J_t for U (B, m, D): (B, m, D) by reverse mode, in chunks of rows (:func:`_chunked`)."""
+    return _chunked(lambda xc, zc, Uc: _vjp_block(core, xc, zc, Uc, t), x, z, U)
 
 
 def _vjp_block(core: nn.Module, x: Tensor, z: Tensor, U: Tensor, t: int) -> Tensor:

@@ -100,27 +100,3 @@ def test_flow_with_no_more_outputs_than_probes_is_exact() -> None:
         est, se = flow_hutchinson(model.core, x, prev, generator=torch.Generator().manual_seed(0))
         torch.testing.assert_close(est, exact, rtol=1e-12, atol=1e-12, equal_nan=True)
         assert (se[torch.isfinite(est)] == 0).all()
-
-
-def test_rows_past_the_chunk_take_one_forward_and_give_the_same_products(monkeypatch) -> None:  # noqa: ANN001
-    """Past VJP_CHUNK numbers (a real-size state) U·J_t is one forward at batch B and a pullback per
-    row; it equals the batched product (float64: the same numbers up to summation order)."""
-    from gradscope.analysis import estimators
-    from gradscope.models.core import step_at
-
-    for name in CORES:
-        model, tokens, x, prev = _setup(name)
-        core = model.core.double()
-        xt, zt = x[:, 2].double(), prev[:, 2].double()
-        U = torch.randn(2, 5, zt.shape[-1], generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-        batched = estimators._vjp_rows(core, xt, zt, U, 2)
-        calls = []
-        monkeypatch.setattr(estimators, "VJP_CHUNK", 1)
-        monkeypatch.setattr(estimators, "step_at", lambda *a: calls.append(1) or step_at(*a))
-        rows = estimators._vjp_rows(core, xt, zt, U, 2)
-        monkeypatch.undo()
-        assert len(calls) == 1  # one forward for every row
-        torch.testing.assert_close(rows, batched, rtol=1e-12, atol=1e-12)
-        want = torch.stack([torch.autograd.functional.vjp(lambda s: step_at(core, xt, s, 2)[1], zt, U[:, i])[1]
-                            for i in range(5)], 1)
-        torch.testing.assert_close(rows, want, rtol=1e-12, atol=1e-12)
