@@ -47,4 +47,4 @@ def use_checkout_folders() -> None:
     if not all((root / f / "__init__.py").is_file() for f in FOLDERS):
         return
     if not any(isinstance(f, CheckoutFinder) for f in sys.meta_path):
-        sys.meta_path.append(CheckoutFinder(root))
+        sys.meta_path.insert(0, CheckoutFinder(root))  # before an editable install's finder of another checkout
