@@ -10,8 +10,9 @@ from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from .common import check_out, command_line, default_out, given, make_console, refuse_given
+from .common import SETTINGS, check_out, command_line, default_out, given, make_console, refuse_given
 from .errors import user_errors
+from .generated import build_options, generated_command
 from .progress import make_progress
 
 if TYPE_CHECKING:
@@ -20,21 +21,6 @@ if TYPE_CHECKING:
 
 console = make_console()
 Opt = typer.Option
-
-
-def parse_bins(text: str) -> int | tuple[int, ...]:
-    """'4' → 4 equal bins; '0,8,64' → explicit 0-based edges."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise GradscopeError(f"--bins: got {text!r}; give a number of bins (4) or edges (0,16,32,64)") from None
-    if len(values) == 1:
-        if values[0] < 1:
-            raise GradscopeError(f"--bins: got {values[0]}; need at least 1 bin")
-        return values[0]
-    if values != sorted(set(values)) or values[0] != 0:
-        raise GradscopeError(f"--bins: got {text!r}; edges must start at 0 and increase")
-    return tuple(values)
 
 
 def overview_table(results: list[AccuracyResult]) -> Table:
@@ -125,20 +111,21 @@ def lm_table(result: Any) -> Any:
     return table
 
 
+def _accuracy_options() -> type:
+    from gradscope.workflows.options import AccuracyOptions  # torch-free: --help builds the options from it
+    return AccuracyOptions
+
+
+# the evaluation options (each --<field>, its help and default from AccuracyOptions' field) are generated
+AccuracyCommand = generated_command(_accuracy_options, after="overwrite")
+
+
 @user_errors
 def accuracy_command(
     ctx: typer.Context,
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint, oldest first).", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: accuracy-<name>.zarr).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
-    bins: Annotated[Optional[str], Opt(help="Target-position bins of the grid: a count or 0-based edges (0,8,64). Default: 4 (quarters); refused for a checkpoint without a grid.", show_default=False)] = None,
-    grid: Annotated[Optional[bool], Opt("--grid/--no-grid", help="Require (or skip) the frequency grid. Default: evaluate it when the checkpoint has one.")] = None,
-    device: Annotated[str, Opt(help="auto (cuda when present), cpu, cuda or cuda:N.")] = "auto",
-    batch_size: Annotated[int, Opt(help="Sequences per forward pass.")] = 1024,
-    decoding: Annotated[str, Opt(help="Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.")] = "both",
-    resamples: Annotated[int, Opt(help="reverse-continuous: bootstrap resamples of the per-position cosine-similarity CIs.")] = 10_000,
-    seed: Annotated[int, Opt(help="reverse-continuous: seed of the bootstrap resamples.")] = 0,
-    corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="With --text: hf or hf:CLASS, a transformers causal LM from the save_pretrained directory given as CHECKPOINT.")] = None,
     text: Annotated[Optional[Path], Opt(help="A raw UTF-8 text to score a pretrained LM on (with --model hf): perplexity and accuracy by token frequency and position, with bootstrap CIs over paragraphs (docs/real-text.md).")] = None,
     counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency bins (default: the scored text).")] = None,
@@ -153,15 +140,13 @@ def accuracy_command(
     from gradscope.store.records import AccuracyResult, CosineResult
     from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
 
+    settings = ctx.meta.get(SETTINGS, {})
     if text is not None or model_factory is not None:
-        text_command(ctx, checkpoints, out, overwrite, device, batch_size, resamples, seed, model_factory, text,
-                     counts_text, tokenizer, max_length, quiet)
+        text_command(ctx, checkpoints, out, overwrite, settings, model_factory, text, counts_text, tokenizer,
+                     max_length, quiet)
         return
     refuse_given(ctx, ["counts_text", "tokenizer", "max_length"], "they apply to --text (a pretrained LM on raw text)")
-    # batch_size, decoding, resamples and seed are checked in AccuracyOptions.__post_init__
-    opts = AccuracyOptions(bins=None if bins is None else parse_bins(bins), grid=grid, device=device, batch_size=batch_size, decoding=decoding,
-                           resamples=resamples if given(ctx, "resamples") else None,
-                           seed=seed if given(ctx, "seed") else None, corpus=None if corpus is None else str(corpus))
+    opts = build_options(AccuracyOptions, settings)  # every value checked in AccuracyOptions.__post_init__
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
     with make_progress(console) as progress:
@@ -214,8 +199,8 @@ def text_table(ds: Any) -> Any:
     return table
 
 
-def text_command(ctx: typer.Context, checkpoints: list[Path], out: Optional[Path], overwrite: bool, device: str,
-                 batch_size: int, resamples: int, seed: int, model_factory: Optional[str], text: Optional[Path],
+def text_command(ctx: typer.Context, checkpoints: list[Path], out: Optional[Path], overwrite: bool,
+                 settings: dict[str, Any], model_factory: Optional[str], text: Optional[Path],
                  counts_text: Optional[Path], tokenizer: Optional[Path], max_length: int, quiet: bool) -> None:
     """``accuracy DIR --model hf --text FILE``: parse → gradscope.workflows.text_accuracy → table + store."""
     from gradscope.store.io import write_store
@@ -229,9 +214,10 @@ def text_command(ctx: typer.Context, checkpoints: list[Path], out: Optional[Path
         raise GradscopeError("checkpoint: with --text give exactly one model directory")
     opts = TextAccuracyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
                                tokenizer=None if tokenizer is None else str(tokenizer), max_length=max_length,
-                               batch_size=batch_size if given(ctx, "batch_size") else 16,
-                               resamples=resamples if given(ctx, "resamples") else DEFAULT_RESAMPLES, seed=seed,
-                               device=device)
+                               batch_size=settings["batch_size"] if given(ctx, "batch_size") else 16,
+                               resamples=DEFAULT_RESAMPLES if settings.get("resamples") is None else settings["resamples"],
+                               seed=0 if settings.get("seed") is None else settings["seed"],
+                               device=settings.get("device", "auto"))
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
     with make_progress(console) as progress:

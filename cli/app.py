@@ -7,7 +7,7 @@ from typing import IO, Any
 import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
-from .accuracy import accuracy_command
+from .accuracy import AccuracyCommand, accuracy_command
 from .corpus import corpus_app
 from .dynamics import DynamicsCommand, dynamics_command
 from .errors import err_console
@@ -64,7 +64,7 @@ app = typer.Typer(
 )
 app.command("train", cls=TrainCommand)(train_command)
 app.command("stability", cls=StabilityCommand)(stability_command)
-app.command("accuracy")(accuracy_command)
+app.command("accuracy", cls=AccuracyCommand)(accuracy_command)
 app.command("dynamics", cls=DynamicsCommand)(dynamics_command)
 app.command("summarize")(summarize_command)
 app.command("report")(report_command)

@@ -54,6 +54,8 @@ def field_params(cls: type) -> tuple[Any, ...]:
             continue
         kind, repeat = _cli_type(hints[f.name])
         flag = "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
+        if kind is bool:  # a switch both ways: --grid/--no-grid (None: neither given)
+            flag = f"{flag}/--no-{flag[2:]}"
         default = None if repeat or f.default is dataclasses.MISSING else f.default
         annotation = Annotated[Optional[list[kind]] if repeat else kind if default is not None else Optional[kind],
                                typer.Option(flag, help=f.metadata["help"], show_default=default is not None)]

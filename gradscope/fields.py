@@ -46,6 +46,8 @@ def option(default: Any, help: str, *, short: str | None = None, alias: str | No
 GROUPS = ("frequent", "rare", "all")  # probe token groups (SPEC §3's dual vocabulary; all: the whole of it)
 ENGINES = ("func", "vjp", "analytic")  # the Jacobian engines (gradscope.analysis.jacobian.METHODS)
 ESTIMATORS = ("auto", "exact", "sketch")  # exact stability Jacobians, or a sketch with standard errors
+DEFAULT_BINS = 4  # target positions are reported in quarters unless told otherwise
+MAX_RESAMPLES = 10_000_000  # beyond this a bootstrap takes hours and its CI no longer changes
 
 
 # --- integers from outside, torch-free (the CLI's help builds options without loading torch) ---------

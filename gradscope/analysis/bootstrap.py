@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from gradscope.errors import check
+from gradscope.fields import MAX_RESAMPLES  # declared with the options
 
 METHODS = ("percentile", "bca", "basic", "t")
 FEW_TRIALS = 10  # below this, bootstrap intervals under-cover noticeably (see module docstring)
 MAX_ELEMENTS = 1 << 24  # resample values held at once (~128 MiB float64); bounds token-level resampling
-MAX_RESAMPLES = 10_000_000  # beyond this a bootstrap takes hours and its CI no longer changes
 
 
 @dataclass(frozen=True)

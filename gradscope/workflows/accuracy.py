@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,14 +10,10 @@ import numpy as np
 import torch
 import xarray as xr
 
-from gradscope.analysis.accuracy import (DEFAULT_BINS, bins_arg, binned_counts, grid_counts, grid_item_counts,
-                                         token_correct)
-from gradscope.analysis.bootstrap import MAX_RESAMPLES
+from gradscope.analysis.accuracy import bins_arg, binned_counts, grid_counts, grid_item_counts, token_correct
 from gradscope.analysis.cosine import cosine_similarity, position_mean_ci
 from gradscope.analysis.distance import sequence_dl_distances
 from gradscope.errors import check
-from gradscope.fields import one_of
-from gradscope.guard import as_int
 from gradscope.config import RunConfig
 from gradscope.store.accuracy import accuracy_dataset
 from gradscope.store.parts import record_checkpoint_configs
@@ -28,58 +23,10 @@ from gradscope.tasks import TASKS, Batch, grid_batch, make_task
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.train.evaluate import predict, predict_decoded, predict_vectors
-from gradscope.workflows.common import (MAX_COUNT, as_count, checkpoint_sources, config_attrs, expand_checkpoints,
-                                        load_source)
+from gradscope.workflows.common import checkpoint_sources, config_attrs, expand_checkpoints, load_source
 from gradscope.workflows.lm import evaluate_lm_checkpoint
+from gradscope.workflows.options import AccuracyOptions  # declared there, torch-free (a command's --help)
 
-DECODING_CHOICES = ("both", "autoregressive", "teacher")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AccuracyOptions:
-    """Each field is named as its ``gradscope accuracy`` flag. ``grid``: None = evaluate the grid when
-    the checkpoint has one; True = require it, False = skip it. ``batch_size``: sequences per forward pass.
-    ``decoding`` (feedback models, paper App. B.2): both = self-fed (autoregressive, the main
-    figures) and ground-truth fed (teacher) side by side, or one of them. ``resamples``: bootstrap
-    resamples of the per-position cosine-similarity intervals (vector tasks; None: 10,000), seeded by
-    ``seed`` (None: 0). An option given (not None) where it does not apply (resamples or seed on a
-    token task, corpus on a checkpoint that is not lm) is refused, not ignored."""
-
-    bins: int | tuple[int, ...] | None = None  # None: 4 (quarters) where there is a grid
-    grid: bool | None = None
-    device: str = "auto"
-    batch_size: int = 1024
-    decoding: str = "both"
-    resamples: int | None = None
-    seed: int | None = None
-    corpus: str | None = None  # lm checkpoints: read this corpus directory instead of the recorded one
-    chunk: InitVar[int | None] = None  # batch_size's name before issue #24 (a keyword only; read batch_size)
-
-    def __post_init__(self, chunk: int | None) -> None:
-        if chunk is not None:
-            warnings.warn("AccuracyOptions(chunk=…) is now batch_size=…, as its flag", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "batch_size", chunk)
-        object.__setattr__(self, "batch_size", as_count(self.batch_size, "batch_size", 1, MAX_COUNT))
-        one_of("decoding", self.decoding, DECODING_CHOICES)
-        if self.resamples is not None:
-            as_int(self.resamples, "resamples", 1, MAX_RESAMPLES)
-        if self.seed is not None:
-            as_int(self.seed, "seed", 0, 2**63 - 1)
-
-    def bins_for(self, length: int | None) -> int | tuple[int, ...]:
-        """The bins of a grid of ``length`` target positions: as given, else quarters (fewer bins when
-        the grid has fewer than 4 positions: the default must not fail where the grid is short)."""
-        if self.bins is not None:
-            return self.bins
-        return DEFAULT_BINS if length is None else min(DEFAULT_BINS, length)
-
-    @property
-    def resamples_used(self) -> int:
-        return 10_000 if self.resamples is None else self.resamples
-
-    @property
-    def seed_used(self) -> int:
-        return 0 if self.seed is None else self.seed
 
 
 def decodings_for(loaded: Loaded, opts: AccuracyOptions) -> tuple[str, ...]:

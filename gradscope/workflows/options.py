@@ -1,4 +1,4 @@
-"""The options of `gradscope stability` and `gradscope dynamics`, declared once (issue #39): each
+"""The options of `gradscope stability`, `gradscope dynamics` and `gradscope accuracy`, declared once (issue #39): each
 field made with :func:`gradscope.fields.option` carries its help and is the command's ``--<field>``
 flag (the CLI generates the flags from the fields, ``cli/generated.py``); the checks run only in
 ``__post_init__``; the Python functions take the same names. Torch-free, so that a command's
@@ -13,8 +13,9 @@ from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
-from gradscope.errors import check
-from gradscope.fields import ENGINES, ESTIMATORS, GROUPS, MAX_COUNT, as_count, as_seed, option
+from gradscope.errors import GradscopeError, check
+from gradscope.fields import (DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, as_count,
+                              as_int, as_seed, one_of, option)
 
 # Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
 RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
@@ -26,6 +27,7 @@ QR_DTYPE_NAMES = ("float64", "float32")
 # starts at the largest, the defaults before issue #37, and steps down the biggest part's options until
 # the estimate fits the budget. Given explicitly, the same numbers reproduce any earlier store.
 LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250)}
+DECODING_CHOICES = ("both", "autoregressive", "teacher")  # a feedback model's decodings (paper App. B.2)
 DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and checkpoints (600 per part before #37)
 
 
@@ -190,3 +192,69 @@ class DynamicsOptions:
         """Every option left out set to the largest it may take (the defaults before issue #37)."""
         top = {name: ladder[0] for name, ladder in LADDERS.items() if getattr(self, name) is None}
         return dataclasses.replace(self, parts=self.parts or PARTS, **top)
+
+
+def parse_bins(text: str) -> int | tuple[int, ...]:
+    """'4' → 4 equal bins; '0,8,64' → explicit 0-based edges."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise GradscopeError(f"bins: got {text!r}; give a number of bins (4) or edges (0,16,32,64)") from None
+    if len(values) == 1:
+        if values[0] < 1:
+            raise GradscopeError(f"bins: got {values[0]}; need at least 1 bin")
+        return values[0]
+    if values != sorted(set(values)) or values[0] != 0:
+        raise GradscopeError(f"bins: got {text!r}; edges must start at 0 and increase")
+    return tuple(values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccuracyOptions:
+    """Each field is named as its ``gradscope accuracy`` flag. ``grid``: None = evaluate the grid when
+    the checkpoint has one; True = require it, False = skip it. ``batch_size``: sequences per forward pass.
+    ``decoding`` (feedback models, paper App. B.2): both = self-fed (autoregressive, the main
+    figures) and ground-truth fed (teacher) side by side, or one of them. ``resamples``: bootstrap
+    resamples of the per-position cosine-similarity intervals (vector tasks; None: 10,000), seeded by
+    ``seed`` (None: 0). An option given (not None) where it does not apply (resamples or seed on a
+    token task, corpus on a checkpoint that is not lm) is refused, not ignored."""
+
+    # None: 4 (quarters) where there is a grid
+    bins: int | tuple[int, ...] | str | None = option(None, 'Target-position bins of the grid: a count or 0-based edges (0,8,64). Default: 4 (quarters; one per position on a shorter grid); refused for a checkpoint without a grid.')
+    grid: bool | None = option(None, 'Require (--grid) or skip (--no-grid) the frequency grid. Default: evaluate it when the checkpoint has one.')
+    device: str = option("auto", 'auto (cuda when present), cpu, cuda or cuda:N.')
+    batch_size: int = option(1024, 'Sequences per forward pass (with --text: rows per forward pass, default 16).')
+    decoding: str = option("both", 'Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.')
+    resamples: int | None = option(None, 'Bootstrap resamples: of the per-position cosine-similarity CIs (reverse-continuous; default 10,000), or with --text of the CIs over paragraphs (default 1,000).')
+    seed: int | None = option(None, 'Seed of the bootstrap resamples (reverse-continuous, or --text; default 0).')
+    # lm checkpoints: read this corpus directory instead of the recorded one
+    corpus: str | None = option(None, "lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")
+    chunk: InitVar[int | None] = None  # batch_size's name before issue #24 (a keyword only; read batch_size)
+
+    def __post_init__(self, chunk: int | None) -> None:
+        if chunk is not None:
+            warnings.warn("AccuracyOptions(chunk=…) is now batch_size=…, as its flag", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "batch_size", chunk)
+        if isinstance(self.bins, str):  # as the flag gives it: '4' or '0,8,64'
+            object.__setattr__(self, "bins", parse_bins(self.bins))
+        object.__setattr__(self, "batch_size", as_count(self.batch_size, "batch_size", 1, MAX_COUNT))
+        one_of("decoding", self.decoding, DECODING_CHOICES)
+        if self.resamples is not None:
+            as_int(self.resamples, "resamples", 1, MAX_RESAMPLES)
+        if self.seed is not None:
+            as_int(self.seed, "seed", 0, MAX_SEED)
+
+    def bins_for(self, length: int | None) -> int | tuple[int, ...]:
+        """The bins of a grid of ``length`` target positions: as given, else quarters (fewer bins when
+        the grid has fewer than 4 positions: the default must not fail where the grid is short)."""
+        if self.bins is not None:
+            return self.bins
+        return DEFAULT_BINS if length is None else min(DEFAULT_BINS, length)
+
+    @property
+    def resamples_used(self) -> int:
+        return 10_000 if self.resamples is None else self.resamples
+
+    @property
+    def seed_used(self) -> int:
+        return 0 if self.seed is None else self.seed

@@ -1,4 +1,4 @@
-"""Every option of `gradscope stability` and `gradscope dynamics` is declared once, as a field of its
+"""Every option of `gradscope stability`, `gradscope dynamics` and `gradscope accuracy` is declared once, as a field of its
 options dataclass (gradscope/workflows/options.py): the flags are generated from the fields (name, help,
 default), the command function writes none of them again, and a value is checked only in the
 dataclass's __post_init__ (issue #39, part 2)."""
@@ -12,12 +12,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from gradscope.cli.accuracy import accuracy_command
 from gradscope.cli.app import app
 from gradscope.cli.dynamics import dynamics_command
 from gradscope.cli.stability import stability_command
-from gradscope.workflows.options import DynamicsOptions, StabilityOptions
+from gradscope.workflows.options import AccuracyOptions, DynamicsOptions, StabilityOptions
 
-CASES = [("stability", StabilityOptions, stability_command), ("dynamics", DynamicsOptions, dynamics_command)]
+CASES = [("stability", StabilityOptions, stability_command), ("dynamics", DynamicsOptions, dynamics_command),
+         ("accuracy", AccuracyOptions, accuracy_command)]
 
 
 @pytest.mark.parametrize("name, cls, function", CASES)
@@ -25,7 +27,7 @@ def test_the_flags_are_the_dataclass_fields(name: str, cls: type, function) -> N
     command = typer.main.get_command(app).commands[name]
     params = {p.name: p for p in command.get_params(typer.Context(command))}
     declared = [f for f in dataclasses.fields(cls) if "help" in f.metadata]
-    assert len(declared) >= 12
+    assert len(declared) >= 8
     for f in declared:
         p = params[f.name]
         assert p.opts == ["--" + f.name.replace("_", "-")] and p.help == f.metadata["help"], f.name
@@ -39,6 +41,8 @@ def test_the_flags_are_the_dataclass_fields(name: str, cls: type, function) -> N
     (["stability", "x.pt", "--sv", "0"], "--sv: got 0; it must be between 1 and"),
     (["stability", "x.pt", "--estimator", "fast"], "--estimator: got 'fast'; valid values are auto, exact, sketch"),
     (["dynamics", "x.pt", "--parts", "flow,nope"], "--parts: got nope; valid parts are"),
+    (["accuracy", "x.pt", "--bins", "0,3,1"], "--bins: got '0,3,1'; edges must start at 0 and increase"),
+    (["accuracy", "x.pt", "--resamples", "0"], "--resamples: got 0; it must be between 1 and"),
     (["dynamics", "x.pt", "--qr-dtype", "float16"], "--qr-dtype: got 'float16'; valid values are float64, float32"),
 ])
 def test_a_bad_value_is_refused_by_the_dataclass_before_any_file_is_read(args: list[str], message: str) -> None:
