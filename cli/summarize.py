@@ -81,7 +81,7 @@ def summarize_command(
     ctx: typer.Context,
     stores: Annotated[list[str], typer.Argument(help="Accuracy or stability stores (one per trial/seed), sweep directories, or folders of stores; quoted wildcards are expanded. Each kind is summarized separately.", show_default=False)],
     kind: Annotated[Optional[str], Opt(help="With a sweep directory or a folder: summarize only its accuracy or only its stability stores (default: each kind it has).")] = None,
-    by: Annotated[str, Opt(help="Config fields to group by: model, pe, vocab, task, hidden, layers, length, rarity, distribution, combine, embed, and the cores' own settings (e.g. state for S4D's state size; an unknown name lists them all).")] = "model,pe,vocab",
+    by: Annotated[str, Opt(help="Config fields to group by, named as gradscope train's settings (core, pe, vocab_size, hidden_size, num_layers, embed_size, pe_combine, task, length, rarity, distribution, and the cores' own settings) or by their short names (model, vocab, hidden, layers, embed, combine, state, …; an unknown name lists them all).")] = "core,pe,vocab_size",
     unit: Annotated[str, Opt(help="Resampling unit: trial (seeds, as in the paper) or token (pooled tokens/sequences/triplets).")] = "trial",
     resamples: Annotated[int, Opt(help="Bootstrap resamples.")] = 10_000,
     ci: Annotated[float, Opt(help="Confidence level.")] = 0.95,

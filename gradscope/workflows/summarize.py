@@ -29,9 +29,12 @@ FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_com
 
 
 def field_aliases() -> dict[str, str]:
-    """`--by` name → summary field: :data:`FIELD_ALIASES` and each core setting's alias (or its name)."""
+    """`--by` name → summary field: each field by its own name (as `gradscope train` names the setting,
+    e.g. vocab_size or vocab-size), its short alias (:data:`FIELD_ALIASES`, vocab), and each core
+    setting's alias or name."""
     own = {o.alias or o.name: o.name for o in core_options().values()}
-    return {**FIELD_ALIASES, **own}
+    fields = {f: f for f in (*FIELD_ALIASES.values(), *own.values())}
+    return {**fields, **{f.replace("_", "-"): f for f in fields if "_" in f}, **FIELD_ALIASES, **own}
 
 
 @dataclass(frozen=True)

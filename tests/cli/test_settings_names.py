@@ -183,3 +183,16 @@ def test_sweep_says_an_old_spec_key_in_one_line(runner: CliRunner, tmp_path: Pat
     assert len(said) == 2 and all(str(spec) in line for line in said), result.stderr
     assert any("hidden is now hidden_size" in line for line in said)
     assert any("vocab is now vocab_size" in line for line in said)
+
+
+def test_summarize_groups_by_the_settings_names_as_train_spells_them() -> None:
+    """One name per setting across commands: `summarize --by` takes vocab_size / vocab-size / core, as
+    `gradscope train --vocab-size --core` names them, beside the short names it always took; both give
+    the same summary fields (so summary stores are unchanged)."""
+    from gradscope.errors import GradscopeError
+    from gradscope.workflows.summarize import parse_by
+
+    assert parse_by("core,pe,vocab_size,hidden-size,num_layers") == parse_by("model,pe,vocab,hidden,layers") \
+        == ("core", "pe", "vocab_size", "hidden_size", "num_layers")
+    with pytest.raises(GradscopeError, match="by: got 'vocab_sizes'"):
+        parse_by("vocab_sizes")
