@@ -149,7 +149,7 @@ def few_trials(entries: list[SummaryEntry]) -> bool:
     return any(e.interval.n < FEW_TRIALS for e in entries)
 
 
-def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...] = "model,pe,vocab",
+def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...] = "core,pe,vocab_size",
               unit: str = "trial", resamples: int = 10_000, ci: float = 0.95, method: str = "percentile",
               score: str = "default", seed: int = 0) -> xr.Dataset:
     """Seeds as trials: the mean and confidence interval of every metric per group of stores, as the
@@ -160,7 +160,8 @@ def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...]
 
     source: a store path, a sweep directory, a folder of stores or a quoted wildcard, or a list of
     them; stores of one kind (accuracy or stability), or ``kind`` to pick one.
-    by: config fields to group by (comma-separated or a tuple: model, pe, vocab, task, hidden, …).
+    by: config fields to group by (comma-separated or a tuple), named as gradscope train's settings (core, pe,
+    vocab_size, hidden_size, …) or by their short names (model, vocab, hidden, …).
     """
     check(0 < ci < 1, f"ci: got {ci}; it must lie strictly between 0 and 1")
     fields = parse_by(by if isinstance(by, str) else ",".join(by))
