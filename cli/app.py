@@ -14,7 +14,7 @@ from .errors import err_console
 from .report import report_command
 from .reproduce import reproduce_command
 from .stability import StabilityCommand, stability_command
-from .summarize import summarize_command
+from .summarize import SummarizeCommand, summarize_command
 from .sweep import sweep_command
 from .train import TrainCommand, train_command
 
@@ -66,7 +66,7 @@ app.command("train", cls=TrainCommand)(train_command)
 app.command("stability", cls=StabilityCommand)(stability_command)
 app.command("accuracy", cls=AccuracyCommand)(accuracy_command)
 app.command("dynamics", cls=DynamicsCommand)(dynamics_command)
-app.command("summarize")(summarize_command)
+app.command("summarize", cls=SummarizeCommand)(summarize_command)
 app.command("report")(report_command)
 app.command("reproduce")(reproduce_command)
 app.command("sweep")(sweep_command)

@@ -12,8 +12,9 @@ from rich.markup import escape  # store labels and paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, default_out, make_console, refuse_given, split_list
+from .common import SETTINGS, command_line, default_out, make_console, refuse_given
 from .errors import user_errors
+from .generated import build_options, generated_command
 
 if TYPE_CHECKING:
     from gradscope.store.records import SummaryEntry, TrialRecord
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
 
 console = make_console()
 Opt = typer.Option
-METHODS = ("percentile", "bca", "basic", "t")
 
 
 def _num(x: float) -> str:
@@ -76,36 +76,32 @@ def comparison_table(comparisons: list[Comparison], field: str) -> Table:
     return table
 
 
+def _summarize_options() -> type:
+    from gradscope.workflows.options import SummarizeOptions  # torch-free: --help builds the options from it
+    return SummarizeOptions
+
+
+# the grouping and resampling options (each --<field>, its help and default from SummarizeOptions' field)
+SummarizeCommand = generated_command(_summarize_options)
+
+
 @user_errors
 def summarize_command(
     ctx: typer.Context,
     stores: Annotated[list[str], typer.Argument(help="Accuracy or stability stores (one per trial/seed), sweep directories, or folders of stores; quoted wildcards are expanded. Each kind is summarized separately.", show_default=False)],
-    kind: Annotated[Optional[str], Opt(help="With a sweep directory or a folder: summarize only its accuracy or only its stability stores (default: each kind it has).")] = None,
-    by: Annotated[str, Opt(help="Config fields to group by, named as gradscope train's settings (core, pe, vocab_size, hidden_size, num_layers, embed_size, pe_combine, task, length, rarity, distribution, and the cores' own settings) or by their short names (model, vocab, hidden, layers, embed, combine, state, …; an unknown name lists them all).")] = "core,pe,vocab_size",
-    unit: Annotated[str, Opt(help="Resampling unit: trial (seeds, as in the paper) or token (pooled tokens/sequences/triplets).")] = "trial",
-    resamples: Annotated[int, Opt(help="Bootstrap resamples.")] = 10_000,
-    ci: Annotated[float, Opt(help="Confidence level.")] = 0.95,
-    method: Annotated[str, Opt(help="Interval: percentile (the paper's), bca, basic, or t (Student t; better coverage with few trials).")] = "percentile",
-    metric: Annotated[Optional[list[str]], Opt("--metric", help="Metrics to show (repeatable; 'all' for every one). Default: the main ones. The store always holds all.")] = None,
-    score: Annotated[str, Opt(help="Stability stores: which score to summarize (default, frobenius, l1).")] = "default",
-    compare: Annotated[Optional[str], Opt(help="A --by field with two values (e.g. pe): paired permutation test between them, by seed.")] = None,
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Summary zarr store (default: summary-<kind>.zarr). With both kinds: <stem>-<kind>.zarr each.")] = None,
     csv: Annotated[Optional[Path], Opt(help="Also write the table as CSV (with both kinds: <stem>-<kind>.csv each).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store or CSV.")] = False,
-    seed: Annotated[int, Opt(help="Seed of the bootstrap and permutation resampling.")] = 0,
 ) -> None:
     """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs."""
     from gradscope.store.summary import expand_store_paths, trial_records
+    from gradscope.workflows.options import SummarizeOptions
     from gradscope.workflows.summarize import parse_by
 
-    if method not in METHODS:
-        raise GradscopeError(f"--method: got {method!r}; valid values are {', '.join(METHODS)}")
-    if not 0 < ci < 1:
-        raise GradscopeError(f"--ci: got {ci}; it must lie strictly between 0 and 1")
-    if resamples < 1:
-        raise GradscopeError(f"--resamples: got {resamples}; it must be positive")
-    split_list(by, "--by", "model,pe")  # an empty --by would pool every configuration into one group
-    fields = parse_by(by)
+    opts = build_options(SummarizeOptions, ctx.meta.get(SETTINGS, {}))  # every value checked in its __post_init__
+    kind, unit, resamples, ci, method = opts.kind, opts.unit, opts.resamples, opts.ci, opts.method
+    metric, score, compare, seed = list(opts.metric) or None, opts.score, opts.compare, opts.seed
+    fields = parse_by(opts.by)
     paths = expand_store_paths(stores, kind)
     records = [r for p in paths for r in trial_records(p, score)]
     kinds = list(dict.fromkeys(r.kind for r in records))

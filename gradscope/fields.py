@@ -48,6 +48,7 @@ ENGINES = ("func", "vjp", "analytic")  # the Jacobian engines (gradscope.analysi
 ESTIMATORS = ("auto", "exact", "sketch")  # exact stability Jacobians, or a sketch with standard errors
 DEFAULT_BINS = 4  # target positions are reported in quarters unless told otherwise
 MAX_RESAMPLES = 10_000_000  # beyond this a bootstrap takes hours and its CI no longer changes
+INTERVALS = ("percentile", "bca", "basic", "t")  # confidence-interval methods of the bootstrap (and Student t)
 
 
 # --- integers from outside, torch-free (the CLI's help builds options without loading torch) ---------

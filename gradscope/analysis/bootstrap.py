@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gradscope.errors import check
-from gradscope.fields import MAX_RESAMPLES  # declared with the options
+from gradscope.fields import INTERVALS, MAX_RESAMPLES  # declared with the options
 
-METHODS = ("percentile", "bca", "basic", "t")
+METHODS = INTERVALS  # the interval methods, declared with the options
 FEW_TRIALS = 10  # below this, bootstrap intervals under-cover noticeably (see module docstring)
 MAX_ELEMENTS = 1 << 24  # resample values held at once (~128 MiB float64); bounds token-level resampling
 

@@ -1,4 +1,4 @@
-"""The options of `gradscope stability`, `gradscope dynamics` and `gradscope accuracy`, declared once (issue #39): each
+"""The options of `gradscope stability`, `dynamics`, `accuracy` and `summarize`, declared once (issue #39): each
 field made with :func:`gradscope.fields.option` carries its help and is the command's ``--<field>``
 flag (the CLI generates the flags from the fields, ``cli/generated.py``); the checks run only in
 ``__post_init__``; the Python functions take the same names. Torch-free, so that a command's
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import (DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, as_count,
-                              as_int, as_seed, one_of, option)
+from gradscope.fields import (DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT, MAX_RESAMPLES, MAX_SEED,
+                              as_count, as_int, as_seed, one_of, option)
 
 # Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
 RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
@@ -258,3 +258,53 @@ class AccuracyOptions:
     @property
     def seed_used(self) -> int:
         return 0 if self.seed is None else self.seed
+
+
+SUMMARIZED = ("accuracy", "stability")  # the kinds of store summarize reads
+UNITS = ("trial", "token")  # what summarize resamples: seeds, or the pooled tokens/sequences/triplets
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummarizeOptions:
+    """How `gradscope summarize` groups and resamples; each field is named as its flag. The ``by`` names
+    are resolved against the config fields (and the cores' settings) once the stores are read."""
+
+    kind: str | None = option(None, "With a sweep directory or a folder: summarize only its accuracy or only its "
+                                    "stability stores (default: each kind it has).")
+    by: str = option("core,pe,vocab_size", "Config fields to group by, named as gradscope train's settings (core, pe, "
+                                           "vocab_size, hidden_size, num_layers, embed_size, pe_combine, task, length, "
+                                           "rarity, distribution, and the cores' own settings) or by their short names "
+                                           "(model, vocab, hidden, layers, embed, combine, state, …; an unknown name "
+                                           "lists them all).")
+    unit: str = option("trial", "Resampling unit: trial (seeds, as in the paper) or token (pooled "
+                                "tokens/sequences/triplets).")
+    resamples: int = option(10_000, "Bootstrap resamples.")
+    ci: float = option(0.95, "Confidence level.")
+    method: str = option("percentile", "Interval: percentile (the paper's), bca, basic, or t (Student t; better "
+                                       "coverage with few trials).")
+    metric: tuple[str, ...] = option((), "Metrics to show (repeatable; 'all' for every one). Default: the main ones. "
+                                         "The store always holds all.")
+    score: str = option("default", "Stability stores: which score to summarize (default, frobenius, l1).")
+    compare: str | None = option(None, "A --by field with two values (e.g. pe): paired permutation test between "
+                                       "them, by seed.")
+    seed: int = option(0, "Seed of the bootstrap and permutation resampling.")
+
+    def __post_init__(self) -> None:
+        check(self.kind is None or self.kind in SUMMARIZED,
+              f"kind: got {self.kind!r}; valid kinds are {', '.join(SUMMARIZED)}")
+        if isinstance(self.by, (tuple, list)):
+            object.__setattr__(self, "by", ",".join(self.by))
+        check(isinstance(self.by, str), f"by: got {type(self.by).__name__}; expected field names (core,pe)")
+        items = [v.strip() for v in self.by.split(",")]
+        check(all(items), f"by: got {self.by!r}, an empty list or an empty item; give comma-separated fields such "
+                          f"as core,pe (an empty one would pool every configuration into one group)")
+        one_of("unit", self.unit, UNITS)
+        object.__setattr__(self, "resamples", as_count(self.resamples, "resamples", 1, MAX_RESAMPLES))
+        check(isinstance(self.ci, (int, float)) and not isinstance(self.ci, bool) and 0 < self.ci < 1,
+              f"ci: got {self.ci!r}; it must lie strictly between 0 and 1")
+        one_of("method", self.method, INTERVALS)
+        check(isinstance(self.metric, (tuple, list)) and all(isinstance(m, str) for m in self.metric),
+              f"metric: got {self.metric!r}; expected metric names")
+        object.__setattr__(self, "metric", tuple(self.metric))
+        check(isinstance(self.score, str), f"score: got {self.score!r}; expected default, frobenius or l1")
+        object.__setattr__(self, "seed", as_seed(self.seed))

@@ -21,6 +21,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.models.registry import core_options
 from gradscope.store.records import SummaryEntry, TrialRecord
 from gradscope.store.summary import expand_store_paths, summary_attrs, summary_dataset, trial_records
+from gradscope.workflows.options import SummarizeOptions
 
 # `--by` names of the shared fields; the registered cores' own settings add theirs (field_aliases)
 FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_combine", "vocab": "vocab_size",
@@ -163,11 +164,12 @@ def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...]
     by: config fields to group by (comma-separated or a tuple), named as gradscope train's settings (core, pe,
     vocab_size, hidden_size, …) or by their short names (model, vocab, hidden, …).
     """
-    check(0 < ci < 1, f"ci: got {ci}; it must lie strictly between 0 and 1")
-    fields = parse_by(by if isinstance(by, str) else ",".join(by))
+    opts = SummarizeOptions(kind=kind, by=by, unit=unit, resamples=resamples, ci=ci, method=method, score=score,
+                            seed=seed)  # every value checked there, as for the command
+    fields = parse_by(opts.by)
     patterns = [str(source)] if isinstance(source, (str, Path)) else [str(s) for s in source]
-    paths = expand_store_paths(patterns, kind)
-    records = [r for p in paths for r in trial_records(p, score)]
+    paths = expand_store_paths(patterns, opts.kind)
+    records = [r for p in paths for r in trial_records(p, opts.score)]
     kinds = sorted({r.kind for r in records})
     check(len(kinds) == 1, f"kind: the stores are of kinds {' and '.join(kinds)}; pass kind= to summarize one")
     groups = group_records(records, fields)

@@ -1,4 +1,4 @@
-"""Every option of `gradscope stability`, `gradscope dynamics` and `gradscope accuracy` is declared once, as a field of its
+"""Every option of `gradscope stability`, `dynamics`, `accuracy` and `summarize` is declared once, as a field of its
 options dataclass (gradscope/workflows/options.py): the flags are generated from the fields (name, help,
 default), the command function writes none of them again, and a value is checked only in the
 dataclass's __post_init__ (issue #39, part 2)."""
@@ -16,10 +16,11 @@ from gradscope.cli.accuracy import accuracy_command
 from gradscope.cli.app import app
 from gradscope.cli.dynamics import dynamics_command
 from gradscope.cli.stability import stability_command
-from gradscope.workflows.options import AccuracyOptions, DynamicsOptions, StabilityOptions
+from gradscope.cli.summarize import summarize_command
+from gradscope.workflows.options import AccuracyOptions, DynamicsOptions, StabilityOptions, SummarizeOptions
 
 CASES = [("stability", StabilityOptions, stability_command), ("dynamics", DynamicsOptions, dynamics_command),
-         ("accuracy", AccuracyOptions, accuracy_command)]
+         ("accuracy", AccuracyOptions, accuracy_command), ("summarize", SummarizeOptions, summarize_command)]
 
 
 @pytest.mark.parametrize("name, cls, function", CASES)
@@ -43,6 +44,9 @@ def test_the_flags_are_the_dataclass_fields(name: str, cls: type, function) -> N
     (["dynamics", "x.pt", "--parts", "flow,nope"], "--parts: got nope; valid parts are"),
     (["accuracy", "x.pt", "--bins", "0,3,1"], "--bins: got '0,3,1'; edges must start at 0 and increase"),
     (["accuracy", "x.pt", "--resamples", "0"], "--resamples: got 0; it must be between 1 and"),
+    (["summarize", "x.zarr", "--ci", "1.5"], "--ci: got 1.5; it must lie strictly between 0 and 1"),
+    (["summarize", "x.zarr", "--by", "core,,pe"], "--by: got 'core,,pe', an empty list or an empty item"),
+    (["summarize", "x.zarr", "--method", "jackknife"], "--method: got 'jackknife'; valid values are percentile"),
     (["dynamics", "x.pt", "--qr-dtype", "float16"], "--qr-dtype: got 'float16'; valid values are float64, float32"),
 ])
 def test_a_bad_value_is_refused_by_the_dataclass_before_any_file_is_read(args: list[str], message: str) -> None:

@@ -53,7 +53,7 @@ def test_the_template_check_leaves_no_trace() -> None:
         assert all(v.is_meta for v in template.values())
 
 
-@pytest.mark.parametrize("command", ["stability", "dynamics", "accuracy"])
+@pytest.mark.parametrize("command", ["stability", "dynamics", "accuracy", "summarize"])
 def test_help_imports_no_heavy_library(command: str) -> None:
     """Their options are generated from their options dataclasses (gradscope/workflows/options.py),
     which are torch-free: the help builds them without loading torch."""
