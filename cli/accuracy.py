@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
+from gradscope.workflows.options import AccuracyOptions  # torch-free: --help builds the options from it
 
 from .common import SETTINGS, check_out, command_line, default_out, given, make_console, refuse_given
 from .errors import user_errors
@@ -111,13 +112,8 @@ def lm_table(result: Any) -> Any:
     return table
 
 
-def _accuracy_options() -> type:
-    from gradscope.workflows.options import AccuracyOptions  # torch-free: --help builds the options from it
-    return AccuracyOptions
-
-
 # the evaluation options (each --<field>, its help and default from AccuracyOptions' field) are generated
-AccuracyCommand = generated_command(_accuracy_options, after="overwrite")
+AccuracyCommand = generated_command(AccuracyOptions, after="overwrite")
 
 
 @user_errors
@@ -138,7 +134,7 @@ def accuracy_command(
     from gradscope.store.accuracy import family_values
     from gradscope.store.io import write_store
     from gradscope.store.records import AccuracyResult, CosineResult
-    from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
+    from gradscope.workflows.accuracy import run_accuracy
 
     settings = ctx.meta.get(SETTINGS, {})
     if text is not None or model_factory is not None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from gradscope.workflows.options import DynamicsOptions  # torch-free: --help builds the options from it
 
 from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
                      refuse_given, warn)
@@ -115,13 +116,8 @@ def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
     return [first, errors, sums, f"{int(np.isneginf(lam).sum(-1).max())} · {int(low.sum(-1).max())}{unconv} of {D}"]
 
 
-def _dynamics_options() -> type:
-    from gradscope.workflows.options import DynamicsOptions  # torch-free: --help builds the options from it
-    return DynamicsOptions
-
-
 # the options of DynamicsOptions (each --<field>, its help and default from the field) are generated
-DynamicsCommand = generated_command(_dynamics_options, after="overwrite")
+DynamicsCommand = generated_command(DynamicsOptions, after="overwrite")
 
 
 @user_errors
@@ -148,7 +144,7 @@ def dynamics_command(
 
     from gradscope.errors import GradscopeError
     from gradscope.store.io import write_store
-    from gradscope.workflows.dynamics import PARTS, DynamicsOptions, run_dynamics, run_factory_dynamics
+    from gradscope.workflows.dynamics import PARTS, run_dynamics, run_factory_dynamics
     from gradscope.workflows.common import DivergedWarning
 
     opts = build_options(DynamicsOptions, ctx.meta.get(SETTINGS, {}))  # checked in its __post_init__

@@ -12,7 +12,7 @@ import inspect
 import types
 import typing
 from functools import lru_cache
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -63,28 +63,28 @@ def field_params(cls: type) -> tuple[Any, ...]:
     return tuple(click_params(params))
 
 
-def build_options(cls: type, values: dict[str, Any], **more: Any) -> Any:
-    """``cls`` from the generated options' values (an option left out keeps the field's default)
-    and ``more`` (the command's own values of fields it has no generated option for)."""
+def build_options(cls: type, values: dict[str, Any]) -> Any:
+    """``cls`` from the generated options' values (an option left out keeps the field's default)."""
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if v is not None and v not in ([], ())}
-    return cls(**given, **more)
+    return cls(**given)
 
 
-def generated_command(load: Callable[[], type], after: str | None = None) -> type[TyperCommand]:
-    """A TyperCommand class whose options also include ``load()``'s fields (:func:`field_params`),
-    inserted after the option named ``after`` (else first among the options)."""
+def generated_command(cls: type, after: str | None = None) -> type[TyperCommand]:
+    """A TyperCommand class whose options also include the fields of the options dataclass ``cls``
+    (:func:`field_params`; a torch-free class, so that --help loads no torch), inserted after the option
+    named ``after`` (else first among the options)."""
 
     class GeneratedCommand(TyperCommand):
         def get_params(self, ctx: typer.Context) -> list[Any]:
             params = super().get_params(ctx)
             own = {p.name for p in params}
-            extra = [p for p in field_params(load()) if p.name not in own]
+            extra = [p for p in field_params(cls) if p.name not in own]
             at = next((i + 1 for i, p in enumerate(params) if p.name == after),
                       next((i for i, p in enumerate(params) if p.param_type_name == "option"), len(params)))
             return params[:at] + extra + params[at:]
 
         def invoke(self, ctx: typer.Context) -> Any:
-            names = {p.name for p in field_params(load())}
+            names = {p.name for p in field_params(cls)}
             ctx.meta[SETTINGS] = {k: ctx.params.pop(k) for k in list(ctx.params) if k in names}
             return super().invoke(ctx)
 

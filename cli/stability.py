@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from gradscope.errors import GradscopeError
+from gradscope.workflows.options import StabilityOptions  # torch-free: --help builds the options from it
 
 from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
                      refuse_given, warn)
@@ -61,13 +62,8 @@ def stability_table(rows: list[SummaryRow], kind: str, resamples: int, files: li
     return table
 
 
-def _stability_options() -> type:
-    from gradscope.workflows.options import StabilityOptions  # torch-free: --help builds the options from it
-    return StabilityOptions
-
-
 # the probe options (each --<field>, its help and default from StabilityOptions' field) are generated
-StabilityCommand = generated_command(_stability_options)
+StabilityCommand = generated_command(StabilityOptions)
 
 
 @user_errors
@@ -93,7 +89,7 @@ def stability_command(
     from gradscope.store.io import write_store
     from gradscope.workflows.factory import build_model
     from gradscope.workflows.common import DivergedWarning
-    from gradscope.workflows.stability import run_model_stability, run_stability, StabilityOptions
+    from gradscope.workflows.stability import run_model_stability, run_stability
 
     # every probe option is checked in StabilityOptions.__post_init__, before anything else
     opts = build_options(StabilityOptions, ctx.meta.get(SETTINGS, {}))

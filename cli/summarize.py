@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape  # store labels and paths are text, never markup
 
 from gradscope.errors import GradscopeError
+from gradscope.workflows.options import SummarizeOptions  # torch-free: --help builds the options from it
 
 from .common import SETTINGS, command_line, default_out, make_console, refuse_given
 from .errors import user_errors
@@ -76,13 +77,8 @@ def comparison_table(comparisons: list[Comparison], field: str) -> Table:
     return table
 
 
-def _summarize_options() -> type:
-    from gradscope.workflows.options import SummarizeOptions  # torch-free: --help builds the options from it
-    return SummarizeOptions
-
-
 # the grouping and resampling options (each --<field>, its help and default from SummarizeOptions' field)
-SummarizeCommand = generated_command(_summarize_options)
+SummarizeCommand = generated_command(SummarizeOptions)
 
 
 @user_errors
@@ -95,7 +91,6 @@ def summarize_command(
 ) -> None:
     """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs."""
     from gradscope.store.summary import expand_store_paths, trial_records
-    from gradscope.workflows.options import SummarizeOptions
     from gradscope.workflows.summarize import parse_by
 
     opts = build_options(SummarizeOptions, ctx.meta.get(SETTINGS, {}))  # every value checked in its __post_init__

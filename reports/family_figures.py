@@ -25,22 +25,20 @@ def family_figure(section: ReportSection, stores: list[Input], iteration: int | 
     if not stores:
         return None
     palette = palette_for((s.label for s in stores), palette)
+    values = [family_values(s.ds, at_iteration(s.ds, iteration, s.path))[1] for s in stores]  # once per store
     panels = section.panels
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p.title for p in panels])
     shown: set[str] = set()
     for col, panel in enumerate(panels, start=1):
         for label in dict.fromkeys(s.label for s in stores):
-            group = [s for s in stores if s.label == label]
-            rows = []
-            for s in group:
-                _, values = family_values(s.ds, at_iteration(s.ds, iteration, s.path))
-                rows.append(np.asarray(values[panel.variable], dtype=np.float64))
-            values = np.stack(rows)  # (seeds, [split,] x)
+            members = [i for i, s in enumerate(stores) if s.label == label]
+            group = [stores[i] for i in members]
+            seeds = np.stack([np.asarray(values[i][panel.variable], dtype=np.float64) for i in members])
             first = group[0].ds
             x = [str(v) for v in first[panel.x].values]
             splits = [None] if panel.split is None else [str(v) for v in first[panel.split].values]
             for k, split in enumerate(splits):
-                line = values if split is None else values[:, k]
+                line = seeds if split is None else seeds[:, k]  # (seeds, x)
                 mean = line.mean(0)
                 name = f"{label} ({len(group)} seed{'s' if len(group) > 1 else ''})" + (f", {split}" if split else "")
                 fig.add_trace(go.Scatter(x=x, y=finite_or_none(mean), name=name, legendgroup=name,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,7 @@ import xarray as xr
 from gradscope.analysis.accuracy import bin_edges
 from gradscope.analysis.lm import perplexity
 from gradscope.config import RunConfig
-from gradscope.store.io import provenance, sha256_file
+from gradscope.store.io import attr_json, provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES, TASKS, Task
 from gradscope.tasks.family import ReportSection, ratio as _ratio
 from gradscope.store.records import AccuracyResult
@@ -124,10 +123,8 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str
 
 def store_family(ds: xr.Dataset) -> type[Task] | None:
     """The registered task family an accuracy store was made on (None: not one of them)."""
-    try:
-        name = json.loads(ds.attrs.get("task_config", "{}")).get("name")
-    except (json.JSONDecodeError, AttributeError):
-        return None
+    task = attr_json(ds, "task_config") if "task_config" in ds.attrs else {}  # read_store checked it is an object
+    name = task.get("name") if isinstance(task, dict) else None
     return TASKS.get(name) if isinstance(name, str) else None
 
 

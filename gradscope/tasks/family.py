@@ -20,7 +20,7 @@ and report layers, which loop over what the registered families declare and neve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -81,7 +81,3 @@ def stack(counts: list[Mapping[str, np.ndarray]], name: str) -> np.ndarray:
 def units(correct: int, total: int) -> np.ndarray:
     """1/0 per scored token: the units a bootstrap interval of an accuracy resamples."""
     return np.repeat([1.0, 0.0], [int(correct), int(total) - int(correct)])
-
-
-def as_float(value: Any) -> float:
-    return float(np.asarray(value))
