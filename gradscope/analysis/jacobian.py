@@ -46,7 +46,7 @@ from torch.func import jacrev, jvp, vjp, vmap
 
 from gradscope.fields import ENGINES
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import initial_state, scan, step_at
+from gradscope.models.core import initial_state, scan, step_at, step_jvp
 
 
 @dataclass(frozen=True)
@@ -111,20 +111,19 @@ def _vjp_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
 
 def _jvp_chain(core: nn.Module, x: Tensor, z_p: Tensor, p: int, tangents: Tensor) -> tuple[Tensor, Tensor]:
     """Forward chaining from z_p (B, D) with tangents (B, m, D): (y_T (B, H), ∂y_T/∂z_p · tangents
-    (B, H, m)). Steps p+1 … T run once for the primal and batched (vmap) for the m tangents, so the
-    cost is about (1 + m) forward passes of the tail and nothing of size H × D is formed."""
+    (B, H, m)). Steps p+1 … T run once for the primal and batched for the m tangents
+    (:func:`gradscope.models.core.step_jvp`: the core's own hand-derived products where it has them,
+    else ``vmap`` of ``torch.func.jvp``), so the cost is about (1 + m) forward passes of the tail and
+    nothing of size H × D is formed."""
     T = x.shape[1]
-
-    def run(v: Tensor) -> tuple[Tensor, Tensor]:  # v (B, D) → y_T (B, H), J v (B, H)
-        if p == T:
-            return jvp(lambda a: state_readout(core, x[:, T - 1], a), (z_p,), (v,))
-        z, dz = z_p, v
-        for t in range(p, T):  # 0-based step t reads x[:, t]
-            (y, z), (dy, dz) = jvp(lambda a, t=t: step_at(core, x[:, t], a, t), (z,), (dz,))
-        return y, dy
-
-    y, jv = vmap(run, in_dims=1, out_dims=(None, 2))(tangents)
-    return y, jv
+    if p == T:
+        return vmap(lambda v: jvp(lambda a: state_readout(core, x[:, T - 1], a), (z_p,), (v,)),
+                    in_dims=1, out_dims=(None, 2))(tangents)
+    z, dz = z_p, tangents.movedim(1, 0).contiguous()  # (m, B, D)
+    spare = [(torch.empty_like(z), torch.empty_like(dz)), (torch.empty_like(z), torch.empty_like(dz))]
+    for t in range(p, T):  # 0-based step t reads x[:, t]; its outputs go to the buffer its inputs are not in
+        y, z, dy, dz = step_jvp(core, x[:, t], z, dz, t, out=spare[t % 2])
+    return y, dy.permute(1, 2, 0)
 
 
 # ---------------------------------------------------------------------------------------------

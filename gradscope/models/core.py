@@ -240,6 +240,31 @@ def step_and_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor,
     return step_at(core, x, z, t)[1], diagonal_blocks(core, x, z, t)
 
 
+def generic_step_jvp(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.Tensor,
+                     t: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step and its forward-mode products by ``torch.func``: x (B, in), z (B, D), tangents dz
+    (m, B, D) → (y (B, H), z' (B, D), dy (m, B, H), dz' (m, B, D)); the primal runs once (``vmap``
+    over the m tangents of ``jvp``)."""
+    def one(v: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        return torch.func.jvp(lambda a: step_at(core, x, a, t), (z,), (v,))
+
+    (y, new), (dy, dnew) = torch.func.vmap(one, out_dims=((None, None), (0, 0)))(dz)
+    return y, new, dy, dnew
+
+
+def step_jvp(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.Tensor, t: int | None = None,
+             out: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, z', ∂y/∂z · dz, ∂z'/∂z · dz) of one step for tangents dz (m, B, D) (:func:`generic_step_jvp`'s
+    shapes): the core's own hand-derived ``step_jvp`` where it has one (transformers' Mamba: the
+    selective-scan update with its m tangents in place, the primal's and tangents' matrix products in
+    one call), else :func:`generic_step_jvp`. t: the step's time index (position-dependent cores only).
+    ``out``: buffers shaped like (z, dz), neither of them z or dz, that a core's own method may write
+    z' and dz' into (a chain alternates two, so a real-size state is not allocated anew each step)."""
+    method = getattr(core, "step_jvp", None)
+    return method(x, z, dz, t, out=out) if callable(method) else generic_step_jvp(core, x, z, dz, t)
+
+
 def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> torch.Tensor:
     """J_t = ∂z_t/∂z_{t−1} (B, D, D) of any protocol core from x (B, in) and z (B, D): the core's own
     ``step_jacobian`` where it has one (a user's core may not), else :func:`generic_step_jacobian`.

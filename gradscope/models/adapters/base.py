@@ -127,6 +127,14 @@ def rms(x: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+
+def rms_jvp(x: Tensor, dx: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """:func:`rms` and its forward-mode product for tangents dx (…, n) broadcasting against x: with
+    r = 1/sqrt(mean(x²) + eps), d(x r) = r dx − x r³ mean(x dx)."""
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    y = x * r
+    return y, dx * r - y * (r * r * (x * dx).mean(-1, keepdim=True))
+
 class TokenMap(nn.Module):
     """token ids → input vectors through the library's own embedding, times a fixed scale (or 1)."""
 
