@@ -46,7 +46,7 @@ from torch.func import jacrev, jvp, vjp, vmap
 
 from gradscope.fields import ENGINES
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import initial_state, scan, step_at, step_jvp
+from gradscope.models.core import initial_state, scan, step_at, step_tangents
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def _vjp_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
 def _jvp_chain(core: nn.Module, x: Tensor, z_p: Tensor, p: int, tangents: Tensor) -> tuple[Tensor, Tensor]:
     """Forward chaining from z_p (B, D) with tangents (B, m, D): (y_T (B, H), ∂y_T/∂z_p · tangents
     (B, H, m)). Steps p+1 … T run once for the primal and batched for the m tangents
-    (:func:`gradscope.models.core.step_jvp`: the core's own hand-derived products where it has them,
+    (:func:`gradscope.models.core.step_tangents`: the core's own hand-derived products where it has them,
     else ``vmap`` of ``torch.func.jvp``), so the cost is about (1 + m) forward passes of the tail and
     nothing of size H × D is formed."""
     T = x.shape[1]
@@ -122,7 +122,7 @@ def _jvp_chain(core: nn.Module, x: Tensor, z_p: Tensor, p: int, tangents: Tensor
     z, dz = z_p, tangents.movedim(1, 0).contiguous()  # (m, B, D)
     spare = [(torch.empty_like(z), torch.empty_like(dz)), (torch.empty_like(z), torch.empty_like(dz))]
     for t in range(p, T):  # 0-based step t reads x[:, t]; its outputs go to the buffer its inputs are not in
-        y, z, dy, dz = step_jvp(core, x[:, t], z, dz, t, out=spare[t % 2])
+        y, z, dy, dz = step_tangents(core, x[:, t], z, dz, t, out=spare[t % 2])
     return y, dy.permute(1, 2, 0)
 
 

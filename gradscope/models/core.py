@@ -22,7 +22,10 @@ with them, whoever wrote it. A core may also provide, and gradscope's own cores 
 - ``jacobian_structure()`` / ``diagonal_blocks(x, z)``: J_t block lower-triangular with diagonal,
   complex-diagonal, per-head or dense blocks (:mod:`gradscope.models.structure`), which the
   dynamics engines exploit (exact O(D) Lyapunov spectra for diagonal blocks);
-- ``step_jvp(x, z, V)``: J_t · V (B, D, k) without forming J_t (the partial Lyapunov spectra);
+- ``step_jvp(x, z, V)``: J_t · V (B, D, k) without forming J_t (the partial Lyapunov spectra, the
+  step spectra's estimators), and ``step_tangents(x, z, dz, t, out=None)``: the step with its
+  forward-mode products, (y, z', dy, dz') for tangents dz (m, B, D) (the stability sketch's chain;
+  :func:`step_tangents`);
 - ``init_state(batch, like)``: the state every scan, probe and trajectory starts from (default zero;
   e.g. RWKV's running maximum starts at −1e30);
 - ``position_dependent = True`` with ``step(x, z, t)``: the step also reads its 0-based time index t
@@ -240,7 +243,7 @@ def step_and_blocks(core: nn.Module, x: torch.Tensor, z: torch.Tensor,
     return step_at(core, x, z, t)[1], diagonal_blocks(core, x, z, t)
 
 
-def generic_step_jvp(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.Tensor,
+def generic_step_tangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.Tensor,
                      t: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step and its forward-mode products by ``torch.func``: x (B, in), z (B, D), tangents dz
     (m, B, D) → (y (B, H), z' (B, D), dy (m, B, H), dz' (m, B, D)); the primal runs once (``vmap``
@@ -252,17 +255,17 @@ def generic_step_jvp(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torc
     return y, new, dy, dnew
 
 
-def step_jvp(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.Tensor, t: int | None = None,
-             out: tuple[torch.Tensor, torch.Tensor] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, z', ∂y/∂z · dz, ∂z'/∂z · dz) of one step for tangents dz (m, B, D) (:func:`generic_step_jvp`'s
-    shapes): the core's own hand-derived ``step_jvp`` where it has one (transformers' Mamba: the
+def step_tangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.Tensor, t: int | None = None,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, z', ∂y/∂z · dz, ∂z'/∂z · dz) of one step for tangents dz (m, B, D) (:func:`generic_step_tangents`'s
+    shapes): the core's own hand-derived ``step_tangents`` where it has one (transformers' Mamba: the
     selective-scan update with its m tangents in place, the primal's and tangents' matrix products in
-    one call), else :func:`generic_step_jvp`. t: the step's time index (position-dependent cores only).
+    one call), else :func:`generic_step_tangents`. t: the step's time index (position-dependent cores only).
     ``out``: buffers shaped like (z, dz), neither of them z or dz, that a core's own method may write
     z' and dz' into (a chain alternates two, so a real-size state is not allocated anew each step)."""
-    method = getattr(core, "step_jvp", None)
-    return method(x, z, dz, t, out=out) if callable(method) else generic_step_jvp(core, x, z, dz, t)
+    method = getattr(core, "step_tangents", None)
+    return method(x, z, dz, t, out=out) if callable(method) else generic_step_tangents(core, x, z, dz, t)
 
 
 def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> torch.Tensor:

@@ -35,10 +35,10 @@ from torch import Tensor, nn
 from gradscope.errors import check
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, rms_jvp,
                                             shift_blocks)
-from gradscope.models.core import generic_step_jvp
+from gradscope.models.core import generic_step_tangents
 
 TOLERANCE = 1e-4
-SILU = ("silu", "swish")  # the activations step_jvp derives (transformers' names)
+SILU = ("silu", "swish")  # the activations step_tangents derives (transformers' names)
 
 
 class HFMambaCore(LibraryCore):
@@ -97,9 +97,9 @@ class HFMambaCore(LibraryCore):
         return y, self.pack(new), self.flat_blocks(diag) if diagonal else []
 
 
-    def step_jvp(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
-                 out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """One step and its forward-mode products, derived by hand (:func:`gradscope.models.core.step_jvp`'s
+    def step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
+                      out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One step and its forward-mode products, derived by hand (:func:`gradscope.models.core.step_tangents`'s
         shapes: dz (m, B, D)). The same equations as :meth:`advance`, differentiated: the primal runs once,
         the m tangents of the selective-scan state are updated in place (ds' = exp(ΔA) ds + dΔ·∂s'/∂Δ +
         d(Δc) B + Δc dB, with ∂s'/∂Δ = A exp(ΔA) s shared by the tangents), and each projection multiplies
@@ -108,7 +108,7 @@ class HFMambaCore(LibraryCore):
         ``out``: buffers like (z, dz) to write z' and dz' into (a chain alternates two; they must not be
         z or dz). A mixer whose activation is not SiLU goes the generic way."""
         if getattr(self.model.config, "hidden_act", None) not in SILU:
-            return generic_step_jvp(self, x, z, dz, t)
+            return generic_step_tangents(self, x, z, dz, t)
         B, m = x.shape[0], dz.shape[0]
         I, N, K = self.I, self.N, self.K
         z_out, dz_out = (torch.empty_like(z), torch.empty_like(dz)) if out is None else out

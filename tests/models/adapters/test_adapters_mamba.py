@@ -172,13 +172,13 @@ def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> No
 
 
 @pytest.mark.parametrize("falcon", [False, True])
-def test_hand_derived_step_jvp_equals_torch_func(falcon: bool, monkeypatch) -> None:  # noqa: ANN001
+def test_hand_derived_step_tangents_equal_torch_func(falcon: bool, monkeypatch) -> None:  # noqa: ANN001
     """The adapter's own forward-mode step (what the stability sketch runs at real size) against
     ``vmap(jvp)`` of its step, in float64: one step, into given buffers, and a whole chain (J V of
     jvp_products against the exact J from the reverse engine)."""
     from gradscope.analysis.jacobian import jvp_products, state_jacobian
     from gradscope.models.adapters.hf_mamba import HFMambaCore
-    from gradscope.models.core import generic_step_jvp, step_jvp
+    from gradscope.models.core import generic_step_tangents, step_tangents
 
     wrapped = gradscope.wrap(tiny(falcon))
     core = wrapped.core
@@ -187,10 +187,10 @@ def test_hand_derived_step_jvp_equals_torch_func(falcon: bool, monkeypatch) -> N
     z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
     dz = torch.randn(4, B, core.state_dim, generator=gen, dtype=torch.float64)
     with torch.no_grad():
-        ref = generic_step_jvp(core, x, z, dz)
-        ours = step_jvp(core, x, z, dz)
+        ref = generic_step_tangents(core, x, z, dz)
+        ours = step_tangents(core, x, z, dz)
         out = (torch.full_like(z, float("nan")), torch.full_like(dz, float("nan")))
-        into = step_jvp(core, x, z, dz, out=out)
+        into = step_tangents(core, x, z, dz, out=out)
     for a, b, c in zip(ours, ref, into):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
         torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-13)
@@ -200,12 +200,12 @@ def test_hand_derived_step_jvp_equals_torch_func(falcon: bool, monkeypatch) -> N
     _, P = jvp_products(wrapped, seq, 2, V)
     J = state_jacobian(wrapped, seq, 2).jac  # (B, H, D), exact
     torch.testing.assert_close(P, J @ V.transpose(1, 2), rtol=1e-10, atol=1e-12)
-    monkeypatch.setattr(HFMambaCore, "step_jvp", None)  # the generic chain gives the same products
+    monkeypatch.setattr(HFMambaCore, "step_tangents", None)  # the generic chain gives the same products
     torch.testing.assert_close(jvp_products(wrapped, seq, 2, V)[1], P, rtol=1e-12, atol=1e-13)
 
 
-def test_step_jvp_of_another_activation_goes_the_generic_way() -> None:
-    from gradscope.models.core import generic_step_jvp, step_jvp
+def test_step_tangents_of_another_activation_go_the_generic_way() -> None:
+    from gradscope.models.core import generic_step_tangents, step_tangents
 
     torch.manual_seed(0)
     cfg = transformers.MambaConfig(vocab_size=V, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
@@ -216,5 +216,5 @@ def test_step_jvp_of_another_activation_goes_the_generic_way() -> None:
     z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
     dz = torch.randn(2, B, core.state_dim, generator=gen, dtype=torch.float64)
     with torch.no_grad():
-        for a, b in zip(step_jvp(core, x, z, dz), generic_step_jvp(core, x, z, dz)):
+        for a, b in zip(step_tangents(core, x, z, dz), generic_step_tangents(core, x, z, dz)):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
