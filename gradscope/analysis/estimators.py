@@ -67,7 +67,11 @@ def _jvp_columns(core: nn.Module, x: Tensor, z: Tensor, V: Tensor, t: int) -> Te
 
 
 def _vjp_rows(core: nn.Module, x: Tensor, z: Tensor, U: Tensor, t: int) -> Tensor:
-    """U J_t for U (B, m, D): (B, m, D) by reverse mode, in chunks of rows (:func:`_chunked`)."""
+    """U J_t for U (B, m, D): (B, m, D), from the core's own ``step_cotangents`` where it has one (all rows
+    at once), else by ``torch.func`` reverse mode in chunks of rows (:func:`_chunked`)."""
+    own = getattr(core, "step_cotangents", None)
+    if callable(own):
+        return own(x, z, U.transpose(0, 1).contiguous(), t).transpose(0, 1)
     return _chunked(lambda xc, zc, Uc: _vjp_block(core, xc, zc, Uc, t), x, z, U)
 
 

@@ -25,7 +25,8 @@ with them, whoever wrote it. A core may also provide, and gradscope's own cores 
 - ``step_jvp(x, z, V)``: J_t · V (B, D, k) without forming J_t (the partial Lyapunov spectra, the
   step spectra's estimators), and ``step_tangents(x, z, dz, t, out=None)``: the step with its
   forward-mode products, (y, z', dy, dz') for tangents dz (m, B, D) (the stability sketch's chain;
-  :func:`step_tangents`);
+  :func:`step_tangents`), and ``step_cotangents(x, z, gz, t)``: gz · ∂z'/∂z for rows gz (r, B, D)
+  (the gradient flow's reverse chain; :func:`step_cotangents`);
 - ``init_state(batch, like)``: the state every scan, probe and trajectory starts from (default zero;
   e.g. RWKV's running maximum starts at −1e30);
 - ``position_dependent = True`` with ``step(x, z, t)``: the step also reads its 0-based time index t
@@ -266,6 +267,24 @@ def step_tangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.T
     z' and dz' into (a chain alternates two, so a real-size state is not allocated anew each step)."""
     method = getattr(core, "step_tangents", None)
     return method(x, z, dz, t, out=out) if callable(method) else generic_step_tangents(core, x, z, dz, t)
+
+
+def generic_step_cotangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, gz: torch.Tensor,
+                            t: int | None = None) -> torch.Tensor:
+    """gz · ∂z'/∂z of one step by ``torch.func.vjp``, the r rows riding in the batch: x (B, in), z (B, D),
+    cotangent rows gz (r, B, D) on z' → (r, B, D)."""
+    r, B, D = gz.shape
+    xr, zr = x.repeat(r, 1), z.repeat(r, 1)  # row-major: row j of sequence b at j·B + b
+    _, pullback = torch.func.vjp(lambda s: step_at(core, xr, s, t)[1], zr)
+    return pullback(gz.reshape(r * B, D))[0].reshape(r, B, D)
+
+
+def step_cotangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, gz: torch.Tensor,
+                    t: int | None = None) -> torch.Tensor:
+    """gz · ∂z'/∂z for cotangent rows gz (r, B, D) on the step's new state: the core's own hand-derived
+    ``step_cotangents`` where it has one (transformers' Mamba), else :func:`generic_step_cotangents`."""
+    method = getattr(core, "step_cotangents", None)
+    return method(x, z, gz, t) if callable(method) else generic_step_cotangents(core, x, z, gz, t)
 
 
 def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> torch.Tensor:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from gradscope.errors import check
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, rms_jvp,
                                             shift_blocks)
-from gradscope.models.core import generic_step_tangents
+from gradscope.models.core import generic_step_cotangents, generic_step_tangents
 
 TOLERANCE = 1e-4
 SILU = ("silu", "swish")  # the activations step_tangents derives (transformers' names)
@@ -109,6 +109,11 @@ class HFMambaCore(LibraryCore):
         z or dz). A mixer whose activation is not SiLU goes the generic way."""
         if getattr(self.model.config, "hidden_act", None) not in SILU:
             return generic_step_tangents(self, x, z, dz, t)
+        with torch.no_grad():  # products by hand: no graph of the parameters
+            return self._step_tangents(x, z, dz, out)
+
+    def _step_tangents(self, x: Tensor, z: Tensor, dz: Tensor,
+                       out: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         B, m = x.shape[0], dz.shape[0]
         I, N, K = self.I, self.N, self.K
         z_out, dz_out = (torch.empty_like(z), torch.empty_like(dz)) if out is None else out
@@ -169,6 +174,95 @@ class HFMambaCore(LibraryCore):
         return y * f.weight, z_out, dy * f.weight, dz_out
 
 
+    def step_cotangents(self, x: Tensor, z: Tensor, gz: Tensor, t: int | None = None) -> Tensor:
+        """gz · ∂z'/∂z for cotangent rows gz (r, B, D) on the new state: (r, B, D), derived by hand (the
+        reverse of :meth:`step_tangents`; :func:`gradscope.models.core.step_cotangents`). One forward pass
+        keeps each layer's intermediates, then the r rows go down the layers together: the residual
+        stream's cotangent from the layers above, each layer's own state cotangent, the SSM's ∂s'/∂Δ
+        shared by the rows. A mixer whose activation is not SiLU goes the generic way."""
+        if getattr(self.model.config, "hidden_act", None) not in SILU:
+            return generic_step_cotangents(self, x, z, gz, t)
+        with torch.no_grad():  # products by hand: no graph of the parameters
+            return self._step_cotangents(x, z, gz)
+
+    def _step_cotangents(self, x: Tensor, z: Tensor, gz: Tensor) -> Tensor:
+        B, r = x.shape[0], gz.shape[0]
+        I, N, K = self.I, self.N, self.K
+        saved = []
+        h = x
+        for i, block in enumerate(self.model.layers):  # the forward pass, keeping what the reverse reads
+            mx = block.mixer
+            window = z[:, self._slices[f"l{i}/conv"]].reshape(B, I, K - 1)
+            s_prev = z[:, self._slices[f"l{i}/ssm"]].reshape(B, I, N)
+            hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
+            u, g = mx.in_proj(hn).chunk(2, dim=-1)
+            w = mx.conv1d.weight[:, 0, :]
+            pre = (window * w[:, :-1]).sum(-1) + u * w[:, -1]
+            if mx.conv1d.bias is not None:
+                pre = pre + mx.conv1d.bias
+            c = F.silu(pre)
+            raw = torch.split(mx.x_proj(c), [self.R, N, N], dim=-1)
+            dt, Bm, Cm = raw
+            if self.falcon:
+                dt, Bm, Cm = rms(dt, mx.dt_layernorm.eps), rms(Bm, mx.b_layernorm.eps), rms(Cm, mx.c_layernorm.eps)
+            dt_pre = mx.dt_proj(dt)
+            dt = F.softplus(dt_pre)
+            negA = -torch.exp(mx.A_log)
+            dA = torch.exp(dt[..., None] * negA)
+            s = dA * s_prev
+            s.addcmul_((dt * c)[..., None], Bm[:, None, :])
+            out = (s @ Cm[..., None])[..., 0] + mx.D * c
+            saved.append((h, g, pre, c, raw, Bm, Cm, dt_pre, dt, dA * negA * s_prev, dA, s, out))
+            h = h + mx.out_proj(out * F.silu(g))
+        gz_out = torch.empty_like(gz)
+        g_h = None  # the top layer's output feeds only y, not z'
+        for i in range(len(self.model.layers) - 1, -1, -1):
+            block = self.model.layers[i]
+            mx = block.mixer
+            h, g, pre, c, raw, Bm, Cm, dt_pre, dt, Q, dA, s, out = saved[i]
+            sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
+            g_s = gz[:, :, ss].reshape(r, B, I, N)
+            g_win_new = gz[:, :, sc].reshape(r, B, I, K - 1)
+            if g_h is None:
+                g_gated = g_out = g_g = None
+                g_total = g_s
+            else:
+                g_gated = F.linear(g_h, mx.out_proj.weight.t())  # (r, B, I)
+                sg = torch.sigmoid(g)
+                g_out = g_gated * (g * sg)
+                g_g = g_gated * out * (sg * (1 + g * (1 - sg)))
+                g_total = g_s + g_out[..., None] * Cm[:, None, :]  # on s: from z' and from the output
+            g_prev = gz_out[:, :, ss].view(r, B, I, N)
+            torch.mul(g_total, dA, out=g_prev)
+            dtc = dt * c
+            g_dtc = (g_total @ Bm[..., None])[..., 0]  # (r, B, I)
+            g_Bm = torch.einsum("rbin,bi->rbn", g_total, dtc)
+            g_dt = (g_total * Q).sum(-1) + g_dtc * c
+            g_c = g_dtc * dt
+            if g_out is not None:
+                g_c = g_c + g_out * mx.D
+                g_Cm = torch.einsum("rbi,bin->rbn", g_out, s)
+            else:
+                g_Cm = torch.zeros_like(g_Bm)
+            g_dtr = F.linear(g_dt * torch.sigmoid(dt_pre), mx.dt_proj.weight.t())
+            if self.falcon:
+                g_dtr = _rms_back(raw[0], g_dtr, mx.dt_layernorm.eps)
+                g_Bm = _rms_back(raw[1], g_Bm, mx.b_layernorm.eps)
+                g_Cm = _rms_back(raw[2], g_Cm, mx.c_layernorm.eps)
+            g_c = g_c + F.linear(torch.cat([g_dtr, g_Bm, g_Cm], dim=-1), mx.x_proj.weight.t())
+            sig = torch.sigmoid(pre)
+            g_pre = g_c * (sig * (1 + pre * (1 - sig)))
+            w = mx.conv1d.weight[:, 0, :]
+            g_win = gz_out[:, :, sc].view(r, B, I, K - 1)
+            torch.mul(g_pre[..., None], w[:, :-1], out=g_win)
+            g_win[..., 1:] += g_win_new[..., :-1]  # window' = (window[1:], u)
+            g_u = g_pre * w[:, -1] + g_win_new[..., -1]
+            g_ug = torch.cat([g_u, g_g if g_g is not None else torch.zeros_like(g_u)], dim=-1)
+            g_hn = F.linear(g_ug, mx.in_proj.weight.t()) * block.norm.weight
+            g_in = _rms_back(h, g_hn, block.norm.variance_epsilon)
+            g_h = g_in if g_h is None else g_h + g_in
+        return gz_out
+
 def _linear(layer: nn.Linear, a: Tensor, da: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """``layer(a)`` and its tangents ``W da`` (m, B, in) from one matrix product (no bias on tangents)."""
     if da is None:
@@ -176,6 +270,12 @@ def _linear(layer: nn.Linear, a: Tensor, da: Tensor | None) -> tuple[Tensor, Ten
     both = F.linear(torch.cat([a[None], da]), layer.weight)
     out = both[0] if layer.bias is None else both[0] + layer.bias
     return out, both[1:]
+
+
+def _rms_back(x: Tensor, g: Tensor, eps: float) -> Tensor:
+    """g · ∂rms(x)/∂x for rows g (…, n) broadcasting against x (the Jacobian is symmetric: the same
+    formula as :func:`~gradscope.models.adapters.base.rms_jvp`'s tangent)."""
+    return rms_jvp(x, g, eps)[1]
 
 def adapt(model: nn.Module) -> Adapted:
     """The adapter of a ``MambaForCausalLM``/``MambaModel`` (or Falcon-Mamba)."""

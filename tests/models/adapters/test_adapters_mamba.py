@@ -218,3 +218,31 @@ def test_step_tangents_of_another_activation_go_the_generic_way() -> None:
     with torch.no_grad():
         for a, b in zip(step_tangents(core, x, z, dz), generic_step_tangents(core, x, z, dz)):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("falcon", [False, True])
+def test_hand_derived_step_cotangents_equal_torch_func(falcon: bool, monkeypatch) -> None:  # noqa: ANN001
+    """The adapter's own reverse step (the estimated gradient flow's chain at real size) against
+    ``torch.func.vjp`` of its step in float64, and the estimated flow with and without it."""
+    from gradscope.analysis.estimators import flow_hutchinson
+    from gradscope.models.adapters.hf_mamba import HFMambaCore
+    from gradscope.models.core import generic_step_cotangents, scan, step_cotangents
+
+    wrapped = gradscope.wrap(tiny(falcon))
+    core = wrapped.core
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(B, 8, generator=gen, dtype=torch.float64)
+    z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
+    gz = torch.randn(5, B, core.state_dim, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(step_cotangents(core, x, z, gz), generic_step_cotangents(core, x, z, gz),
+                               rtol=1e-12, atol=1e-13)
+    with torch.no_grad():
+        inputs = wrapped.core_inputs(tokens(6))
+        prev = torch.cat([torch.zeros_like(inputs[:, :1, :1]).expand(-1, 1, core.state_dim),
+                          scan(core, inputs)[1][:, :-1]], dim=1)
+    ours = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(HFMambaCore, "step_cotangents", None)
+    ref = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13, equal_nan=True)
+    assert torch.isfinite(ours[0][:, :-1]).all()
