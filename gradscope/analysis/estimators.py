@@ -55,11 +55,14 @@ def _chunked(fn, x: Tensor, z: Tensor, V: Tensor) -> Tensor:  # noqa: ANN001 - f
 
 def _jvp_columns(core: nn.Module, x: Tensor, z: Tensor, V: Tensor, t: int) -> Tensor:
     """J_t V for V (B, m, D) column blocks: (B, m, D), through ``torch.func.jvp`` (or the core's own
-    ``step_jvp``), J_t never formed. (Forward mode has no slowdown past a few columns: one call.)"""
+    ``step_jvp``, else its ``step_tangents``), J_t never formed. (Forward mode has no slowdown past a few columns: one call.)"""
     own = getattr(core, "step_jvp", None)
     if callable(own):
         out = own(x, z, V.mT, t=t) if getattr(core, "position_dependent", False) else own(x, z, V.mT)
         return out.mT
+    tangents = getattr(core, "step_tangents", None)  # a core's hand-derived forward mode, all columns at once
+    if callable(tangents):
+        return tangents(x, z, V.transpose(0, 1).contiguous(), t)[3].transpose(0, 1)
     B, m, D = V.shape
     xr, zr = _repeat(x, z, m)
     out = torch.func.jvp(lambda s: step_at(core, xr, s, t)[1], (zr,), (V.reshape(B * m, D),))[1]

@@ -22,6 +22,7 @@ from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tan
 from gradscope.fields import ESTIMATORS  # noqa: F401 - declared with the options
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget as available_budget
+from gradscope.models.core import own_products
 from gradscope.tasks.probes import Probes
 
 PAIRS = ("same-target", "same-suffix")
@@ -142,7 +143,8 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
 
     def sketch(u: int) -> tuple[float, int]:
         products = products_seconds("jvp", chunks * tail, batch * columns(u), D=D, modules=modules,
-                                    params=weight_count(core), step_flops=0.0)  # the flops are counted at rate
+                                    params=weight_count(core), step_flops=0.0,  # the flops are counted at rate
+                                    own="jvp" in own_products(core))
         return (sequences * (steps * f + tail * columns(u) * f) / rate + scan_s + products,
                 3 * 8 * columns(u) * D * element_size)
 

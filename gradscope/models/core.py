@@ -287,6 +287,13 @@ def step_cotangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, gz: torch
     return method(x, z, gz, t) if callable(method) else generic_step_cotangents(core, x, z, gz, t)
 
 
+def own_products(core: nn.Module) -> frozenset[str]:
+    """The products ``core`` derives by hand: "jvp" (its own ``step_tangents``), "vjp" (``step_cotangents``);
+    the plans price them apart (:data:`gradscope.analysis.cost.OWN_FACTOR`)."""
+    names = {"jvp": "step_tangents", "vjp": "step_cotangents"}
+    return frozenset(kind for kind, name in names.items() if callable(getattr(core, name, None)))
+
+
 def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> torch.Tensor:
     """J_t = ∂z_t/∂z_{t−1} (B, D, D) of any protocol core from x (B, in) and z (B, D): the core's own
     ``step_jacobian`` where it has one (a user's core may not), else :func:`generic_step_jacobian`.

@@ -64,6 +64,7 @@ class CoreShape:
     modules: int = 1  # submodules of the core: a step call's Python overhead grows with them
     params: int = 0  # the core's parameters (0: step_flops / 2)
     fused: bool = False  # the core gives a step and its diagonal blocks from one pass (step_and_blocks)
+    own: frozenset[str] = frozenset()  # products the core derives by hand: "jvp" (step_tangents), "vjp" (step_cotangents)
 
     @property
     def overhead(self) -> float:
@@ -74,7 +75,8 @@ class CoreShape:
         """``calls`` batched JVPs (kind "jvp") or VJPs ("vjp") through the step, ``columns`` columns (rows)
         each, all sequences of the batch together (:func:`gradscope.analysis.cost.products_seconds`)."""
         return products_seconds(kind, calls, columns, D=self.D, modules=self.modules,
-                                params=self.params or self.step_flops / 2, step_flops=self.step_flops)
+                                params=self.params or self.step_flops / 2, step_flops=self.step_flops,
+                                own=kind in self.own)
 
     def form_seconds(self) -> float:
         """Forming one J_t (D × D) for one sequence: analytic O(D²), else D reverse passes of a step."""
