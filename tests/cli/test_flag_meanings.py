@@ -58,24 +58,41 @@ TWO_MEANINGS = {
 }
 
 
-def shared_flags() -> dict[str, dict[str, str]]:
-    """flag → {command: help} for every visible flag that more than one command has."""
+def visible_options() -> list[tuple[str, list[str], str]]:
+    """(command, the option's long names, its help) for every visible option of every command."""
     def commands(group: typer.core.TyperGroup, prefix: str = "") -> list[tuple[str, typer.core.TyperCommand]]:
         found = []
         for name, command in group.commands.items():
             found += commands(command, f"{prefix}{name} ") if hasattr(command, "commands") else [(prefix + name, command)]
         return found
 
-    uses: dict[str, dict[str, str]] = defaultdict(dict)
     walked = commands(typer.main.get_command(app))
     assert {"train", "stability", "report", "reproduce", "sweep", "corpus prepare"} <= {n for n, _ in walked}
-    for name, command in walked:
-        for p in command.get_params(typer.Context(command, info_name=name)):
-            if p.param_type_name == "option" and not getattr(p, "hidden", False):
-                for flag in [*p.opts, *p.secondary_opts]:
-                    if flag.startswith("--") and flag != "--help":
-                        uses[flag][name] = p.help or ""
+    return [(name, [f for f in [*p.opts, *p.secondary_opts] if f.startswith("--") and f != "--help"], p.help or "")
+            for name, command in walked for p in command.get_params(typer.Context(command, info_name=name))
+            if p.param_type_name == "option" and not getattr(p, "hidden", False)]
+
+
+def shared_flags() -> dict[str, dict[str, str]]:
+    """flag → {command: help} for every visible flag that more than one command has."""
+    uses: dict[str, dict[str, str]] = defaultdict(dict)
+    for name, flags, help_text in visible_options():
+        for flag in flags:
+            uses[flag][name] = help_text
     return {flag: by for flag, by in uses.items() if len(by) > 1}
+
+
+def test_a_short_name_names_the_same_option_in_every_command() -> None:
+    """A flag that is another option's second name in one command (stability's --model is --model-factory) is
+    that option's name wherever it is shown: reproduce's --model named a directory."""
+    first: dict[str, dict[str, str]] = defaultdict(dict)  # flag → {command: the first name of its option}
+    for name, flags, _ in visible_options():
+        for flag in flags:
+            first[flag][name] = flags[0]
+    aliases = {flag: by for flag, by in first.items() if any(head != flag for head in by.values())}
+    assert "--model" in aliases  # the check sees the short names it is about
+    mixed = {flag: by for flag, by in aliases.items() if len(set(by.values())) > 1}
+    assert not mixed, mixed
 
 
 def test_a_flag_shared_by_commands_reads_the_same_or_says_why_not() -> None:
