@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -10,7 +11,7 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from gradscope.workflows.study_options import StudyOptions  # torch-free: --help builds the options from it
+from gradscope.workflows.study_options import StudyOptions, TextStudyOptions  # torch-free: --help builds them
 
 from .common import SETTINGS, command_line, make_console, refuse_given, warn
 from .errors import user_errors
@@ -79,7 +80,8 @@ def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
 
 
 # the study's options (each --<field>, its help and default from StudyOptions' field) are generated
-ReproduceCommand = generated_command(StudyOptions)
+# and those of the study of a pretrained LM on a text (--text … --budget-seconds, TextStudyOptions' fields)
+ReproduceCommand = generated_command(StudyOptions, None, TextStudyOptions)
 
 
 @user_errors
@@ -90,29 +92,26 @@ def reproduce_command(
     measure: Annotated[bool, Opt(help="With --dry-run: time a few training steps per model to estimate CPU time.")] = True,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
     model_dir: Annotated[Optional[Path], Opt("--model-dir", help="With --text: a pretrained LM's save_pretrained directory, its tokenizer beside it: accuracy, stability and dynamics by token frequency on the text, and the report, into --out (docs/real-text.md).")] = None,
-    text: Annotated[Optional[Path], Opt(help="With --model-dir: the raw UTF-8 text the study runs on.")] = None,
-    counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency groups (default: --text).")] = None,
-    tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the --model-dir directory).")] = None,
     model_factory: Annotated[str, Opt("--model-factory", help="With --text: how the --model-dir directory loads: hf or hf:CLASS.")] = "hf",
-    max_length: Annotated[int, Opt(help="With --text: accuracy's tokens per row (longer paragraphs are scored in overlapping windows).")] = 1024,
-    resamples: Annotated[int, Opt(help="With --text: accuracy's bootstrap resamples over paragraphs.")] = 1000,
-    seed: Annotated[int, Opt(help="With --text: the seed of the probes, trajectories and bootstrap.")] = 0,
-    budget_seconds: Annotated[float, Opt(help="With --text: dynamics' time budget (stability's is ten times it).")] = 60.0,
     # --model-dir's name before issue #39 (elsewhere --model is --model-factory's short name), hidden; it warns
     model: Annotated[Optional[Path], Opt("--model", hidden=True, help="Deprecated: the old name of --model-dir; it will be removed.")] = None,
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report;
     with --extend-to, the vocabulary-extension experiment too. With --model-dir DIR --text FILE: a
     pretrained LM's accuracy, stability and dynamics by token frequency on a raw text, and the report.
-    The study's options (--study … --extend-iterations) are StudyOptions' fields."""
+    The study's options (--study … --extend-iterations) are StudyOptions' fields, the text study's (--text …
+    --budget-seconds) TextStudyOptions'."""
     settings = ctx.meta.get(SETTINGS, {})
     if model is not None:
         if model_dir is not None:
             raise GradscopeError("--model-dir: given twice, also as --model (its old name); give --model-dir only")
         warn("--model is deprecated and will be removed; use --model-dir (--model names a model factory elsewhere)")
         model_dir = model
-    text_options = ["model_dir", "model", "text", "counts_text", "tokenizer", "model_factory", "max_length", "resamples", "seed",
-                    "budget_seconds"]
+    study_fields = {f.name for f in dataclasses.fields(StudyOptions)}
+    text_options = ["model_dir", "model", "model_factory",
+                    *(f.name for f in dataclasses.fields(TextStudyOptions) if "help" in f.metadata)]
+    text_fields = {f.name for f in dataclasses.fields(TextStudyOptions)}
+    text = settings.get("text")
     if model_dir is not None or text is not None:
         if model_dir is None or text is None:
             raise GradscopeError("--model-dir/--text: they go together: gradscope reproduce --model-dir DIR --text FILE "
@@ -120,17 +119,16 @@ def reproduce_command(
         refuse_given(ctx, ["study", "scale", "corpus_text", "valid_file", "test_file", "models", "seeds", "iterations",
                            "dry_run", "measure", "extend_to", "extend_iterations"],
                      "they set the synthetic and lm studies, which train their own models; --text studies --model-dir")
-        target_pos, probe_length = settings.get("target_pos"), settings.get("probe_length")
-        text_study(model_dir, text, counts_text, tokenizer, model_factory, out, settings.get("triplets", 64),
-                   16 if target_pos is None else target_pos, 32 if probe_length is None else probe_length,
-                   max_length, resamples, seed, budget_seconds, command_line(ctx), quiet)
+        # the flags StudyOptions shares with it (triplets, target_pos, probe_length): left out, its own defaults
+        opts = build_options(TextStudyOptions, {k: v for k, v in settings.items() if k in text_fields})
+        text_study(model_dir, opts, model_factory, out, command_line(ctx), quiet)
         return
     refuse_given(ctx, text_options, "they go with --model-dir DIR --text FILE (a pretrained LM on raw text)")
     from gradscope.workflows.reproduce import plan_study, run_study
 
     if not dry_run:
         refuse_given(ctx, ["measure"], "it goes with --dry-run")
-    options = build_options(StudyOptions, settings)  # every value checked in its __post_init__
+    options = build_options(StudyOptions, {k: v for k, v in settings.items() if k in study_fields})  # checked in __post_init__
     planned = plan_study(options, out)
     if dry_run:
         console.print(plan_table(planned.runs, measure))
@@ -165,21 +163,19 @@ def reproduce_command(
         console.print(result.extension, markup=False)  # "[low, high]" is text, not rich markup
 
 
-def text_study(model: Path, text: Path, counts_text: Optional[Path], tokenizer: Optional[Path], model_factory: str,
-               out: Path, triplets: int, target_pos: int, probe_length: int, max_length: int, resamples: int,
-               seed: int, budget_seconds: float, command: str, quiet: bool) -> None:
+def text_study(model_dir: Path, opts: TextStudyOptions, model_factory: str, out: Path, command: str,
+               quiet: bool) -> None:
     """``reproduce --model-dir DIR --text FILE``: gradscope.workflows.text_study, then the report."""
     from rich.markup import escape
 
     from gradscope.workflows.text_study import reproduce_text
 
-    study = reproduce_text(model, text, out=out, counts_text=counts_text, tokenizer=tokenizer,
-                           model_factory=model_factory, triplets=triplets, target_pos=target_pos,
-                           probe_length=probe_length, max_length=max_length, resamples=resamples, seed=seed,
-                           budget_seconds=budget_seconds, command=command,
-                           on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")))
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    study = reproduce_text(model_dir, fields.pop("text"), out=out, model_factory=model_factory, command=command,
+                           on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")),
+                           **fields)
     report = write_report(list(study.stores.values()), out / "report.html",
-                          f"gradscope reproduce: {model.name} on {text.name}", command)
+                          f"gradscope reproduce: {model_dir.name} on {Path(opts.text).name}", command)
     console.print(escape(f"study in {out}: {', '.join(p.name for p in study.stores.values())}, {report.name}"))
 
 

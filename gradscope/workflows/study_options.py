@@ -8,6 +8,7 @@ steers the terminal (``--quiet``, ``--dry-run``) stay the command's own."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -129,6 +130,33 @@ class StudyOptions:
             check(self.extend_to <= MAX_COUNT, f"extend_to: got {self.extend_to}; it must be at most {MAX_COUNT}")
             check(self.extend_iterations is None or self.extend_iterations >= 1,
                   f"extend_iterations: got {self.extend_iterations}; it must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextStudyOptions:
+    """`gradscope reproduce --model-dir DIR --text FILE`'s study of a pretrained LM on a raw text; each field is
+    named as its flag (``text`` … ``budget_seconds``; ``triplets``, ``target_pos`` and ``probe_length`` are the
+    flags :class:`StudyOptions` declares, shared by both studies); the defaults finish in a few minutes on a
+    laptop CPU for a small model (docs/real-text.md). ``target_pos``/``probe_length``: the stability probes'
+    target (paragraph token) and row length (start token included; dynamics' rows too); ``triplets`` per
+    condition (targets frequent and rare, disturbants the text as it is); ``max_length``/``resamples``:
+    accuracy's; ``budget_seconds``: dynamics' whole budget (stability decides exact or sketch by its own, ten
+    times it). Every field is part of the study's identity (a finished store of other options is refused)."""
+
+    text: str = option(dataclasses.MISSING, "With --model-dir: the raw UTF-8 text the study runs on.")
+    counts_text: str | None = option(None, "With --text: a (larger) text whose token counts define the frequency "
+                                           "groups (default: --text).")
+    tokenizer: str | None = option(None, "With --text: the folder of the model's tokenizer (default: the --model-dir "
+                                         "directory).")
+    triplets: int = 64
+    target_pos: int = 16
+    probe_length: int = 32
+    max_length: int = option(1024, "With --text: accuracy's tokens per row (longer paragraphs are scored in "
+                                   "overlapping windows).")
+    resamples: int = option(1000, "With --text: accuracy's bootstrap resamples over paragraphs.")
+    seed: int = option(0, "With --text: the seed of the probes, trajectories and bootstrap.")
+    budget_seconds: float = option(60.0, "With --text: dynamics' time budget (stability's is ten times it).")
+    device: str = "auto"
 
 
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")  # dask's network transports

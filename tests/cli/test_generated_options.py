@@ -23,11 +23,13 @@ from gradscope.cli.stability import stability_command
 from gradscope.cli.summarize import summarize_command
 from gradscope.cli.sweep import sweep_command
 from gradscope.workflows.options import AccuracyOptions, DynamicsOptions, StabilityOptions, SummarizeOptions
-from gradscope.workflows.study_options import ClusterOptions, CorpusOptions, ReportOptions, StudyOptions
+from gradscope.workflows.study_options import (ClusterOptions, CorpusOptions, ReportOptions, StudyOptions,
+                                               TextStudyOptions)
 
 CASES = [("stability", StabilityOptions, stability_command), ("dynamics", DynamicsOptions, dynamics_command),
          ("accuracy", AccuracyOptions, accuracy_command), ("summarize", SummarizeOptions, summarize_command),
          ("report", ReportOptions, report_command), ("reproduce", StudyOptions, reproduce_command),
+         ("reproduce", TextStudyOptions, reproduce_command),
          ("sweep", ClusterOptions, sweep_command), ("corpus prepare", CorpusOptions, prepare_command)]
 
 
