@@ -69,11 +69,13 @@ def sweep_command(
     """Run a grid of train → accuracy → stability tasks on dask.distributed, resumably. Where the points
     run (--scheduler … --retries) is ClusterOptions' fields."""
     from gradscope.store.manifest import write_manifest
-    from gradscope.workflows.cluster import dashboard_link, open_client, run_sweep, Tally
+    from gradscope.workflows.cluster import check_workers, dashboard_link, open_client, run_sweep, Tally
     from gradscope.workflows.reproduce import Layout
     from gradscope.workflows.sweep import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
     opts = build_options(ClusterOptions, ctx.meta.get(SETTINGS, {}))  # checked first, in its __post_init__
+    if opts.scheduler is None and opts.workers is not None:
+        check_workers(opts)  # the memory of the workers asked for, before the spec is read or anything written
     with warnings.catch_warnings(record=True) as said:  # an old setting name in the spec: one line each
         warnings.simplefilter("always", DeprecationWarning)
         spec = read_spec(spec_file)

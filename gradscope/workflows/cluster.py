@@ -55,6 +55,15 @@ def _describe(exc: BaseException) -> str:
     return text[:500] if isinstance(exc, GradscopeError) else f"{name}: {text[:500]}"
 
 
+def check_workers(opts: ClusterOptions, points: int | None = None) -> int:
+    """The local cluster's worker processes (``opts.workers``, else the cores, at most one per point),
+    refused when their start-up memory does not fit (a machine's limit, so not ClusterOptions' own
+    check: that is torch-free, for the help); checked before anything is written."""
+    workers = opts.workers or max(1, min(cores(), points or 1))
+    check_bytes(workers * WORKER_BYTES, "workers")
+    return workers
+
+
 @contextmanager
 def open_client(opts: ClusterOptions, points: int) -> Iterator[Any]:
     """A dask client: attached to ``opts.scheduler``, or to a new LocalCluster that is shut down
@@ -73,8 +82,7 @@ def open_client(opts: ClusterOptions, points: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    workers = opts.workers or max(1, min(cores(), points))
-    check_bytes(workers * WORKER_BYTES, "workers")  # before any process starts
+    workers = check_workers(opts, points)
     # dask's nannies export MALLOC_TRIM_THRESHOLD_=65536 to their workers (for numpy-array
     # workloads); it made one tiny-grid point ~13% slower here (6.1 → 6.9 s), so local workers keep
     # glibc's adaptive default.
