@@ -11,11 +11,11 @@ from .accuracy import AccuracyCommand, accuracy_command
 from .corpus import corpus_app
 from .dynamics import DynamicsCommand, dynamics_command
 from .errors import err_console
-from .report import report_command
-from .reproduce import reproduce_command
+from .report import ReportCommand, report_command
+from .reproduce import ReproduceCommand, reproduce_command
 from .stability import StabilityCommand, stability_command
 from .summarize import SummarizeCommand, summarize_command
-from .sweep import sweep_command
+from .sweep import SweepCommand, sweep_command
 from .train import TrainCommand, train_command
 
 
@@ -67,9 +67,9 @@ app.command("stability", cls=StabilityCommand)(stability_command)
 app.command("accuracy", cls=AccuracyCommand)(accuracy_command)
 app.command("dynamics", cls=DynamicsCommand)(dynamics_command)
 app.command("summarize", cls=SummarizeCommand)(summarize_command)
-app.command("report")(report_command)
-app.command("reproduce")(reproduce_command)
-app.command("sweep")(sweep_command)
+app.command("report", cls=ReportCommand)(report_command)
+app.command("reproduce", cls=ReproduceCommand)(reproduce_command)
+app.command("sweep", cls=SweepCommand)(sweep_command)
 app.add_typer(corpus_app)
 
 

@@ -9,8 +9,11 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from .common import make_console, refuse_given
+from gradscope.workflows.study_options import CorpusOptions  # torch-free: --help builds the options from it
+
+from .common import SETTINGS, make_console, refuse_given
 from .errors import user_errors
+from .generated import build_options, generated_command
 
 console = make_console()
 Opt = typer.Option
@@ -18,31 +21,29 @@ corpus_app = typer.Typer(name="corpus", help="Text corpora for language modellin
                          add_completion=False, rich_markup_mode=None)
 
 
-@corpus_app.command("prepare")
+# the corpus settings (each --<field>, its help and default from CorpusOptions' field) are generated
+PrepareCommand = generated_command(CorpusOptions, after="out")
+
+
+@corpus_app.command("prepare", cls=PrepareCommand)
 @user_errors
 def prepare_command(
     ctx: typer.Context,
     raw: Annotated[Path, typer.Argument(help="UTF-8 text, one paragraph per line (e.g. WikiText-103's wiki.train.raw); WikiText headings and blank lines are dropped.", show_default=False)],
     out: Annotated[Path, Opt("--out", "-o", help="Corpus directory to create (must not exist).")],
-    vocab: Annotated[int, Opt(help="SentencePiece pieces K (the paper: 32768).")] = 32_768,
-    model_type: Annotated[str, Opt(help="SentencePiece model type: unigram (SentencePiece's and torchtext's default), bpe, char or word.")] = "unigram",
-    character_coverage: Annotated[float, Opt(help="Share of characters the pieces must cover (the rest map to <unk>).")] = 0.9995,
     valid_file: Annotated[Optional[Path], Opt(help="Separate valid split (with --test-file), e.g. wiki.valid.raw.")] = None,
     test_file: Annotated[Optional[Path], Opt(help="Separate test split (with --valid-file), e.g. wiki.test.raw.")] = None,
-    valid: Annotated[float, Opt(help="Without split files: fraction of paragraphs held out for valid.")] = 0.05,
-    test: Annotated[float, Opt(help="Without split files: fraction of paragraphs held out for test.")] = 0.05,
-    split_seed: Annotated[int, Opt(help="Without split files: seed of the paragraph permutation.")] = 0,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress display.")] = False,
 ) -> None:
     """Strip headings and blank lines, train a SentencePiece tokenizer on the train split, and write
-    the splits as memory-mapped token arrays with counts and a manifest."""
-    from gradscope.workflows.corpus import CorpusSettings, prepare_corpus
+    the splits as memory-mapped token arrays with counts and a manifest. The settings (--vocab-size …
+    --split-seed) are CorpusOptions' fields."""
+    from gradscope.workflows.corpus import prepare_corpus
 
+    settings = build_options(CorpusOptions, ctx.meta.get(SETTINGS, {}))  # every value checked in its __post_init__
     if valid_file is not None or test_file is not None:  # the split files are the held-out splits
         refuse_given(ctx, ["valid", "test", "split_seed"], "they split one file's paragraphs; with --valid-file "
                      "and --test-file the held-out splits are those files")
-    settings = CorpusSettings(vocab_size=vocab, model_type=model_type, character_coverage=character_coverage,
-                              valid=valid, test=test, split_seed=split_seed)
     if quiet:
         corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file)
     else:  # a spinner with the stage and its elapsed time (tokenizer training on WikiText-103 takes minutes)

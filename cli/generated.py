@@ -69,22 +69,29 @@ def build_options(cls: type, values: dict[str, Any]) -> Any:
     return cls(**given)
 
 
-def generated_command(cls: type, after: str | None = None) -> type[TyperCommand]:
+def generated_command(cls: type, after: str | None = None, *more: type) -> type[TyperCommand]:
     """A TyperCommand class whose options also include the fields of the options dataclass ``cls``
     (:func:`field_params`; a torch-free class, so that --help loads no torch), inserted after the option
-    named ``after`` (else first among the options)."""
+    named ``after`` (else first among the options); then those of ``more`` (a command with two modes,
+    each its own dataclass: a field both declare is one option, the first's)."""
+
+    def generated() -> list[Any]:
+        seen: dict[str, Any] = {}
+        for c in (cls, *more):
+            seen.update({p.name: p for p in field_params(c) if p.name not in seen})
+        return list(seen.values())
 
     class GeneratedCommand(TyperCommand):
         def get_params(self, ctx: typer.Context) -> list[Any]:
             params = super().get_params(ctx)
             own = {p.name for p in params}
-            extra = [p for p in field_params(cls) if p.name not in own]
+            extra = [p for p in generated() if p.name not in own]
             at = next((i + 1 for i, p in enumerate(params) if p.name == after),
                       next((i for i, p in enumerate(params) if p.param_type_name == "option"), len(params)))
             return params[:at] + extra + params[at:]
 
         def invoke(self, ctx: typer.Context) -> Any:
-            names = {p.name for p in field_params(cls)}
+            names = {p.name for p in generated()}
             ctx.meta[SETTINGS] = {k: ctx.params.pop(k) for k in list(ctx.params) if k in names}
             return super().invoke(ctx)
 

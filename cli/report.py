@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,8 +11,11 @@ from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, make_console, refuse_given
+from gradscope.workflows.study_options import ReportOptions  # torch-free: --help builds the options from it
+
+from .common import SETTINGS, command_line, make_console, refuse_given
 from .errors import user_errors
+from .generated import build_options, generated_command
 
 console = make_console()
 Opt = typer.Option
@@ -26,37 +30,33 @@ def check_out(out: Path, overwrite: bool) -> None:
         raise GradscopeError(f"--out: {out} already exists; choose another path or pass --overwrite")
 
 
+# the drawing options (each --<field>, its help and default from ReportOptions' field) are generated
+ReportCommand = generated_command(ReportOptions, after="out")
+
+
 @user_errors
 def report_command(
     ctx: typer.Context,
     inputs: Annotated[Optional[list[Path]], typer.Argument(help="Stability, accuracy, dynamics or summary stores and run directories (any mix), sweep directories, or folders of them.", show_default=False)] = None,
     out: Annotated[Path, Opt("--out", "-o", help="HTML file to write (self-contained, works offline).")] = Path("report.html"),
-    static: Annotated[Optional[str], Opt(help="Also write each figure as png or svg beside the HTML (needs kaleido>=1 and Chrome/Chromium on PATH).")] = None,
-    score: Annotated[str, Opt(help="Stability score to plot: default, frobenius or l1.")] = "default",
-    iteration: Annotated[Optional[int], Opt(help="Checkpoint (training iteration) for distributions, spectra and the accuracy grid. Default: each store's last.")] = None,
-    resamples: Annotated[int, Opt(help="Bootstrap resamples for the stability CIs.")] = 10_000,
-    seed: Annotated[int, Opt(help="Seed of the stability bootstrap.")] = 0,
-    title: Annotated[str, Opt(help="Title of the report.")] = "gradscope report",
     overwrite: Annotated[bool, Opt(help="Replace an existing report.")] = False,
 ) -> None:
-    """Render stores and runs into one offline HTML report (plots, table of contents, provenance)."""
-    from gradscope.reports import export_static, render_report, ReportOptions, STATIC_FORMATS
+    """Render stores and runs into one offline HTML report (plots, table of contents, provenance).
+    The drawing options (--static … --title) are ReportOptions' fields."""
+    from gradscope.reports import export_static, render_report
     from gradscope.store.inputs import load_inputs
     from gradscope.files.io import atomic_write
 
-    if static is not None and static not in STATIC_FORMATS:
-        raise GradscopeError(f"--static: got {static!r}; valid formats are {', '.join(STATIC_FORMATS)}")
-    if resamples < 1:
-        raise GradscopeError(f"--resamples: got {resamples}; it must be positive")
+    # every option is checked in ReportOptions.__post_init__, before any input is read
+    opts = build_options(ReportOptions, ctx.meta.get(SETTINGS, {}))
     check_out(out, overwrite)
     items = load_inputs(list(inputs or []))
     if not any(i.kind == "stability" for i in items):  # only stability stores are bootstrapped and scored here
         refuse_given(ctx, ["score", "resamples", "seed"], "they set the stability figures, and no input is a "
                      "stability store")
-    opts = ReportOptions(score=score, iteration=iteration, resamples=resamples, seed=seed, title=title,
-                         command=command_line(ctx))
+    opts = dataclasses.replace(opts, command=command_line(ctx))
     page, sections = render_report(items, opts)
-    images = export_static(sections, out, static, overwrite) if static else []
+    images = export_static(sections, out, opts.static, overwrite) if opts.static else []
     # exclusive without --overwrite: a report that appeared meanwhile is not replaced
     atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"), overwrite=overwrite, what="--out")
     figures = sum(s.figure is not None for s in sections)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -10,8 +11,11 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, given, make_console, refuse_given, split_list
+from gradscope.workflows.study_options import StudyOptions, TextStudyOptions  # torch-free: --help builds them
+
+from .common import SETTINGS, command_line, make_console, refuse_given, warn
 from .errors import user_errors
+from .generated import build_options, generated_command
 from .progress import make_progress
 from .summarize import summary_table
 
@@ -21,14 +25,6 @@ if TYPE_CHECKING:
 
 console = make_console()
 Opt = typer.Option
-
-
-def _ints(text: str, name: str) -> list[int]:
-    """Comma-separated integers; an empty list is an error, never the default (repeats: StudyOptions)."""
-    try:
-        return [int(v) for v in split_list(text, name, "1,2,3")]
-    except ValueError:
-        raise GradscopeError(f"{name}: got {text!r}; give comma-separated integers such as 1,2,3") from None
 
 
 def seconds_per_step(run: PlannedRun) -> float:
@@ -83,62 +79,56 @@ def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
     return table
 
 
+# the study's options (each --<field>, its help and default from StudyOptions' field) are generated
+# and those of the study of a pretrained LM on a text (--text … --budget-seconds, TextStudyOptions' fields)
+ReproduceCommand = generated_command(StudyOptions, None, TextStudyOptions)
+
+
 @user_errors
 def reproduce_command(
     ctx: typer.Context,
-    study: Annotated[str, Opt(help="reverse: the synthetic study (SPEC §3); lm: the language-modelling appendix (LSTM vanilla vs PE on a text corpus, docs/lm.md).")] = "reverse",
-    scale: Annotated[str, Opt(help="tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: SPEC §3, for a GPU (lm: WikiText-103, SentencePiece 32,768, first 1,024 tokens per paragraph, 5 seeds).")] = "tiny",
-    corpus_text: Annotated[Optional[Path], Opt(help="--study lm --scale paper: your WikiText-103 wiki.train.raw (nothing is downloaded).")] = None,
-    valid_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.valid.raw.")] = None,
-    test_file: Annotated[Optional[Path], Opt(help="--study lm --scale paper: wiki.test.raw.")] = None,
-    target_pos: Annotated[int, Opt("--target-pos", help="--study lm or --text: the stability probes' target position (paragraph token, 1-based).")] = 16,
-    probe_length: Annotated[int, Opt(help="--study lm or --text: the stability probe rows' length (start token included; with --text, dynamics' rows too).")] = 32,
-    models: Annotated[Optional[str], Opt(help="Comma-separated cores (names in the core registry; the study of the docs ran gru, lstm, s4d, mingru and mamba). Default: gru,lstm,s4d (--study lm: lstm, the paper's).")] = None,
-    seeds: Annotated[Optional[str], Opt(help="Comma-separated training seeds (trials). Default: 1,2,3 (lm: 111,222,333 tiny, 111–555 paper).")] = None,
     out: Annotated[Path, Opt("--out", "-o", help="Study directory (re-running it skips finished steps).")] = Path("study"),
-    iterations: Annotated[Optional[int], Opt(help="Override the scale's training iterations (for a quick look).")] = None,
-    triplets: Annotated[int, Opt(help="Stability probe triplets per condition.")] = 64,
     dry_run: Annotated[bool, Opt("--dry-run", help="Print the plan and estimated compute; train nothing (--study lm prepares its corpus first: the plan needs its vocabulary).")] = False,
     measure: Annotated[bool, Opt(help="With --dry-run: time a few training steps per model to estimate CPU time.")] = True,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
-    extend_to: Annotated[Optional[int], Opt(help="Also run the vocabulary-extension experiment (paper §4.2): extend each study run (vocabulary K) to this K' (only the new rows train, on uniform data over K' items) and train from scratch at K'; writes extension/table.md.")] = None,
-    extend_iterations: Annotated[Optional[int], Opt(help="Training iterations of each extension (default: as many as the study's runs).")] = None,
-    model: Annotated[Optional[Path], Opt("--model", help="With --text: a pretrained LM's save_pretrained directory, its tokenizer beside it: accuracy, stability and dynamics by token frequency on the text, and the report, into --out (docs/real-text.md).")] = None,
-    text: Annotated[Optional[Path], Opt(help="With --model: the raw UTF-8 text the study runs on.")] = None,
-    counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency groups (default: --text).")] = None,
-    tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the --model directory).")] = None,
-    model_factory: Annotated[str, Opt("--model-factory", help="With --text: how the --model directory loads: hf or hf:CLASS.")] = "hf",
-    max_length: Annotated[int, Opt(help="With --text: accuracy's tokens per row (longer paragraphs are scored in overlapping windows).")] = 1024,
-    resamples: Annotated[int, Opt(help="With --text: accuracy's bootstrap resamples over paragraphs.")] = 1000,
-    seed: Annotated[int, Opt(help="With --text: the seed of the probes, trajectories and bootstrap.")] = 0,
-    budget_seconds: Annotated[float, Opt(help="With --text: dynamics' time budget (stability's is ten times it).")] = 60.0,
+    model_dir: Annotated[Optional[Path], Opt("--model-dir", help="With --text: a pretrained LM's save_pretrained directory, its tokenizer beside it: accuracy, stability and dynamics by token frequency on the text, and the report, into --out (docs/real-text.md).")] = None,
+    model_factory: Annotated[str, Opt("--model-factory", help="With --text: how the --model-dir directory loads: hf or hf:CLASS.")] = "hf",
+    # --model-dir's name before issue #39 (elsewhere --model is --model-factory's short name), hidden; it warns
+    model: Annotated[Optional[Path], Opt("--model", hidden=True, help="Deprecated: the old name of --model-dir; it will be removed.")] = None,
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report;
-    with --extend-to, the vocabulary-extension experiment too. With --model DIR --text FILE: a
-    pretrained LM's accuracy, stability and dynamics by token frequency on a raw text, and the report."""
-    text_options = ["model", "text", "counts_text", "tokenizer", "model_factory", "max_length", "resamples", "seed",
-                    "budget_seconds"]
-    if model is not None or text is not None:
-        if model is None or text is None:
-            raise GradscopeError("--model/--text: they go together: gradscope reproduce --model DIR --text FILE -o OUT")
+    with --extend-to, the vocabulary-extension experiment too. With --model-dir DIR --text FILE: a
+    pretrained LM's accuracy, stability and dynamics by token frequency on a raw text, and the report.
+    The study's options (--study … --extend-iterations) are StudyOptions' fields, the text study's (--text …
+    --budget-seconds) TextStudyOptions'."""
+    settings = ctx.meta.get(SETTINGS, {})
+    if model is not None:
+        if model_dir is not None:
+            raise GradscopeError("--model-dir: given twice, also as --model (its old name); give --model-dir only")
+        warn("--model is deprecated and will be removed; use --model-dir (--model names a model factory elsewhere)")
+        model_dir = model
+    study_fields = {f.name for f in dataclasses.fields(StudyOptions)}
+    text_options = ["model_dir", "model", "model_factory",
+                    *(f.name for f in dataclasses.fields(TextStudyOptions) if "help" in f.metadata)]
+    text_fields = {f.name for f in dataclasses.fields(TextStudyOptions)}
+    text = settings.get("text")
+    if model_dir is not None or text is not None:
+        if model_dir is None or text is None:
+            raise GradscopeError("--model-dir/--text: they go together: gradscope reproduce --model-dir DIR --text FILE "
+                                 "-o OUT")
         refuse_given(ctx, ["study", "scale", "corpus_text", "valid_file", "test_file", "models", "seeds", "iterations",
                            "dry_run", "measure", "extend_to", "extend_iterations"],
-                     "they set the synthetic and lm studies, which train their own models; --text studies --model")
-        text_study(model, text, counts_text, tokenizer, model_factory, out, triplets, target_pos, probe_length,
-                   max_length, resamples, seed, budget_seconds, command_line(ctx), quiet)
+                     "they set the synthetic and lm studies, which train their own models; --text studies --model-dir")
+        # the flags StudyOptions shares with it (triplets, target_pos, probe_length): left out, its own defaults
+        opts = build_options(TextStudyOptions, {k: v for k, v in settings.items() if k in text_fields})
+        text_study(model_dir, opts, model_factory, out, command_line(ctx), quiet)
         return
-    refuse_given(ctx, text_options, "they go with --model DIR --text FILE (a pretrained LM on raw text)")
-    from gradscope.workflows.reproduce import StudyOptions, plan_study, run_study
+    refuse_given(ctx, text_options, "they go with --model-dir DIR --text FILE (a pretrained LM on raw text)")
+    from gradscope.workflows.reproduce import plan_study, run_study
 
     if not dry_run:
         refuse_given(ctx, ["measure"], "it goes with --dry-run")
-    options = StudyOptions(
-        study=study, scale=scale, models=None if models is None else tuple(split_list(models, "--models", "gru,lstm")),
-        seeds=None if seeds is None else tuple(_ints(seeds, "--seeds")), iterations=iterations, triplets=triplets,
-        target_pos=target_pos if given(ctx, "target_pos") else None,
-        probe_length=probe_length if given(ctx, "probe_length") else None,
-        corpus_text=corpus_text, valid_file=valid_file, test_file=test_file, extend_to=extend_to,
-        extend_iterations=extend_iterations)
+    options = build_options(StudyOptions, {k: v for k, v in settings.items() if k in study_fields})  # checked in __post_init__
     planned = plan_study(options, out)
     if dry_run:
         console.print(plan_table(planned.runs, measure))
@@ -173,21 +163,19 @@ def reproduce_command(
         console.print(result.extension, markup=False)  # "[low, high]" is text, not rich markup
 
 
-def text_study(model: Path, text: Path, counts_text: Optional[Path], tokenizer: Optional[Path], model_factory: str,
-               out: Path, triplets: int, target_pos: int, probe_length: int, max_length: int, resamples: int,
-               seed: int, budget_seconds: float, command: str, quiet: bool) -> None:
-    """``reproduce --model DIR --text FILE``: gradscope.workflows.text_study, then the report."""
+def text_study(model_dir: Path, opts: TextStudyOptions, model_factory: str, out: Path, command: str,
+               quiet: bool) -> None:
+    """``reproduce --model-dir DIR --text FILE``: gradscope.workflows.text_study, then the report."""
     from rich.markup import escape
 
     from gradscope.workflows.text_study import reproduce_text
 
-    study = reproduce_text(model, text, out=out, counts_text=counts_text, tokenizer=tokenizer,
-                           model_factory=model_factory, triplets=triplets, target_pos=target_pos,
-                           probe_length=probe_length, max_length=max_length, resamples=resamples, seed=seed,
-                           budget_seconds=budget_seconds, command=command,
-                           on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")))
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    study = reproduce_text(model_dir, fields.pop("text"), out=out, model_factory=model_factory, command=command,
+                           on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")),
+                           **fields)
     report = write_report(list(study.stores.values()), out / "report.html",
-                          f"gradscope reproduce: {model.name} on {text.name}", command)
+                          f"gradscope reproduce: {model_dir.name} on {Path(opts.text).name}", command)
     console.print(escape(f"study in {out}: {', '.join(p.name for p in study.stores.values())}, {report.name}"))
 
 

@@ -11,8 +11,11 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from .common import command_line, make_console, warn
+from gradscope.workflows.study_options import ClusterOptions  # torch-free: --help builds the options from it
+
+from .common import SETTINGS, command_line, make_console, warn
 from .errors import user_errors
+from .generated import build_options, generated_command
 from .progress import make_progress
 
 if TYPE_CHECKING:
@@ -51,28 +54,28 @@ def _previous(out: Path, spec: SweepSpec) -> dict[str, dict[str, Any]]:
     return {e.get("name"): e for e in doc["points"]}
 
 
+# where the points run (each --<field>, its help and default from ClusterOptions' field) is generated
+SweepCommand = generated_command(ClusterOptions, after="out")
+
+
 @user_errors
 def sweep_command(
     ctx: typer.Context,
     spec_file: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="Sweep spec (TOML): preset, settings, axes, analyses. Example: docs/sweep-tiny.toml.", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Sweep directory (default: sweep-<spec name>). Re-running skips finished points and resumes half-trained runs.")] = None,
-    scheduler: Annotated[Optional[str], Opt(help="Address of a running dask scheduler, e.g. tcp://host:8786 (default: start a local cluster).")] = None,
-    workers: Annotated[Optional[int], Opt(help="Local cluster: worker processes (1 thread each; default: the CPU cores, at most one per point).")] = None,
-    threads: Annotated[Optional[int], Opt(help="torch threads per task (default: a host's cores divided by its workers' threads).")] = None,
-    resources: Annotated[Optional[str], Opt(help="dask resources each task needs, e.g. GPU=1 (workers must offer them: `dask worker … --resources GPU=1`).")] = None,
-    retries: Annotated[int, Opt(help="Re-run a point this many times when it raises an error (a killed worker is always retried by dask).")] = 0,
     dry_run: Annotated[bool, Opt("--dry-run", help="Print the grid and what is already done; run nothing.")] = False,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Run a grid of train → accuracy → stability tasks on dask.distributed, resumably."""
+    """Run a grid of train → accuracy → stability tasks on dask.distributed, resumably. Where the points
+    run (--scheduler … --retries) is ClusterOptions' fields."""
     from gradscope.store.manifest import write_manifest
-    from gradscope.workflows.cluster import (ClusterOptions, dashboard_link, open_client, parse_resources, run_sweep,
-                                             Tally)
+    from gradscope.workflows.cluster import check_workers, dashboard_link, open_client, run_sweep, Tally
     from gradscope.workflows.reproduce import Layout
     from gradscope.workflows.sweep import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
-    opts = ClusterOptions(scheduler=scheduler, workers=workers, threads=threads,  # checked first
-                          resources=parse_resources(resources), retries=retries)
+    opts = build_options(ClusterOptions, ctx.meta.get(SETTINGS, {}))  # checked first, in its __post_init__
+    if opts.scheduler is None and opts.workers is not None:
+        check_workers(opts)  # the memory of the workers asked for, before the spec is read or anything written
     with warnings.catch_warnings(record=True) as said:  # an old setting name in the spec: one line each
         warnings.simplefilter("always", DeprecationWarning)
         spec = read_spec(spec_file)
@@ -109,7 +112,7 @@ def sweep_command(
             link = dashboard_link(client)
             info = client.scheduler_info()
             console.print(f"{len(todo)} of {len(points)} points to run on {len(info['workers'])} worker(s) "
-                          f"({'scheduler ' + scheduler if scheduler else 'local cluster'})"
+                          f"({'scheduler ' + opts.scheduler if opts.scheduler else 'local cluster'})"
                           + (f"; dashboard: {link}" if link else ""), soft_wrap=True)
             recorded: set[str] = set()
 

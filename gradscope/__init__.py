@@ -12,7 +12,7 @@ command line start fast):
   perplexity and accuracy by token frequency and position (docs/real-text.md);
 - :func:`text_stability`, :func:`text_dynamics` — the same model's gradient stability and dynamics on
   probes drawn from the text, by token frequency (docs/real-text.md); :func:`reproduce_text` all three
-  into one folder (``gradscope reproduce --model DIR --text FILE`` adds the report);
+  into one folder (``gradscope reproduce --model-dir DIR --text FILE`` adds the report);
 - :func:`reproduce` — the whole synthetic or lm study (train vanilla and PE × seeds, accuracy,
   stability, summaries; ``gradscope reproduce`` adds the report), options :class:`StudyOptions`;
 - tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`, and the

@@ -9,6 +9,7 @@ from typing import Any
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.errors import GradscopeError, check
+from gradscope.fields import SCALES
 from gradscope.models import core_class
 from gradscope.models.pe import PE_TYPES, reads_max_len
 from gradscope.models.registry import CORES, core_options
@@ -57,7 +58,6 @@ def _paper(core: str, vocab: int) -> RunConfig:
     )
 
 
-SCALES = ("tiny", "paper")
 # The dual-frequency vocabularies of the paper's Figure 3 (GRU K=64, LSTM K=1024, S4D K=2048); a
 # core the paper did not study gets K = 64.
 PAPER_VOCAB = {"gru": 64, "lstm": 1024, "s4d": 2048}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import importlib.metadata
-from dataclasses import dataclass
 from pathlib import Path
 
 from gradscope.errors import GradscopeError
@@ -14,6 +13,7 @@ from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapu
                                       lyapunov_spectra, radius_samples)
 from gradscope.store.accuracy import family_sections
 from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples
+from gradscope.workflows.study_options import STATIC_FORMATS, ReportOptions  # declared torch-free (report --help)
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
 from .lm_figures import lm_figure
@@ -23,22 +23,6 @@ from .dynamics_figures import flow_figure, gate_figure, grid_figure, lyapunov_fi
 from .html import Section, provenance_html, public_command, public_path, render_page
 from .style import colors
 from .stability_figures import distribution_figure, spectra_figure, stability_figure
-
-STATIC_FORMATS = ("png", "svg")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReportOptions:
-    """score: stability score plotted; iteration: checkpoint for distributions, spectra and the
-    accuracy grid (None: each store's last); resamples/seed: the stability bootstrap."""
-
-    score: str = "default"
-    iteration: int | None = None
-    resamples: int = 10_000
-    seed: int = 0
-    title: str = "gradscope report"
-    command: str = ""  # the command that made the report (shown in the header)
-
 
 def _of(items: list[Input], kind: str) -> list[Input]:
     return [i for i in items if i.kind == kind]

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import GradscopeError, check
+from gradscope.fields import MAX_VOCAB  # declared torch-free: corpus prepare --help states it
 from gradscope.guard import MAX_RATIO, SMALL, check_bytes
 
 FORMAT = "gradscope-corpus"
@@ -45,7 +46,6 @@ MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.model"
 COUNTS = "counts.npy"
 SPLITS = ("train", "valid", "test")
-MAX_VOCAB = 2**24  # pieces; SentencePiece parses the size as a 32-bit int, and no corpus supports more
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few kB; a larger one is not read
 MAX_NPY_HEADER = 10_000  # numpy's own limit for headers it writes
 BLOCK = 1 << 24  # bytes per read when hashing and scanning a token file (a multiple of 4)

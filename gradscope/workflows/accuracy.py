@@ -68,7 +68,7 @@ def evaluate_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.dev
     for name in ("resamples", "seed"):
         check(getattr(opts, name) is None, f"{name}: applies to vector tasks (reverse-continuous: the bootstrap of "
                                            f"the cosine similarity); {loaded.path} is a {loaded.config.task.name} "
-                                           f"checkpoint; remove {name}")
+                                           f"checkpoint; leave it out")
     corpus = [n for n, cls in TASKS.items() if cls.evaluation == "corpus"]
     check(opts.corpus is None or task.evaluation == "corpus",
           f"corpus: {loaded.path} is a {loaded.config.task.name} checkpoint; corpus applies to "

@@ -10,9 +10,7 @@ the re-run resumes training from the last checkpoint and redoes only missing sto
 from __future__ import annotations
 
 import logging
-import math
 import os
-import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,48 +20,11 @@ from urllib.parse import urlparse
 
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes
-from gradscope.workflows.common import as_count
+from gradscope.workflows.study_options import (ADDRESS, MAX_RETRIES, MAX_THREADS, SCHEMES,  # noqa: F401
+                                               ClusterOptions, parse_resources)  # declared torch-free, re-exported
 from gradscope.workflows.sweep import Analyses, PointOutcome, SweepPoint, run_point
 
-SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")  # dask's network transports
-ADDRESS = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"
-                     r":(?P<port>[0-9]{1,5})$")
 WORKER_BYTES = 256 << 20  # a local worker process, before any work: interpreter, torch, dask
-MAX_THREADS = 4096
-MAX_RETRIES = 100
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterOptions:
-    """``scheduler``: address of an existing scheduler (else a LocalCluster of ``workers``
-    processes × 1 thread); ``threads``: torch threads per task (None: the host's cores divided by
-    the task slots on that host); ``resources``: dask resources each task needs, e.g. {"GPU": 1};
-    ``retries``: re-runs of a task that raised an error."""
-
-    scheduler: str | None = None
-    workers: int | None = None
-    threads: int | None = None
-    resources: dict[str, float] = field(default_factory=dict)
-    retries: int = 0
-
-    def __post_init__(self) -> None:
-        if self.scheduler is not None:
-            m = ADDRESS.match(self.scheduler) if isinstance(self.scheduler, str) else None
-            check(m is not None and (m["scheme"] or "tcp") in SCHEMES and 1 <= int(m["port"]) <= 65535,
-                  f"scheduler: got {str(self.scheduler)[:80]!r}; expected a dask scheduler address "
-                  f"[SCHEME://]HOST:PORT with SCHEME one of {', '.join(SCHEMES)}, e.g. tcp://host:8786")
-            check(self.workers is None, "workers: it sizes a local cluster; with scheduler (--scheduler), start workers with "
-                                        "`dask worker ADDRESS` instead")
-        if self.workers is not None:
-            object.__setattr__(self, "workers", as_count(self.workers, "workers", 1))
-            check_bytes(self.workers * WORKER_BYTES, "workers")
-        if self.threads is not None:
-            object.__setattr__(self, "threads", as_count(self.threads, "threads", 1, MAX_THREADS))
-        check(isinstance(self.resources, dict) and all(
-            isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v > 0 for k, v in self.resources.items()),
-            f"resources: got {self.resources!r}; give NAME=AMOUNT pairs with finite positive amounts, such as GPU=1")
-        object.__setattr__(self, "retries", as_count(self.retries, "retries", 0, MAX_RETRIES))
 
 
 @dataclass
@@ -86,29 +47,21 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def parse_resources(text: str | None) -> dict[str, float]:
-    """"GPU=1,MEM=4e9" → {"GPU": 1.0, "MEM": 4e9}."""
-    out: dict[str, float] = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        name, sep, value = part.partition("=")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            sep = ""
-        amount = out.get(name.strip(), 0.0)
-        check(bool(sep) and bool(name.strip()) and math.isfinite(amount) and amount > 0,
-              f"resources: got {text!r}; give NAME=AMOUNT pairs such as GPU=1 (comma-separated)")
-    return out
-
-
 def _describe(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     name = type(exc).__name__
     if name == "KilledWorker":
         return f"KilledWorker: the worker running it died repeatedly (out of memory, or killed): {text[:300]}"
     return text[:500] if isinstance(exc, GradscopeError) else f"{name}: {text[:500]}"
+
+
+def check_workers(opts: ClusterOptions, points: int | None = None) -> int:
+    """The local cluster's worker processes (``opts.workers``, else the cores, at most one per point),
+    refused when their start-up memory does not fit (a machine's limit, so not ClusterOptions' own
+    check: that is torch-free, for the help); checked before anything is written."""
+    workers = opts.workers or max(1, min(cores(), points or 1))
+    check_bytes(workers * WORKER_BYTES, "workers")
+    return workers
 
 
 @contextmanager
@@ -129,7 +82,7 @@ def open_client(opts: ClusterOptions, points: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    workers = opts.workers or max(1, min(cores(), points))
+    workers = check_workers(opts, points)
     # dask's nannies export MALLOC_TRIM_THRESHOLD_=65536 to their workers (for numpy-array
     # workloads); it made one tiny-grid point ~13% slower here (6.1 → 6.9 s), so local workers keep
     # glibc's adaptive default.

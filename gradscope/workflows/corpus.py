@@ -15,45 +15,22 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from gradscope.corpus.store import (COUNTS, FORMAT, FORMAT_VERSION, MANIFEST, MAX_VOCAB, SPLITS, TOKENIZER,
+from gradscope.corpus.store import (COUNTS, FORMAT, FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER,
                                     offsets_file, open_corpus, sha256_bytes, sha256_path, tokens_file, Corpus)
 from gradscope.corpus.text import paragraphs, read_text, split_paragraphs
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget
 from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
+from gradscope.workflows.study_options import MODEL_TYPES, CorpusOptions  # noqa: F401 - declared torch-free
 
-MODEL_TYPES = ("unigram", "bpe", "char", "word")
-
-
-@dataclass(frozen=True)
-class CorpusSettings:
-    """How a corpus is made. ``valid``/``test``: fractions of the paragraphs held out when one file
-    is given (a seeded permutation, :func:`~gradscope.corpus.text.split_paragraphs`); ignored when
-    separate valid and test files are given."""
-
-    vocab_size: int = 32_768
-    model_type: str = "unigram"
-    character_coverage: float = 0.9995
-    valid: float = 0.05
-    test: float = 0.05
-    split_seed: int = 0
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool)
-              and 4 <= self.vocab_size <= MAX_VOCAB, f"vocab: got {self.vocab_size!r}; need an integer in 4…{MAX_VOCAB:,}")
-        check(self.model_type in MODEL_TYPES, f"model_type: got {self.model_type!r}; valid values are "
-                                              f"{', '.join(MODEL_TYPES)}")
-        check(0.9 <= self.character_coverage <= 1.0,
-              f"character_coverage: got {self.character_coverage}; need a value in [0.9, 1]")
-        check(isinstance(self.split_seed, int) and self.split_seed >= 0, f"split_seed: got {self.split_seed!r}")
-
+CorpusSettings = CorpusOptions  # its name before issue #39 (the fields are unchanged)
 
 MAX_SENTENCE_BYTES = 1 << 16  # the longest paragraph the tokenizer learns from
 ENCODE_BATCH = 4096  # paragraphs per SentencePiece encode call
@@ -66,7 +43,7 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
-def _train_tokenizer(texts: list[str], s: CorpusSettings) -> bytes:
+def _train_tokenizer(texts: list[str], s: CorpusOptions) -> bytes:
     import sentencepiece as spm  # only corpus preparation needs it (start-up stays cheap)
 
     # SentencePiece skips longer paragraphs when it learns the pieces (they are still encoded): without a
@@ -154,7 +131,7 @@ def _save(path: Path, arr: np.ndarray) -> None:
         np.save(fh, arr, allow_pickle=False)
 
 
-def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = CorpusSettings(), *,
+def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusOptions = CorpusOptions(), *,
                    valid_file: Path | str | None = None, test_file: Path | str | None = None,
                    on_stage: Callable[[str], None] | None = None) -> Corpus:
     """Make a corpus directory ``out`` from the UTF-8 text ``raw`` (one paragraph per line;
@@ -164,7 +141,7 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusSettings = 
     ``out`` must not exist yet (it is never overwritten). ``on_stage(text)`` is called as each stage
     starts (reading, training the tokenizer, encoding, writing): on WikiText-103 they take minutes."""
     stage = on_stage if on_stage is not None else (lambda _text: None)
-    check(isinstance(settings, CorpusSettings), f"settings: got {type(settings).__name__}; expected CorpusSettings")
+    check(isinstance(settings, CorpusOptions), f"settings: got {type(settings).__name__}; expected CorpusOptions")
     out = Path(out)
     check((valid_file is None) == (test_file is None), "valid_file/test_file: give both, or neither")
     check(not _path_exists(out, "out"), f"out: {out} already exists; choose a new directory")

@@ -19,8 +19,6 @@ import xarray as xr
 
 from gradscope.errors import GradscopeError, check
 from gradscope.files.checkpoint import checkpoint_iteration, resolve_checkpoints
-from gradscope.models.config import MAX_SIZE
-from gradscope.presets import SCALES
 from gradscope.store.io import write_store
 from gradscope.store.summary import summary_attrs, summary_dataset, trial_records
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
@@ -30,60 +28,10 @@ from gradscope.workflows.lm import check_probe_shape
 from gradscope.workflows.lm_study import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
 from gradscope.workflows.runs import PES, Layout, PlannedRun, check_run_sizes, plan_runs  # noqa: F401 - re-exported
 from gradscope.workflows.stability import StabilityOptions, run_stability
+from gradscope.workflows.study_options import STUDIES, StudyOptions  # noqa: F401 - declared torch-free, re-exported
 from gradscope.workflows.summarize import SummaryEntry, group_records, summarize_groups
 
-STUDIES = ("reverse", "lm")
 SUMMARY_FIELDS = ("core", "pe")
-
-
-@dataclass(frozen=True, kw_only=True)
-class StudyOptions:
-    """The synthetic (``study="reverse"``, SPEC §3) or language-modelling (``"lm"``, docs/lm.md) study,
-    named as `gradscope reproduce`'s flags. None: the study's default (models gru, lstm, s4d — lm: the
-    paper's lstm; seeds 1, 2, 3 — lm: 111, 222, 333 tiny, 111–555 paper; lm's probes at paragraph token
-    16 of rows of 32). ``extend_to``: also the vocabulary-extension experiment (paper §4.2)."""
-
-    study: str = "reverse"
-    scale: str = "tiny"
-    models: tuple[str, ...] | None = None
-    seeds: tuple[int, ...] | None = None
-    iterations: int | None = None
-    triplets: int = 64
-    target_pos: int | None = None
-    probe_length: int | None = None
-    corpus_text: Path | None = None
-    valid_file: Path | None = None
-    test_file: Path | None = None
-    extend_to: int | None = None
-    extend_iterations: int | None = None
-
-    def __post_init__(self) -> None:
-        check(self.study in STUDIES, f"study: got {self.study!r}; valid studies are {', '.join(STUDIES)}")
-        check(self.scale in SCALES, f"scale: got {self.scale!r}; valid scales are {', '.join(SCALES)}")
-        for name in ("models", "seeds"):
-            value = getattr(self, name)
-            if value is not None:
-                check(len(value) > 0, f"{name}: the list is empty; leave it out for the study's default")
-                check(len(set(value)) == len(value), f"{name}: got {', '.join(map(str, value))}; a value repeats "
-                                                     f"(each names its runs)")
-                object.__setattr__(self, name, tuple(value))
-        if self.study == "lm":
-            check(self.models is None or self.models == ("lstm",),
-                  f"models: got {', '.join(map(repr, self.models or ()))}; the lm study trains the paper's LSTM only")
-        else:
-            check(self.target_pos is None and self.probe_length is None,
-                  "target_pos/probe_length: they set the lm study's probes (study lm)")
-            check(self.corpus_text is None and self.valid_file is None and self.test_file is None,
-                  "corpus_text/valid_file/test_file: they belong to the lm study (study lm)")
-        check(self.iterations is None or self.iterations >= 1, f"iterations: got {self.iterations}; it must be positive")
-        check(self.triplets >= 1, f"triplets: got {self.triplets}; it must be positive")
-        if self.extend_to is not None or self.extend_iterations is not None:
-            check(self.study == "reverse" and self.extend_to is not None,
-                  "extend_to/extend_iterations: the extension experiment extends the synthetic study's runs "
-                  "(study reverse); give extend_to K'")
-            check(self.extend_to <= MAX_SIZE, f"extend_to: got {self.extend_to}; it must be at most {MAX_SIZE}")
-            check(self.extend_iterations is None or self.extend_iterations >= 1,
-                  f"extend_iterations: got {self.extend_iterations}; it must be positive")
 
 
 @dataclass(frozen=True)

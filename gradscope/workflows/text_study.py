@@ -1,4 +1,4 @@
-"""``gradscope reproduce --model DIR --text FILE -o OUT`` (issue #38, part 4): the study's question on a
+"""``gradscope reproduce --model-dir DIR --text FILE -o OUT`` (issue #38, part 4): the study's question on a
 pretrained LM and a raw text in one command — perplexity and accuracy by token frequency
 (:mod:`gradscope.workflows.text_accuracy`), gradient stability on probes drawn from the text and
 dynamics on its paragraphs (:mod:`gradscope.workflows.text_probes`), into ``OUT/accuracy.zarr``,
@@ -27,31 +27,10 @@ from gradscope.workflows.dynamics import DynamicsOptions
 from gradscope.workflows.stability import StabilityOptions
 from gradscope.workflows.text import tokenize_text
 from gradscope.workflows.text_accuracy import TextAccuracyOptions, run_text_accuracy
+from gradscope.workflows.study_options import TextStudyOptions  # declared torch-free (reproduce --help)
 from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text_dynamics, run_text_stability
 
 STEPS = ("accuracy", "stability", "dynamics")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TextStudyOptions:
-    """Each field is named as its ``gradscope reproduce`` flag; the defaults finish in a few minutes
-    on a laptop CPU for a small model (docs/real-text.md). ``target_pos``/``probe_length``: the
-    stability probes' target (paragraph token) and row length (start token included; dynamics' rows
-    too); ``triplets`` per condition (targets frequent and rare, disturbants the text as it is);
-    ``max_length``/``resamples``: accuracy's; ``budget_seconds``: dynamics' whole budget (stability
-    decides exact or sketch by its own, ten times it)."""
-
-    text: str
-    counts_text: str | None = None
-    tokenizer: str | None = None
-    triplets: int = 64
-    target_pos: int = 16
-    probe_length: int = 32
-    max_length: int = 1024
-    resamples: int = 1000
-    seed: int = 0
-    budget_seconds: float = 60.0
-    device: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -125,7 +104,7 @@ def reproduce_text(model: str | Path, text: str | Path, *, out: str | Path, coun
         need = probe_length - (1 if tokens.start is not None else 0)
         longest = int(tokens.lengths.max())
         check(longest >= need, f"probe_length: got {probe_length}; no paragraph of {opts.text} has the {need} tokens "
-                               f"a row of {probe_length} needs (its longest has {longest}); give a smaller probe_length")
+                               f"a row of {probe_length} needs (its longest has {longest}); give a smaller one")
     for step in STEPS:
         if step not in todo:
             if on_step is not None:

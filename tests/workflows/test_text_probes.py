@@ -190,7 +190,7 @@ def test_text_probe_errors_are_one_line(saved, runner, tmp_path: Path) -> None: 
 
 
 def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, runner, tmp_path: Path) -> None:  # noqa: ANN001
-    """``reproduce --model DIR --text FILE -o OUT``: the accuracy, stability and dynamics stores of the
+    """``reproduce --model-dir DIR --text FILE -o OUT``: the accuracy, stability and dynamics stores of the
     text (the accuracy store's perplexity is the one ``accuracy --text`` gives; the stability probes
     are paragraph rows of the text) and the report; run again, every step is skipped and nothing is
     rewritten; with another option, the finished stores are refused, not mixed in."""
@@ -199,7 +199,7 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
     model_dir, text = saved
     ids, bos, _ = encoded(model_dir, text)
     out = tmp_path / "study"
-    args = ["reproduce", "--model", str(model_dir), "--text", str(text), "-o", str(out), "--triplets", "3",
+    args = ["reproduce", "--model-dir", str(model_dir), "--text", str(text), "-o", str(out), "--triplets", "3",
             "--target-pos", str(POS), "--probe-length", str(LENGTH), "--max-length", "64", "--resamples", "50",
             "--budget-seconds", "20"]
     result = runner.invoke(app, args)
@@ -221,15 +221,15 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.suffix == ".zarr"} == \
         {k: v for k, v in stamps.items() if k.endswith(".zarr")}
     refused(runner.invoke(app, [*args, "--seed", "1"]), "another study", "accuracy.zarr")
-    refused(runner.invoke(app, ["reproduce", "--model", str(model_dir), "-o", str(out)]), "--model/--text")
+    refused(runner.invoke(app, ["reproduce", "--model-dir", str(model_dir), "-o", str(out)]), "--model-dir/--text")
     refused(runner.invoke(app, [*args, "--scale", "paper"]), "--scale")
     blank = tmp_path / "blank.txt"
     blank.write_text("\n\n")
     fresh = tmp_path / "fresh"
-    refused(runner.invoke(app, ["reproduce", "--model", str(model_dir), "--text", str(blank), "-o", str(fresh)]),
+    refused(runner.invoke(app, ["reproduce", "--model-dir", str(model_dir), "--text", str(blank), "-o", str(fresh)]),
             "--text", "no paragraph")
     assert not fresh.exists()  # a refused input leaves no study folder behind
-    refused(runner.invoke(app, ["reproduce", "--model", str(model_dir), "--text", str(text), "-o", str(fresh),
+    refused(runner.invoke(app, ["reproduce", "--model-dir", str(model_dir), "--text", str(text), "-o", str(fresh),
                                 "--probe-length", "100000"]), "--probe-length",
             "no paragraph")  # before any work: no accuracy store first
     assert not fresh.exists()

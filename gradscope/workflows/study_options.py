@@ -1,0 +1,254 @@
+"""The options of `gradscope report`, `reproduce`, `sweep` and `corpus prepare`, declared once (issue #39,
+part 2), as gradscope/workflows/options.py declares those of the analysis commands: each field made
+with :func:`gradscope.fields.option` carries its help and is the command's ``--<field>`` flag (the CLI
+generates the flags, ``cli/generated.py``); the checks run only in ``__post_init__``; the Python
+functions take the same names. Torch-free (and plotly-free), so that a command's ``--help`` builds its
+options without loading either. Paths a command reads or writes (its arguments, ``--out``) and what only
+steers the terminal (``--quiet``, ``--dry-run``) stay the command's own."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gradscope.errors import GradscopeError, check
+from gradscope.fields import MAX_COUNT, MAX_VOCAB, SCALES, as_count, as_seed, option
+
+STATIC_FORMATS = ("png", "svg")  # what `gradscope report --static` writes beside the HTML
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """How `gradscope report` draws its stores; each field is named as its flag. ``score``: the stability
+    score plotted; ``iteration``: checkpoint for distributions, spectra and the accuracy grid (None: each
+    store's last); ``resamples``/``seed``: the stability bootstrap; ``static``: also each figure as png or
+    svg; ``command``: the command that made the report (shown in its header)."""
+
+    static: str | None = option(None, "Also write each figure as png or svg beside the HTML (needs kaleido>=1 and "
+                                      "Chrome/Chromium on PATH).")
+    score: str = option("default", "Stability score to plot: default, frobenius or l1.")
+    iteration: int | None = option(None, "Checkpoint (training iteration) for distributions, spectra and the accuracy "
+                                         "grid. Default: each store's last.")
+    resamples: int = option(10_000, "Bootstrap resamples for the stability CIs.")
+    seed: int = option(0, "Seed of the stability bootstrap.")
+    title: str = option("gradscope report", "Title of the report.")
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        check(self.static is None or self.static in STATIC_FORMATS,
+              f"static: got {self.static!r}; valid formats are {', '.join(STATIC_FORMATS)}")
+        check(isinstance(self.score, str), f"score: got {self.score!r}; expected default, frobenius or l1")
+        check(not isinstance(self.resamples, bool) and isinstance(self.resamples, int) and self.resamples >= 1,
+              f"resamples: got {self.resamples}; it must be positive")
+        object.__setattr__(self, "seed", as_seed(self.seed))
+
+
+def _items(value: object, name: str, example: str) -> tuple[str, ...]:
+    """A comma-separated option (``"gru,lstm"``, as the flag gives it) or a sequence, as a tuple of
+    stripped items; an empty list or an empty item is an error naming ``name``, never "the default"."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+        check(any(items), f"{name}: got {value!r}, an empty list; give comma-separated values such as {example}")
+        check(all(items), f"{name}: got {value!r}, which has an empty item; give comma-separated values such as "
+                          f"{example}")
+        return tuple(items)
+    check(isinstance(value, (tuple, list)), f"{name}: got {value!r}; give comma-separated values such as {example}")
+    check(len(value) > 0, f"{name}: the list is empty; leave it out for the study's default")
+    return tuple(value)
+
+
+STUDIES = ("reverse", "lm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyOptions:
+    """The synthetic (``study="reverse"``, SPEC §3) or language-modelling (``"lm"``, docs/lm.md) study,
+    each field named as its `gradscope reproduce` flag. None: the study's default (models gru, lstm,
+    s4d — lm: the paper's lstm; seeds 1, 2, 3 — lm: 111, 222, 333 tiny, 111–555 paper; lm's probes at
+    paragraph token 16 of rows of 32). ``models``/``seeds`` may be comma-separated text, as the flags
+    give them. ``extend_to``: also the vocabulary-extension experiment (paper §4.2)."""
+
+    study: str = option("reverse", "reverse: the synthetic study (SPEC §3); lm: the language-modelling appendix "
+                                   "(LSTM vanilla vs PE on a text corpus, docs/lm.md).")
+    scale: str = option("tiny", "tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: SPEC §3, for a GPU "
+                                "(lm: WikiText-103, SentencePiece 32,768, first 1,024 tokens per paragraph, 5 seeds).")
+    corpus_text: Path | None = option(None, "--study lm --scale paper: your WikiText-103 wiki.train.raw (nothing is "
+                                            "downloaded).")
+    valid_file: Path | None = option(None, "--study lm --scale paper: wiki.valid.raw.")
+    test_file: Path | None = option(None, "--study lm --scale paper: wiki.test.raw.")
+    target_pos: int | None = option(None, "--study lm or --text: the stability probes' target position (paragraph "
+                                          "token, 1-based; default 16).")
+    probe_length: int | None = option(None, "--study lm or --text: the stability probe rows' length (start token "
+                                            "included; with --text, dynamics' rows too; default 32).")
+    models: tuple[str, ...] | str | None = option(None, "Comma-separated cores (names in the core registry; the study "
+                                                        "of the docs ran gru, lstm, s4d, mingru and mamba). Default: "
+                                                        "gru,lstm,s4d (--study lm: lstm, the paper's).")
+    seeds: tuple[int, ...] | str | None = option(None, "Comma-separated training seeds (trials). Default: 1,2,3 (lm: "
+                                                       "111,222,333 tiny, 111–555 paper).")
+    iterations: int | None = option(None, "Override the scale's training iterations (for a quick look).")
+    triplets: int = option(64, "Stability probe triplets per condition.")
+    extend_to: int | None = option(None, "Also run the vocabulary-extension experiment (paper §4.2): extend each study "
+                                         "run (vocabulary K) to this K' (only the new rows train, on uniform data over "
+                                         "K' items) and train from scratch at K'; writes extension/table.md.")
+    extend_iterations: int | None = option(None, "Training iterations of each extension (default: as many as the "
+                                                 "study's runs).")
+
+    def __post_init__(self) -> None:
+        check(self.study in STUDIES, f"study: got {self.study!r}; valid studies are {', '.join(STUDIES)}")
+        check(self.scale in SCALES, f"scale: got {self.scale!r}; valid scales are {', '.join(SCALES)}")
+        if self.models is not None:
+            object.__setattr__(self, "models", _items(self.models, "models", "gru,lstm"))
+        if self.seeds is not None:
+            seeds = _items(self.seeds, "seeds", "1,2,3")
+            try:
+                seeds = tuple(int(s) if isinstance(s, str) else s for s in seeds)
+            except ValueError:
+                raise GradscopeError(f"seeds: got {self.seeds!r}; give comma-separated integers such as 1,2,3") from None
+            object.__setattr__(self, "seeds", seeds)
+        for name in ("models", "seeds"):
+            value = getattr(self, name)
+            if value is not None:
+                check(len(set(value)) == len(value), f"{name}: got {', '.join(map(str, value))}; a value repeats "
+                                                     f"(each names its runs)")
+        if self.study == "lm":
+            check(self.models is None or self.models == ("lstm",),
+                  f"models: got {', '.join(map(repr, self.models or ()))}; the lm study trains the paper's LSTM only")
+        else:
+            check(self.target_pos is None and self.probe_length is None,
+                  "target_pos/probe_length: they set the lm study's probes (study lm)")
+            check(self.corpus_text is None and self.valid_file is None and self.test_file is None,
+                  "corpus_text/valid_file/test_file: they belong to the lm study (study lm)")
+        check(self.iterations is None or self.iterations >= 1, f"iterations: got {self.iterations}; it must be positive")
+        check(self.triplets >= 1, f"triplets: got {self.triplets}; it must be positive")
+        if self.extend_to is not None or self.extend_iterations is not None:
+            check(self.study == "reverse" and self.extend_to is not None,
+                  "extend_to/extend_iterations: the extension experiment extends the synthetic study's runs "
+                  "(study reverse); give extend_to K'")
+            check(self.extend_to <= MAX_COUNT, f"extend_to: got {self.extend_to}; it must be at most {MAX_COUNT}")
+            check(self.extend_iterations is None or self.extend_iterations >= 1,
+                  f"extend_iterations: got {self.extend_iterations}; it must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextStudyOptions:
+    """`gradscope reproduce --model-dir DIR --text FILE`'s study of a pretrained LM on a raw text; each field is
+    named as its flag (``text`` … ``budget_seconds``; ``triplets``, ``target_pos`` and ``probe_length`` are the
+    flags :class:`StudyOptions` declares, shared by both studies); the defaults finish in a few minutes on a
+    laptop CPU for a small model (docs/real-text.md). ``target_pos``/``probe_length``: the stability probes'
+    target (paragraph token) and row length (start token included; dynamics' rows too); ``triplets`` per
+    condition (targets frequent and rare, disturbants the text as it is); ``max_length``/``resamples``:
+    accuracy's; ``budget_seconds``: dynamics' whole budget (stability decides exact or sketch by its own, ten
+    times it). Every field is part of the study's identity (a finished store of other options is refused)."""
+
+    text: str = option(dataclasses.MISSING, "With --model-dir: the raw UTF-8 text the study runs on.")
+    counts_text: str | None = option(None, "With --text: a (larger) text whose token counts define the frequency "
+                                           "groups (default: --text).")
+    tokenizer: str | None = option(None, "With --text: the folder of the model's tokenizer (default: the --model-dir "
+                                         "directory).")
+    triplets: int = 64
+    target_pos: int = 16
+    probe_length: int = 32
+    max_length: int = option(1024, "With --text: accuracy's tokens per row (longer paragraphs are scored in "
+                                   "overlapping windows).")
+    resamples: int = option(1000, "With --text: accuracy's bootstrap resamples over paragraphs.")
+    seed: int = option(0, "With --text: the seed of the probes, trajectories and bootstrap.")
+    budget_seconds: float = option(60.0, "With --text: dynamics' time budget (stability's is ten times it).")
+    device: str = "auto"
+
+
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")  # dask's network transports
+ADDRESS = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"
+                     r":(?P<port>[0-9]{1,5})$")
+MAX_THREADS = 4096
+MAX_RETRIES = 100
+
+
+def parse_resources(text: str | None) -> dict[str, float]:
+    """"GPU=1,MEM=4e9" → {"GPU": 1.0, "MEM": 4e9}."""
+    out: dict[str, float] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        name, sep, value = part.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        amount = out.get(name.strip(), 0.0)
+        check(bool(sep) and bool(name.strip()) and math.isfinite(amount) and amount > 0,
+              f"resources: got {text!r}; give NAME=AMOUNT pairs such as GPU=1 (comma-separated)")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterOptions:
+    """Where `gradscope sweep` runs its points; each field is named as its flag. ``scheduler``: address of
+    an existing scheduler (else a LocalCluster of ``workers`` processes × 1 thread; the memory they need
+    is checked when the cluster is made, :func:`gradscope.workflows.cluster.open_client`); ``threads``:
+    torch threads per task (None: the host's cores divided by the task slots on that host);
+    ``resources``: dask resources each task needs, e.g. {"GPU": 1} (or "GPU=1", as the flag gives it);
+    ``retries``: re-runs of a task that raised an error."""
+
+    scheduler: str | None = option(None, "Address of a running dask scheduler, e.g. tcp://host:8786 (default: start a "
+                                         "local cluster).")
+    workers: int | None = option(None, "Local cluster: worker processes (1 thread each; default: the CPU cores, at "
+                                       "most one per point).")
+    threads: int | None = option(None, "torch threads per task (default: a host's cores divided by its workers' "
+                                       "threads).")
+    resources: dict[str, float] | str = field(default_factory=dict, metadata={
+        "help": "dask resources each task needs, e.g. GPU=1 (workers must offer them: `dask worker … --resources "
+                "GPU=1`)."})
+    retries: int = option(0, "Re-run a point this many times when it raises an error (a killed worker is always "
+                             "retried by dask).")
+
+    def __post_init__(self) -> None:
+        if self.scheduler is not None:
+            m = ADDRESS.match(self.scheduler) if isinstance(self.scheduler, str) else None
+            check(m is not None and (m["scheme"] or "tcp") in SCHEMES and 1 <= int(m["port"]) <= 65535,
+                  f"scheduler: got {str(self.scheduler)[:80]!r}; expected a dask scheduler address "
+                  f"[SCHEME://]HOST:PORT with SCHEME one of {', '.join(SCHEMES)}, e.g. tcp://host:8786")
+            check(self.workers is None, "workers: it sizes a local cluster; with scheduler (--scheduler), start workers with "
+                                        "`dask worker ADDRESS` instead")
+        if self.workers is not None:
+            object.__setattr__(self, "workers", as_count(self.workers, "workers", 1))
+        if self.threads is not None:
+            object.__setattr__(self, "threads", as_count(self.threads, "threads", 1, MAX_THREADS))
+        if isinstance(self.resources, str):
+            object.__setattr__(self, "resources", parse_resources(self.resources))
+        check(isinstance(self.resources, dict) and all(
+            isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v > 0 for k, v in self.resources.items()),
+            f"resources: got {self.resources!r}; give NAME=AMOUNT pairs with finite positive amounts, such as GPU=1")
+        object.__setattr__(self, "retries", as_count(self.retries, "retries", 0, MAX_RETRIES))
+
+
+MODEL_TYPES = ("unigram", "bpe", "char", "word")  # SentencePiece's model types
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusOptions:
+    """How `gradscope corpus prepare` makes a corpus; each field is named as its flag. ``valid``/``test``:
+    fractions of the paragraphs held out when one file is given (a seeded permutation,
+    :func:`~gradscope.corpus.text.split_paragraphs`); ignored when separate valid and test files are given."""
+
+    # its flag is --vocab (the corpus's own K, as the errors say; a training run's is --vocab-size)
+    vocab_size: int = option(32_768, "SentencePiece pieces K (the paper: 32768).", flag="vocab")
+    model_type: str = option("unigram", "SentencePiece model type: unigram (SentencePiece's and torchtext's default), "
+                                        "bpe, char or word.")
+    character_coverage: float = option(0.9995, "Share of characters the pieces must cover (the rest map to <unk>).")
+    valid: float = option(0.05, "Without split files: fraction of paragraphs held out for valid.")
+    test: float = option(0.05, "Without split files: fraction of paragraphs held out for test.")
+    split_seed: int = option(0, "Without split files: seed of the paragraph permutation.")
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool)
+              and 4 <= self.vocab_size <= MAX_VOCAB,
+              f"vocab: got {self.vocab_size!r}; need an integer in 4…{MAX_VOCAB:,}")
+        check(self.model_type in MODEL_TYPES, f"model_type: got {self.model_type!r}; valid values are "
+                                              f"{', '.join(MODEL_TYPES)}")
+        check(0.9 <= self.character_coverage <= 1.0,
+              f"character_coverage: got {self.character_coverage}; need a value in [0.9, 1]")
+        check(isinstance(self.split_seed, int) and self.split_seed >= 0, f"split_seed: got {self.split_seed!r}")

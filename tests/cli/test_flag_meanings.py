@@ -1,0 +1,130 @@
+"""One flag, one meaning across commands (issue #39, part 2). The app is walked (every command and
+sub-command, generated options included) and every flag that more than one command shows is compared:
+its help must read the same in each, or the flag is listed below with the reason its help differs.
+A reason that no longer applies (the helps now agree, or the flag is no longer shared) fails too, so
+the list stays what is true. Hidden options (the old names kept for one release) are left out: each
+warns and names its new flag."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from gradscope.cli.app import app
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "sample_checkpoints" / "gru-sinusoidal-s1" / "step-0006000.pt"
+
+# one meaning, worded for each command: the help names what that command writes, samples or bounds
+SAME_MEANING = {
+    "--out": "where the command writes: a store, a run or study directory, a report, a corpus",
+    "--overwrite": "replace what --out names (a store, a CSV, a report)",
+    "--no-overwrite": "the other side of --overwrite",
+    "--quiet": "no progress display (a bar, bars, or corpus prepare's spinner)",
+    "--seed": "the seed of the command's own random draws (its probes, bootstrap, batches), each named",
+    "--resamples": "bootstrap resamples of the CIs the command computes, each named",
+    "--score": "the stability score (default, frobenius, l1) the command shows, summarizes or plots",
+    "--batch-size": "items per batch, bounding memory: training sequences, Jacobian triplets, scored sequences",
+    "--budget-seconds": "a time budget, estimated before any work; its scope (a checkpoint, the command) is said",
+    "--length": "the sequence (probe) length L; with --text, the row length",
+    "--max-length": "tokens per row of text (train lm: per paragraph; accuracy/reproduce --text: per window)",
+    "--iterations": "training iterations (reproduce: overriding the scale's)",
+    "--threads": "torch CPU threads (sweep: per task)",
+    "--corpus": "the lm corpus directory (train: the one to train on; analyses: where it moved)",
+    "--counts-text": "the text whose token counts define the frequency groups (bins, classes: each command's word)",
+    "--tokenizer": "the model's tokenizer folder (reproduce names its --model-dir)",
+    "--text": "the raw text a pretrained LM is analysed on; each command says what it draws from it",
+    "--model-factory": "how a model is loaded: hf[:CLASS] (or FILE.py:FUNC where the command takes your own)",
+    "--model": "--model-factory's short name (stability, dynamics, accuracy); reproduce's old --model-dir is hidden",
+    "--decoding": "a feedback model's decoding: train chooses how it is fed, accuracy which decodings are scored",
+    "--disturbant": "probe disturbant groups; dynamics refers to stability's",
+    "--target-freq": "probe target groups; dynamics refers to stability's",
+    "--token-counts": "counts per token id for a --model-factory model; each command says what they class",
+    "--sv": "singular values kept per Jacobian (dynamics: per step Jacobian)",
+    "--target-pos": "the stability probes' target position (reproduce: for --study lm or --text)",
+    "--triplets": "stability probe triplets per condition",
+    "--valid-file": "a separate valid split of a raw text (reproduce: for --study lm --scale paper)",
+    "--test-file": "a separate test split of a raw text (reproduce: for --study lm --scale paper)",
+    "--dry-run": "say what would run and run nothing (the plan of a study, the grid of a sweep)",
+}
+# two meanings under one name, found by this test and not renamed yet: each is documented in its command's help,
+# and renaming it would break every script that uses it (it is for the next deprecation round, with a warning)
+TWO_MEANINGS = {
+    "--method": "stability: the Jacobian engine; summarize: the bootstrap interval method",
+    "--warmup": "train: learning-rate warm-up iterations; dynamics: Lyapunov steps discarded",
+}
+
+
+def visible_options() -> list[tuple[str, list[str], str]]:
+    """(command, the option's long names, its help) for every visible option of every command."""
+    def commands(group: typer.core.TyperGroup, prefix: str = "") -> list[tuple[str, typer.core.TyperCommand]]:
+        found = []
+        for name, command in group.commands.items():
+            found += commands(command, f"{prefix}{name} ") if hasattr(command, "commands") else [(prefix + name, command)]
+        return found
+
+    walked = commands(typer.main.get_command(app))
+    assert {"train", "stability", "report", "reproduce", "sweep", "corpus prepare"} <= {n for n, _ in walked}
+    return [(name, [f for f in [*p.opts, *p.secondary_opts] if f.startswith("--") and f != "--help"], p.help or "")
+            for name, command in walked for p in command.get_params(typer.Context(command, info_name=name))
+            if p.param_type_name == "option" and not getattr(p, "hidden", False)]
+
+
+def shared_flags() -> dict[str, dict[str, str]]:
+    """flag → {command: help} for every visible flag that more than one command has."""
+    uses: dict[str, dict[str, str]] = defaultdict(dict)
+    for name, flags, help_text in visible_options():
+        for flag in flags:
+            uses[flag][name] = help_text
+    return {flag: by for flag, by in uses.items() if len(by) > 1}
+
+
+def test_a_short_name_names_the_same_option_in_every_command() -> None:
+    """A flag that is another option's second name in one command (stability's --model is --model-factory) is
+    that option's name wherever it is shown: reproduce's --model named a directory."""
+    first: dict[str, dict[str, str]] = defaultdict(dict)  # flag → {command: the first name of its option}
+    for name, flags, _ in visible_options():
+        for flag in flags:
+            first[flag][name] = flags[0]
+    aliases = {flag: by for flag, by in first.items() if any(head != flag for head in by.values())}
+    assert "--model" in aliases  # the check sees the short names it is about
+    mixed = {flag: by for flag, by in aliases.items() if len(set(by.values())) > 1}
+    assert not mixed, mixed
+
+
+def test_a_flag_shared_by_commands_reads_the_same_or_says_why_not() -> None:
+    shared = shared_flags()
+    assert len(shared) >= 20 and "--seed" in shared  # the walk sees the generated options too
+    differing = {flag: by for flag, by in shared.items() if len(set(by.values())) > 1}
+    listed = {**SAME_MEANING, **TWO_MEANINGS}
+    unexplained = sorted(set(differing) - set(listed))
+    assert not unexplained, "\n".join(f"{f}: " + "; ".join(f"{c}: {h}" for c, h in differing[f].items())
+                                      for f in unexplained)
+    stale = sorted(set(listed) - set(differing))
+    assert not stale, f"listed, but now read the same or are no longer shared: {stale}"
+
+
+def test_reproduce_model_dir_is_no_longer_named_like_a_model_factory(tmp_path: Path) -> None:
+    """`reproduce --model DIR` named a directory, while `--model` is --model-factory's short name in stability,
+    dynamics and accuracy: it is --model-dir now; the old name still works for one release, with a warning."""
+    runner = CliRunner()
+    old = runner.invoke(app, ["reproduce", "--model", str(tmp_path), "-o", str(tmp_path / "study")])
+    assert old.exit_code == 2 and old.stderr.splitlines() == [
+        "warning: --model is deprecated and will be removed; use --model-dir (--model names a model factory elsewhere)",
+        "error: --model-dir/--text: they go together: gradscope reproduce --model-dir DIR --text FILE -o OUT"], old.stderr
+    both = runner.invoke(app, ["reproduce", "--model", str(tmp_path), "--model-dir", str(tmp_path), "--text", "t.txt"])
+    assert both.exit_code == 2 and both.stderr == \
+        "error: --model-dir: given twice, also as --model (its old name); give --model-dir only\n"
+    assert not (tmp_path / "study").exists()
+
+
+def test_a_refusal_names_the_option_as_the_user_typed_it(tmp_path: Path) -> None:
+    """`accuracy --seed 3` on a token task said "…; remove seed": the library named its parameter inside the
+    sentence, where the CLI (which writes only the leading name as a flag) cannot see it."""
+    done = CliRunner().invoke(app, ["accuracy", str(SAMPLE), "--seed", "3", "-q", "-o", str(tmp_path / "a.zarr")])
+    assert done.exit_code == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: --seed: applies to vector tasks") and done.stderr.endswith("; leave it out\n")
+    assert not (tmp_path / "a.zarr").exists()
