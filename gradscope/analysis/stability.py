@@ -22,7 +22,7 @@ from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tan
 from gradscope.fields import ESTIMATORS  # noqa: F401 - declared with the options
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget as available_budget
-from gradscope.models.core import own_products
+from gradscope.models.core import own_products, weight_count
 from gradscope.tasks.probes import Probes
 
 PAIRS = ("same-target", "same-suffix")
@@ -88,16 +88,6 @@ class StabilityPlan:
     seconds: float
     bytes: int
     note: str
-
-
-def weight_count(core: nn.Module) -> int:
-    """Weights a step of ``core`` multiplies by: its parameters outside embeddings (each tensor once)."""
-    skip = {id(p) for m in core.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
-    seen: dict[int, int] = {}
-    for p in core.parameters():
-        if id(p) not in skip:
-            seen[id(p)] = p.numel()
-    return sum(seen.values())
 
 
 def step_flops(core: nn.Module) -> float:

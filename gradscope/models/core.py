@@ -287,6 +287,17 @@ def step_cotangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, gz: torch
     return method(x, z, gz, t) if callable(method) else generic_step_cotangents(core, x, z, gz, t)
 
 
+def weight_count(core: nn.Module) -> int:
+    """Weights a step of ``core`` multiplies by: its parameters outside embeddings (each tensor once; a
+    wrapped library backbone holds its token embedding, which a step never multiplies by)."""
+    skip = {id(p) for m in core.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
+    seen: dict[int, int] = {}
+    for p in core.parameters():
+        if id(p) not in skip:
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
 def own_products(core: nn.Module) -> frozenset[str]:
     """The products ``core`` derives by hand: "jvp" (its own ``step_tangents``), "vjp" (``step_cotangents``);
     the plans price them apart (:data:`gradscope.analysis.cost.OWN_FACTOR`)."""

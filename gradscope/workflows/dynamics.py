@@ -35,7 +35,7 @@ from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes, check_ids, check_tensor
-from gradscope.models.core import own_products
+from gradscope.models.core import own_products, weight_count
 from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.analysis import estimators as est
 from gradscope.analysis.estimators import ITERATIONS, PROBES
@@ -69,7 +69,7 @@ ESTIMATES = {"flow": f"‖∂y_T/∂z_k‖_F by Hutchinson ({PROBES} probes, sta
 def core_shape(core: nn.Module, width: int) -> CoreShape:
     """:class:`~gradscope.workflows.dynamics_cost.CoreShape` of a protocol core: a step's flops are two per
     parameter (its products) plus the state's elementwise work."""
-    params = sum(p.numel() for p in core.parameters())
+    params = weight_count(core)  # not a library backbone's token embedding: a step never multiplies by it
     return CoreShape(core.state_dim, core.out_dim, width, len(getattr(core, "gate_names", ("step",))),
                      structure_of(core), 2.0 * params + 20.0 * core.state_dim, analytic_jacobian(core),
                      sum(1 for _ in core.modules()), params, callable(getattr(core, "step_and_blocks", None)),
