@@ -147,7 +147,7 @@ def spawn(args: list[str], timeout: float, threads: int) -> dict:
     return out
 
 
-def stability_item(kind: str, size: str, timeout: float, triplets: int) -> dict:
+def stability_item(kind: str, size: str, timeout: float, triplets: int, extra: tuple[str, ...] = ()) -> dict:
     """``gradscope stability DIR --model hf --token-counts C --length 32 --triplets N`` in a subprocess
     (:func:`stability_realsize.measure_stability`), as a row of table 2."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -155,7 +155,7 @@ def stability_item(kind: str, size: str, timeout: float, triplets: int) -> dict:
 
     name = {"mamba": "mamba-130m", "rwkv": "rwkv-169m"}[kind] if size == "real" else f"{kind}-tiny"
     with tempfile.TemporaryDirectory() as tmp:
-        r = measure_stability(name, Path(tmp), triplets=triplets, timeout=timeout)  # the default budget, as a user runs it
+        r = measure_stability(name, Path(tmp), triplets=triplets, timeout=timeout, extra=extra)  # no extra: as a user runs it
     if r["rc"] != 0:
         return {"error": f"exit {r['rc']}: {r['tail'][-160:]}", "load": r["load"][0], "maxrss_bytes": r["peak_gb"] * 1e9}
     return {"wall_s": r["seconds"], "estimate_s": r["estimate_s"], "parts": f"stability ×{triplets}: {r['plan'][11:90]}",
@@ -175,6 +175,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="tiny,real", help="table 2's sizes: tiny, real or both")
     parser.add_argument("--kinds", default="mamba,rwkv", help="table 2's models")
     parser.add_argument("--triplets", type=int, default=STABILITY_TRIPLETS, help="--triplets of the stability item")
+    parser.add_argument("--stability-args", default="", help="further options of the stability item, e.g. "
+                                                             "'--budget-seconds 3600 --sketch-units 4' (default: none)")
     parser.add_argument("--calibrate", action="store_true", help="print the cost model's primitive rates")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -204,7 +206,7 @@ def main() -> None:
             for size in args.sizes.split(","):
                 for item in ("defaults", "flow256", "lyapunov1000", "stability"):
                     if item == "stability":  # the CLI on a save_pretrained directory (bench/stability_realsize.py)
-                        r = stability_item(kind, size, args.timeout, args.triplets)
+                        r = stability_item(kind, size, args.timeout, args.triplets, tuple(args.stability_args.split()))
                     else:
                         r = spawn(["realsize", kind, size, item], args.timeout, args.threads)
                     if "error" in r or "skipped" in r:

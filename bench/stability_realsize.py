@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--families", default="mamba,rwkv")
     parser.add_argument("--triplets", type=int, default=64)
     parser.add_argument("--length", type=int, default=32)
+    parser.add_argument("--args", default="", help="further stability options, e.g. '--budget-seconds 3600 "
+                                                   "--sketch-units 4' (default: none, as a user runs it)")
     args = parser.parse_args()
     sizes, families = args.sizes.split(","), args.families.split(",")
     names = [n for n in CONFIGS if n.split("-")[0] in families and ("tiny" if n.endswith("tiny") else "real") in sizes]
@@ -108,7 +110,8 @@ def main() -> None:
     print(f"{'model':12} {'seconds':>8} {'peak GB':>8} {'rc':>3}  load before/after  plan", flush=True)
     for name in names:
         with tempfile.TemporaryDirectory() as tmp:
-            r = measure_stability(name, Path(tmp), triplets=args.triplets, length=args.length)
+            r = measure_stability(name, Path(tmp), triplets=args.triplets, length=args.length,
+                                  extra=tuple(args.args.split()))
         print(f"{r['model']:12} {r['seconds']:8.1f} {r['peak_gb']:8.2f} {r['rc']:3}  "
               f"{r['load'][0]:.1f}/{r['load'][1]:.1f}  {r['plan']}", flush=True)
         if r["rc"]:
