@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 
 from gradscope.analysis.bootstrap import Interval
-from gradscope.analysis.lm import LMCounts
 from gradscope.analysis.stability import StabilityResult
 
 
@@ -30,10 +29,9 @@ class AccuracyResult:
     sequence_correct / sequence_scored (n,): scored tokens right / scored per held-out sequence;
     sequence_dl (n,): Damerau–Levenshtein distance per sequence; time_correct / time_scored (T,);
     grid_correct / grid_total (2, 2, L) and their binned versions (2, 2, bins), or None;
-    family: the task family's own counts (:meth:`gradscope.tasks.base.Task.score`), stored as its
-    family declares (:meth:`~gradscope.tasks.base.Task.accuracy_part`);
-    lm: perplexity sums overall, by frequency bin and by position bin, for an lm checkpoint (evaluated
-    on the corpus's test split, which the sequence and time counts then describe too).
+    family: the task family's own counts (:meth:`gradscope.tasks.base.Task.score`, or its own
+    evaluation's: gradscope.workflows.families), stored as its family declares
+    (:meth:`~gradscope.tasks.base.Task.accuracy_part`).
     """
 
     path: Path
@@ -60,8 +58,6 @@ class AccuracyResult:
     item_time_scored: np.ndarray | None = None
     grid_item_correct: np.ndarray | None = None
     grid_item_total: np.ndarray | None = None
-    lm: LMCounts | None = None  # lm checkpoints: cross-entropy sums on the corpus's test split
-    freq_types: np.ndarray | None = None  # lm: (12,) token types per frequency bin
 
     @property
     def token_accuracy(self) -> float:

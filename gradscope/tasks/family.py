@@ -81,3 +81,11 @@ def stack(counts: list[Mapping[str, np.ndarray]], name: str) -> np.ndarray:
 def units(correct: int, total: int) -> np.ndarray:
     """1/0 per scored token: the units a bootstrap interval of an accuracy resamples."""
     return np.repeat([1.0, 0.0], [int(correct), int(total) - int(correct)])
+
+
+def perplexity(nll_sum: float | np.ndarray, n: int | np.ndarray) -> np.ndarray | float:
+    """exp(nll_sum / n); NaN where n = 0 (nothing scored)."""
+    nll_sum, n = np.asarray(nll_sum, dtype=np.float64), np.asarray(n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(n > 0, np.exp(nll_sum / np.maximum(n, 1)), np.nan)
+    return float(out) if out.ndim == 0 else out

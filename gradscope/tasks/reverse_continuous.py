@@ -12,7 +12,7 @@ probability 0.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Mapping
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 
 from gradscope.errors import check
 from gradscope.tasks.base import Batch, Task
+from gradscope.tasks.family import FLOAT, INT, Metrics, Variable
 
 if TYPE_CHECKING:
     from gradscope.tasks.config import TaskConfig
@@ -36,8 +37,36 @@ class ReverseContinuous(Task):
     settings: ClassVar[tuple[str, ...]] = ("dim",)  # points of a sphere: one frequency class
     probes: ClassVar[bool] = True
     inputs: ClassVar[str] = "vectors"
-    evaluation: ClassVar[str] = "vectors"  # cosine similarity of point predictions
     tiny = {"dim": 3}
+    # its accuracy store is its own part alone: the cosine similarity of point predictions and targets
+    # on the held-out set (evaluated by gradscope.workflows.families.reverse_continuous), per checkpoint,
+    # per scored output time (1-based) with a bootstrap interval over sequences, and per sequence
+    token_part: ClassVar[bool] = False
+    layout = {"cosine_similarity": Variable(dims=("checkpoint",), kind=FLOAT),
+              "position_cosine": Variable(dims=("checkpoint", "time"), kind=FLOAT),
+              "position_cosine_low": Variable(dims=("checkpoint", "time"), kind=FLOAT),
+              "position_cosine_high": Variable(dims=("checkpoint", "time"), kind=FLOAT),
+              "sequence_cosine": Variable(dims=("checkpoint", "sequence"), kind=FLOAT),
+              "time": Variable(dims=("time",), kind=INT)}
+
+    @classmethod
+    def summary_metrics(cls, last: Mapping[str, np.ndarray]) -> Metrics:
+        """Mean cosine similarity (units: each held-out sequence's mean over its scored positions) and
+        the mean per output time."""
+        metrics = {"cosine_similarity": float(last["cosine_similarity"])}
+        for t, value in zip(last["time"], last["position_cosine"]):
+            metrics[f"cosine/t{int(t)}"] = float(value)
+        return metrics, {"cosine_similarity": np.asarray(last["sequence_cosine"]).astype(float)}
+
+    @classmethod
+    def lines(cls, last: Mapping[str, np.ndarray]) -> list[str]:
+        """Mean cosine similarity per output time with its bootstrap interval."""
+        head = (f"held-out cosine similarity (mean over all scored positions {float(last['cosine_similarity']):.4f}; "
+                f"95% bootstrap CI over {np.asarray(last['sequence_cosine']).size} sequences)")
+        rows = [f"  {'time':>4} {'mean cosine':>12}  95% CI"]
+        rows += [f"  {int(t):>4} {m:>12.4f}  [{lo:.4f}, {hi:.4f}]" for t, m, lo, hi in
+                 zip(last["time"], last["position_cosine"], last["position_cosine_low"], last["position_cosine_high"])]
+        return [head, *rows]
 
     # its probe source: ids into a seeded table of sphere points (see "Probes" below)
     @property
