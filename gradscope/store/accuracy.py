@@ -13,7 +13,7 @@ from gradscope.config import RunConfig
 from gradscope.store.io import attr_json, provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES, TASKS, Task
 from gradscope.tasks.registry import family_of
-from gradscope.tasks.family import ReportSection, ratio as _ratio
+from gradscope.tasks.family import Panel, ReportSection, ratio as _ratio  # noqa: F401 (Panel: for reports)
 from gradscope.store.records import AccuracyResult
 
 ITEM_NAMES = ("old", "new")  # an extended vocabulary's pretrained items and the items added to it
@@ -108,6 +108,6 @@ def family_values(ds: xr.Dataset, at: int = -1) -> tuple[type[Task] | None, dict
     return family, values
 
 
-def family_sections() -> list[tuple[str, ReportSection]]:
-    """(task name, report section) of every registered family that declares one, in registry order."""
-    return [(name, cls.report) for name, cls in TASKS.items() if cls.report is not None]
+def family_sections() -> list[tuple[str, type[Task], ReportSection]]:
+    """(task name, family, report section) of every registered family that declares one, in registry order."""
+    return [(name, cls, cls.report) for name, cls in TASKS.items() if cls.report is not None]

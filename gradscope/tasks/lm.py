@@ -25,7 +25,8 @@ import torch
 from gradscope.corpus.store import Corpus, Split, open_corpus
 from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
-from gradscope.tasks.family import COUNT, FLOAT, INT, STR, Metrics, Part, Variable, perplexity, ratio, stack
+from gradscope.tasks.family import (COUNT, FLOAT, INT, STR, Metrics, Panel, Part, ReportSection, Variable, perplexity,
+                                    ratio, stack)
 
 if TYPE_CHECKING:
     from gradscope.tasks.config import TaskConfig
@@ -70,6 +71,16 @@ class LanguageModel(Task):
               "pos_bin": Variable(dims=("pos_bin",), kind=INT), "pos_start": Variable(dims=("pos_bin",), kind=INT),
               "pos_end": Variable(dims=("pos_bin",), kind=INT)}
     needs = {"freq_bin": ("freq_bin",), "pos_bin": ("pos_bin", "pos_start", "pos_end")}
+    report = ReportSection(
+        heading="Language model: perplexity by token frequency and position",
+        text="Test perplexity on the corpus's test split (raw-text stores: on the text) by token-frequency decile "
+             "(1 = the most frequent tenth of the token types by train count) and by target-position bin. Lines: "
+             "mean over seeds; bars: lowest to highest seed (docs/lm.md).",
+        panels=(Panel(variable="freq_perplexity", x="freq_bin", x_only="decile", log_y=True,
+                      title="by token-frequency decile (train counts)", x_title="frequency decile",
+                      y_title="test perplexity"),
+                Panel(variable="pos_perplexity", x="pos_bin", x_ticks=("pos_start", "pos_end"), log_y=True,
+                      title="by target position in the paragraph", x_title="positions", y_title="test perplexity")))
     tiny = None  # a run needs a prepared corpus (tests/test_lm.py makes one)
     default_length: ClassVar[int | None] = 1024  # the paper's first 1,024 tokens of each paragraph
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from gradscope.errors import check
 from gradscope.tasks.base import Batch, Task
-from gradscope.tasks.family import FLOAT, INT, Metrics, Variable
+from gradscope.tasks.family import FLOAT, INT, Metrics, Panel, ReportSection, Variable
 
 if TYPE_CHECKING:
     from gradscope.tasks.config import TaskConfig
@@ -48,6 +48,12 @@ class ReverseContinuous(Task):
               "position_cosine_high": Variable(dims=("checkpoint", "time"), kind=FLOAT),
               "sequence_cosine": Variable(dims=("checkpoint", "sequence"), kind=FLOAT),
               "time": Variable(dims=("time",), kind=INT)}
+    report = ReportSection(
+        heading="Continuous vocabulary: cosine similarity per position",
+        text="Mean cosine similarity of prediction and target per output time (docs/experiments.md). Lines: mean "
+             "over seeds; bars: lowest to highest seed (a single store: its 95% bootstrap CI).",
+        panels=(Panel(variable="position_cosine", x="time", bounds=("position_cosine_low", "position_cosine_high"),
+                      title="per output time", x_title="time step (output phase)", y_title="mean cosine similarity"),))
 
     @classmethod
     def summary_metrics(cls, last: Mapping[str, np.ndarray]) -> Metrics:
