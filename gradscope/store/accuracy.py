@@ -14,7 +14,7 @@ from gradscope.store.io import attr_json, provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES, TASKS, Task
 from gradscope.tasks.registry import family_of
 from gradscope.tasks.family import Panel, ReportSection, ratio as _ratio  # noqa: F401 (Panel: for reports)
-from gradscope.store.records import AccuracyResult
+from gradscope.store.records import AccuracyResult, FamilyResult
 
 ITEM_NAMES = ("old", "new")  # an extended vocabulary's pretrained items and the items added to it
 
@@ -87,6 +87,30 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str
         "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
         "train_config": dataclasses.asdict(config.train)}
     attrs = provenance("accuracy", command, device, {**configs, "checkpoints": checkpoints, "options": options})
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def family_dataset(results: list[FamilyResult], config: RunConfig, options: dict[str, Any], command: str,
+                   device: str) -> xr.Dataset:
+    """The accuracy store of a family whose store is its own part alone (no token part): the
+    checkpoints' coordinates, and the variables and coordinates its ``accuracy_part`` gives."""
+    family = family_of(config.task.name)
+    assert family is not None and not family.token_part
+    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run, "sha256": sha256_file(r.path)}
+                   for r in results]
+    data, part_coords = family.accuracy_part([r.family for r in results])
+    coords: dict[str, Any] = {
+        "checkpoint": np.arange(len(results)),
+        "iteration": ("checkpoint", np.array([r.iteration for r in results])),
+        "checkpoint_path": ("checkpoint", np.asarray([str(r.path) for r in results], dtype=object)),
+        "run": ("checkpoint", np.asarray([r.run for r in results], dtype=object)),
+        "sha256": ("checkpoint", np.asarray([c["sha256"] for c in checkpoints], dtype=object)),
+        **part_coords,
+    }
+    attrs = provenance("accuracy", command, device, {
+        "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
+        "train_config": dataclasses.asdict(config.train), "checkpoints": checkpoints, "options": options,
+    })
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 

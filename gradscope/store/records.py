@@ -77,33 +77,15 @@ class AccuracyResult:
 
 
 @dataclass(frozen=True)
-class CosineResult:
-    """One checkpoint's evaluation on a vector task (paper App. B.3): the cosine similarity of
-    prediction and target per held-out sequence and time, ``cosine`` (n, T) float64, NaN where
-    unscored; per scored time (``times``, 0-based) its mean over sequences and a bootstrap interval
-    (``position_low``/``position_high``, resampling sequences)."""
+class FamilyResult:
+    """One checkpoint's evaluation by a task family whose accuracy store is its own part alone (its
+    ``token_part`` is False; reverse-continuous): its counts, stored as the family declares
+    (:meth:`~gradscope.tasks.base.Task.accuracy_part`)."""
 
     path: Path
     iteration: int
     run: str
-    cosine: np.ndarray
-    times: np.ndarray
-    position_mean: np.ndarray
-    position_low: np.ndarray
-    position_high: np.ndarray
-
-    @property
-    def cosine_similarity(self) -> float:
-        """Mean over every scored position."""
-        values = self.cosine[np.isfinite(self.cosine)]
-        return float(values.mean()) if values.size else float("nan")
-
-    @property
-    def sequence_cosine(self) -> np.ndarray:
-        """Mean over each sequence's scored positions (n,)."""
-        scored = np.isfinite(self.cosine)
-        with np.errstate(invalid="ignore"):
-            return np.where(scored, self.cosine, 0.0).sum(1) / scored.sum(1)
+    family: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ probability 0.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Mapping
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from torch import nn
 
 from gradscope.errors import check
 from gradscope.tasks.base import Batch, Task
-from gradscope.tasks.family import FLOAT, INT, Metrics, Panel, ReportSection, Variable
+from gradscope.tasks.family import FLOAT, INT, Metrics, Panel, Part, ReportSection, Variable, stack
 
 if TYPE_CHECKING:
     from gradscope.tasks.config import TaskConfig
@@ -54,6 +54,22 @@ class ReverseContinuous(Task):
              "over seeds; bars: lowest to highest seed (a single store: its 95% bootstrap CI).",
         panels=(Panel(variable="position_cosine", x="time", bounds=("position_cosine_low", "position_cosine_high"),
                       title="per output time", x_title="time step (output phase)", y_title="mean cosine similarity"),))
+
+    @classmethod
+    def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:
+        """Its store from each checkpoint's ``cosine`` (n, T) float64 (NaN where unscored), the scored
+        ``times`` (0-based) and the ``mean``, ``low`` and ``high`` of each scored time's interval: the
+        mean over every scored position, per time with its interval, and per sequence (the mean of its
+        scored positions)."""
+        counts = list(counts)
+        data: Part = {
+            "cosine_similarity": ("checkpoint", np.array([_mean_scored(c["cosine"]) for c in counts])),
+            "position_cosine": (("checkpoint", "time"), stack(counts, "mean")),
+            "position_cosine_low": (("checkpoint", "time"), stack(counts, "low")),
+            "position_cosine_high": (("checkpoint", "time"), stack(counts, "high")),
+            "sequence_cosine": (("checkpoint", "sequence"), np.stack([_sequence_means(c["cosine"]) for c in counts])),
+        }
+        return data, {"sequence": np.arange(counts[0]["cosine"].shape[0]), "time": counts[0]["times"] + 1}
 
     @classmethod
     def summary_metrics(cls, last: Mapping[str, np.ndarray]) -> Metrics:
@@ -113,6 +129,19 @@ class ReverseContinuous(Task):
 
     def sample(self, n: int, gen: torch.Generator) -> Batch:
         return self.format(sphere_points((n, self.cfg.length), self.cfg.dim, gen))
+
+
+def _mean_scored(cosine: np.ndarray) -> float:
+    """The mean over every scored (finite) entry of ``cosine`` (n, T); NaN when none is."""
+    values = cosine[np.isfinite(cosine)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+def _sequence_means(cosine: np.ndarray) -> np.ndarray:
+    """The mean over each sequence's scored positions of ``cosine`` (n, T) → (n,)."""
+    scored = np.isfinite(cosine)
+    with np.errstate(invalid="ignore"):
+        return np.where(scored, cosine, 0.0).sum(1) / scored.sum(1)
 
 
 # --- Probes --------------------------------------------------------------------------------------
