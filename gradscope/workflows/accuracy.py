@@ -41,7 +41,8 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
                  on_progress: Callable[[int], None] | None = None, *, command: str = "",
                  device_label: str | None = None) -> AccuracyRun:
     """Evaluate every checkpoint (run directories expand to all their checkpoints, oldest first),
-    loading one at a time (a :class:`Loaded` is used as it is)."""
+    loading one at a time (a :class:`Loaded` is used as it is), as its task family's evaluation
+    (:func:`gradscope.workflows.families.evaluation_of`) does."""
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)
     if on_start is not None:
@@ -82,9 +83,10 @@ def accuracy(source: Any, *, bins: int | tuple[int, ...] | None = None, grid: bo
     held-out set: evaluate it in your own code.
     bins: the grid's target-position bins, a count or 0-based edges (None: 4, quarters); given for a
     checkpoint without a grid (or with grid=False), it is refused, not ignored.
-    decoding: a feedback model's decodings (both, autoregressive, teacher). A vector task's store holds
-    cosine similarity per position with bootstrap CIs (resamples, None: 10,000; seed, None: 0). An lm checkpoint's holds
-    perplexity on its corpus's test split; ``corpus`` names that corpus's directory if it moved.
+    decoding: a feedback model's decodings (both, autoregressive, teacher). A task family whose
+    evaluation is its own (gradscope.workflows.families) stores its own part and reads its own options:
+    reverse-continuous the bootstrap's resamples (None: 10,000) and seed (None: 0), lm the ``corpus``
+    directory if it moved; an option no evaluation of the checkpoint's family reads is refused.
     """
     opts = AccuracyOptions(bins=bins, grid=grid, device=device, batch_size=batch_size, decoding=decoding,
                            resamples=resamples, seed=seed, corpus=None if corpus is None else str(corpus))
