@@ -40,7 +40,7 @@ def family_of(name: object) -> type[Task] | None:
     """The registered family a store's task ``name`` is read as (None: none)."""
     if not isinstance(name, str):
         return None
-    return TASKS.get(READ_AS.get(name, name)) if name not in TASKS else TASKS[name]
+    return TASKS[name] if name in TASKS else TASKS.get(READ_AS.get(name, ""))
 
 
 def probe_tasks() -> tuple[str, ...]:
