@@ -18,7 +18,7 @@ from .progress import make_progress
 
 if TYPE_CHECKING:
     from rich.table import Table
-    from gradscope.store.records import AccuracyResult, CosineResult
+    from gradscope.store.records import AccuracyResult
 
 console = make_console()
 Opt = typer.Option
@@ -59,20 +59,6 @@ def grid_table(r: AccuracyResult, bins: int | tuple[int, ...]) -> Table:
     return table
 
 
-def cosine_table(r: CosineResult) -> Table:
-    """Mean cosine similarity per output position with its bootstrap interval (vector tasks)."""
-    from rich.table import Table
-
-    table = Table(title=f"held-out cosine similarity at iteration {r.iteration} (mean over all scored positions "
-                        f"{r.cosine_similarity:.4f}; 95% bootstrap CI over {r.cosine.shape[0]} sequences)",
-                  title_justify="left")
-    for col in ("time", "mean cosine", "95% CI"):
-        table.add_column(col, justify="right")
-    for t, m, lo, hi in zip(r.times, r.position_mean, r.position_low, r.position_high):
-        table.add_row(str(int(t) + 1), f"{m:.4f}", f"[{lo:.4f}, {hi:.4f}]")
-    return table
-
-
 def side_table(r: AccuracyResult) -> Table:
     """Token accuracy per decoding (a feedback model) and per old/new item (an extended vocabulary)."""
     from rich.table import Table
@@ -88,27 +74,6 @@ def side_table(r: AccuracyResult) -> Table:
         for item, c, n in zip(("old items", "new items"), r.item_time_correct, r.item_time_scored):
             table.add_row(item + (f" ({r.decodings[0]})" if r.decodings else ""),
                           f"{c.sum() / n.sum():.4f}" if n.sum() else "nan", str(int(n.sum())))
-    return table
-
-
-@user_errors
-def lm_table(result: Any) -> Any:
-    """Test perplexity and token accuracy of an lm checkpoint: overall, by frequency and position bin."""
-    from rich.table import Table
-
-    from gradscope.analysis.lm import FREQ_LABELS, perplexity
-
-    lm = result.lm
-    table = Table(title=f"test split ({lm.n} tokens) after {result.iteration} iterations", title_justify="left")
-    for col in ("tokens", "n", "perplexity", "token accuracy"):
-        table.add_column(col, justify="right" if col != "tokens" else "left")
-    rows = [("all", lm.n, lm.perplexity, lm.accuracy)]
-    rows += [(label, n, perplexity(nll, n), c / n if n else float("nan"))
-             for label, nll, n, c in zip(FREQ_LABELS, lm.freq_nll, lm.freq_n, lm.freq_correct)]
-    rows += [(f"positions {a}–{b}", n, perplexity(nll, n), c / n if n else float("nan"))
-             for (a, b), nll, n, c in zip(lm.edges, lm.pos_nll, lm.pos_n, lm.pos_correct)]
-    for label, n, ppl, acc in rows:
-        table.add_row(label, str(int(n)), f"{ppl:.2f}", f"{acc:.4f}")
     return table
 
 
@@ -133,7 +98,7 @@ def accuracy_command(
     with --model hf --text FILE, perplexity and accuracy of a pretrained LM on raw text."""
     from gradscope.store.accuracy import family_values
     from gradscope.store.io import write_store
-    from gradscope.store.records import AccuracyResult, CosineResult
+    from gradscope.store.records import AccuracyResult
     from gradscope.workflows.accuracy import run_accuracy
 
     settings = ctx.meta.get(SETTINGS, {})
@@ -150,20 +115,13 @@ def accuracy_command(
         run = run_accuracy(checkpoints, opts, on_start=lambda n: progress.update(bar, total=n),
                            on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
     results = run.results
-    if isinstance(results[0], CosineResult):
-        console.print(cosine_table(results[-1]))  # type: ignore[arg-type]
-        write_store(run.to_xarray(), out_path, overwrite=overwrite)
-        console.print(escape(f"wrote {out_path}"))
-        return
-    console.print(overview_table(results))  # type: ignore[arg-type]
     last = results[-1]
-    assert isinstance(last, AccuracyResult)
-    if last.decodings or last.item_time_correct is not None:
-        console.print(side_table(last))
-    if last.grid_bin_correct is not None:
-        console.print(grid_table(last, opts.bins_for(last.grid_correct.shape[-1])))
-    if last.lm is not None:
-        console.print(lm_table(last))
+    if isinstance(last, AccuracyResult):  # the token part (a family whose store is its own part alone has none)
+        console.print(overview_table(results))
+        if last.decodings or last.item_time_correct is not None:
+            console.print(side_table(last))
+        if last.grid_bin_correct is not None:
+            console.print(grid_table(last, opts.bins_for(last.grid_correct.shape[-1])))
     ds = run.to_xarray()
     family, values = family_values(ds)
     for line in family.lines(values) if family is not None and values else []:  # the task family's own

@@ -11,12 +11,11 @@ from gradscope.files.publish import publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
 from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapunov_convergence, lyapunov_error_bars,
                                       lyapunov_spectra, radius_samples)
-from gradscope.store.accuracy import family_sections
+from gradscope.store.accuracy import family_sections, store_family
 from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples
 from gradscope.workflows.study_options import STATIC_FORMATS, ReportOptions  # declared torch-free (report --help)
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
-from .lm_figures import lm_figure
 from .experiment_figures import KINDS as EXPERIMENT_KINDS, position_figure
 from .family_figures import family_figure
 from .dynamics_figures import flow_figure, gate_figure, grid_figure, lyapunov_figure, radius_figure
@@ -53,24 +52,17 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
     if not grids and (fig := grid_figure_accuracy(accuracy, opts.iteration, palette)) is not None:
         out.append(Section("grid", "Frequency grid", f"From accuracy stores (grid_bin_accuracy at the {where}); a "
                                                      "single store has no CI — summarize several seeds for one.", fig))
-    if (fig := lm_figure(accuracy, opts.iteration, palette)) is not None:
-        out.append(Section("lm", "Language model: perplexity by token frequency and position",
-                           f"From lm accuracy stores (freq_perplexity, pos_perplexity at the {where}) on the corpus's "
-                           "test split. Lines: mean over seeds; bars: lowest to highest seed (docs/lm.md).", fig))
-    for name, section in family_sections():  # each task family's own section, as it declares it
-        own = [s for s in accuracy if s.task.get("name") == name]
+    for name, family, section in family_sections():  # each task family's own section, as it declares it
+        own = [s for s in accuracy if store_family(s.ds) is family]
         if (fig := family_figure(section, own, opts.iteration, palette)) is not None:
             out.append(Section(f"task-{name}", section.heading,
                                f"From {name} accuracy stores (at the {where}). {section.text}", fig))
-    headings = {"cosine": "Continuous vocabulary: cosine similarity per position",
-                "decoding": "Decoding: self-fed beside ground-truth fed accuracy",
+    headings = {"decoding": "Decoding: self-fed beside ground-truth fed accuracy",
                 "item": "Vocabulary extension: accuracy on old and new items"}
     for kind, (var, *_) in EXPERIMENT_KINDS.items():
         if (fig := position_figure(kind, accuracy, opts.iteration, palette)) is not None:
-            bars = "lowest to highest seed (a single store: its 95% bootstrap CI)" if kind == "cosine" else \
-                "lowest to highest seed"
-            out.append(Section(kind, headings[kind], f"From accuracy stores ({var} at the {where}; "
-                                                     f"docs/experiments.md). Lines: mean over seeds; bars: {bars}.", fig))
+            out.append(Section(kind, headings[kind], f"From accuracy stores ({var} at the {where}; docs/experiments.md). "
+                                                     "Lines: mean over seeds; bars: lowest to highest seed.", fig))
     if stability:
         points = stability_curves(stability, opts.score, opts.resamples, opts.seed)
         out.append(Section("stability", "Gradient stability over training",

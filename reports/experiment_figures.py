@@ -1,6 +1,7 @@
-"""The paper's remaining experiments (issue #28), per output position from accuracy stores: a vector
-task's cosine similarity, a feedback model's accuracy self-fed beside ground-truth fed, and an
-extended vocabulary's accuracy on old beside new target items."""
+"""The paper's remaining experiments (issue #28), per output position from accuracy stores: a feedback
+model's accuracy self-fed beside ground-truth fed, and an extended vocabulary's accuracy on old beside
+new target items (model features, not task families; a family's own figures are its report section:
+family_figures.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from .style import NUM, error_arrays, finish, finite_or_none, palette_for
 
 # (variable, its second dimension or None, line dash per member of that dimension, y title, title)
 KINDS = {
-    "cosine": ("position_cosine", None, {}, "mean cosine similarity",
-               "Continuous vocabulary: cosine similarity per output position"),
     "decoding": ("decoded_position_accuracy", "decoding", {"autoregressive": "solid", "teacher": "dash"},
                  "token accuracy", "Decoding: self-fed (solid) beside ground-truth fed (dashed) accuracy per position"),
     "item": ("item_position_accuracy", "item", {"old": "solid", "new": "dash"}, "token accuracy",
@@ -25,8 +24,7 @@ KINDS = {
 def position_figure(kind: str, stores: list[Input], iteration: int | None = None,
                     palette: dict[str, str] | None = None) -> go.Figure | None:
     """One line per configuration (and member of the split, if any): the mean over its stores
-    (seeds) per output time, with bars from the lowest to the highest seed; a single cosine store's
-    bars are its own 95% bootstrap interval (position_cosine_low/high)."""
+    (seeds) per output time, with bars from the lowest to the highest seed."""
     var, dim, dashes, ytitle, title = KINDS[kind]
     stores = [s for s in stores if var in s.ds]
     if not stores:
@@ -45,10 +43,6 @@ def position_figure(kind: str, stores: list[Input], iteration: int | None = None
             values = np.stack(rows)
             mean = values.mean(0)
             low, high = values.min(0), values.max(0)
-            if kind == "cosine" and len(group) == 1:
-                k = at_iteration(group[0].ds, iteration, group[0].path)
-                low = group[0].ds["position_cosine_low"].isel(checkpoint=k).values
-                high = group[0].ds["position_cosine_high"].isel(checkpoint=k).values
             seeds = f"{len(group)} seed{'s' if len(group) > 1 else ''}"
             name = f"{label}, {member} ({seeds})" if member else f"{label} ({seeds})"
             fig.add_trace(go.Scatter(

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
+import xarray as xr
 from plotly.subplots import make_subplots
 
-from gradscope.store.accuracy import ReportSection, family_values
+from gradscope.store.accuracy import Panel, ReportSection, family_values
 from gradscope.store.inputs import Input, at_iteration
 
 from .style import error_arrays, finish, finite_or_none, palette_for
@@ -35,17 +36,31 @@ def family_figure(section: ReportSection, stores: list[Input], iteration: int | 
             group = [stores[i] for i in members]
             seeds = np.stack([np.asarray(values[i][panel.variable], dtype=np.float64) for i in members])
             first = group[0].ds
-            x = [str(v) for v in first[panel.x].values]
+            x = _ticks(first, panel)
+            keep = [k for k, v in enumerate(first[panel.x].values) if panel.x_only is None
+                    or str(v).startswith(panel.x_only)]
+            x = [x[k] for k in keep]
             splits = [None] if panel.split is None else [str(v) for v in first[panel.split].values]
             for k, split in enumerate(splits):
-                line = seeds if split is None else seeds[:, k]  # (seeds, x)
+                line = (seeds if split is None else seeds[:, k])[:, keep]  # (seeds, x)
                 mean = line.mean(0)
+                low, high = line.min(0), line.max(0)
+                if panel.bounds is not None and len(group) == 1:  # its own interval, not a range of one seed
+                    low, high = (np.asarray(values[members[0]][b], dtype=np.float64)[keep] for b in panel.bounds)
                 name = f"{label} ({len(group)} seed{'s' if len(group) > 1 else ''})" + (f", {split}" if split else "")
                 fig.add_trace(go.Scatter(x=x, y=finite_or_none(mean), name=name, legendgroup=name,
                                          showlegend=name not in shown, mode="lines+markers",
                                          line=dict(color=palette[label], dash=DASHES[k % len(DASHES)]),
-                                         error_y=error_arrays(mean, line.min(0), line.max(0))), row=1, col=col)
+                                         error_y=error_arrays(mean, low, high)), row=1, col=col)
                 shown.add(name)
         fig.update_xaxes(title_text=panel.x_title or panel.x, type="category", row=1, col=col)
-        fig.update_yaxes(title_text=panel.y_title, row=1, col=col)
+        fig.update_yaxes(title_text=panel.y_title, type="log" if panel.log_y else None, row=1, col=col)
     return finish(fig, section.heading, 440, legend="below")
+
+
+def _ticks(ds: xr.Dataset, panel: Panel) -> list[str]:
+    """The labels of ``panel.x``'s values: its coordinate's, or "first–last" of its ``x_ticks`` coordinates."""
+    if panel.x_ticks is None:
+        return [str(v) for v in ds[panel.x].values]
+    a, b = (ds[c].values for c in panel.x_ticks)
+    return [f"{p}–{q}" if p != q else str(p) for p, q in zip(a, b)]

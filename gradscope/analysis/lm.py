@@ -20,6 +20,7 @@ from torch import nn
 from gradscope.corpus.store import frequency_bins
 from gradscope.errors import check
 from gradscope.tasks.base import IGNORE
+from gradscope.tasks.family import perplexity  # moved down: the lm family's store part computes it
 
 FREQ_LABELS = ("frequent", "rare", *(f"decile{i}" for i in range(1, 11)))
 
@@ -72,14 +73,6 @@ class LMCounts:
     @property
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else float("nan")
-
-
-def perplexity(nll_sum: float | np.ndarray, n: int | np.ndarray) -> np.ndarray | float:
-    """exp(nll_sum / n); NaN where n = 0 (nothing scored)."""
-    nll_sum, n = np.asarray(nll_sum, dtype=np.float64), np.asarray(n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(n > 0, np.exp(nll_sum / np.maximum(n, 1)), np.nan)
-    return float(out) if out.ndim == 0 else out
 
 
 @torch.no_grad()

@@ -9,48 +9,20 @@ import numpy as np
 import xarray as xr
 
 from gradscope.analysis.accuracy import bin_edges
-from gradscope.analysis.lm import perplexity
 from gradscope.config import RunConfig
 from gradscope.store.io import attr_json, provenance, sha256_file
 from gradscope.tasks import GROUP_NAMES, TASKS, Task
-from gradscope.tasks.family import ReportSection, ratio as _ratio
-from gradscope.store.records import AccuracyResult
+from gradscope.tasks.registry import family_of
+from gradscope.tasks.family import Panel, ReportSection, ratio as _ratio  # noqa: F401 (Panel: for reports)
+from gradscope.store.records import AccuracyResult, FamilyResult
 
 ITEM_NAMES = ("old", "new")  # an extended vocabulary's pretrained items and the items added to it
 
 
-
-
-def lm_variables(results: list[AccuracyResult]) -> dict[str, Any]:
-    """Perplexity and accuracy of lm checkpoints: overall, by frequency bin and by position bin."""
-    lms = [r.lm for r in results]
-    assert all(m is not None for m in lms)
-    stack = lambda name: np.stack([getattr(m, name) for m in lms])  # noqa: E731
-    first = lms[0]
-    return {
-        "perplexity": ("checkpoint", np.array([m.perplexity for m in lms])),
-        "cross_entropy": ("checkpoint", np.array([m.nll / m.n if m.n else np.nan for m in lms])),
-        "freq_perplexity": (("checkpoint", "freq_bin"), perplexity(stack("freq_nll"), stack("freq_n"))),
-        "freq_accuracy": (("checkpoint", "freq_bin"), _ratio(stack("freq_correct"), stack("freq_n"))),
-        "freq_n": ("freq_bin", first.freq_n),
-        "pos_perplexity": (("checkpoint", "pos_bin"), perplexity(stack("pos_nll"), stack("pos_n"))),
-        "pos_accuracy": (("checkpoint", "pos_bin"), _ratio(stack("pos_correct"), stack("pos_n"))),
-        "pos_n": ("pos_bin", first.pos_n),
-    }
-
-
-def lm_coords(first: AccuracyResult) -> dict[str, Any]:
-    assert first.lm is not None and first.freq_types is not None
-    edges = first.lm.edges
-    return {"freq_bin": np.asarray(first.lm.labels, dtype=object), "freq_types": ("freq_bin", first.freq_types),
-            "pos_bin": np.arange(len(edges)), "pos_start": ("pos_bin", np.array([a for a, _ in edges])),
-            "pos_end": ("pos_bin", np.array([b for _, b in edges]))}
-
-
 def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str, dict[str, Any]],
                      options: dict[str, Any], command: str, device: str) -> xr.Dataset:
-    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin; for
-    lm checkpoints also freq_bin and pos_bin; and those of the task family's own part (its ``layout``).
+    """Dims: checkpoint, sequence, time, target_group, disturbant_group, target_position, bin; and
+    those of the task family's own part (its ``layout``).
     ``config``: the run's, or the three config dicts (model_config, task_config, train_config) of a
     model gradscope did not train. ``options``: ``bins`` (a count or a list of edges) and ``grid``
     (token tasks), recorded as given."""
@@ -87,7 +59,7 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str
                        "target_position": np.arange(1, first.grid_correct.shape[-1] + 1),
                        "bin": np.arange(len(edges)), "bin_start": ("bin", np.array([a for a, _ in edges])),
                        "bin_end": ("bin", np.array([b for _, b in edges]))})
-    family = TASKS.get(str(config.task.name if isinstance(config, RunConfig) else config["task_config"].get("name")))
+    family = family_of(config.task.name if isinstance(config, RunConfig) else config["task_config"].get("name"))
     if family is not None and first.family:  # the task family's own part, as it declares
         part, part_coords = family.accuracy_part([r.family for r in results])
         data.update(part)
@@ -108,9 +80,6 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str
             binned = lambda x: np.stack([x[..., a - 1:b].sum(-1) for a, b in edges], axis=-1)  # noqa: E731
             data["grid_item_bin_accuracy"] = (("checkpoint", "target_group", "disturbant_group", "item", "bin"),
                                               _ratio(binned(stack("grid_item_correct")), binned(stack("grid_item_total"))))
-    if first.lm is not None:
-        data.update(lm_variables(results))
-        coords.update(lm_coords(first))
     checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run,
                     "sha256": sha256_file(r.path) if r.path.is_file() else ""} for r in results]
     coords["sha256"] = ("checkpoint", np.asarray([c["sha256"] for c in checkpoints], dtype=object))
@@ -121,11 +90,35 @@ def accuracy_dataset(results: list[AccuracyResult], config: RunConfig | dict[str
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
+def family_dataset(results: list[FamilyResult], config: RunConfig, options: dict[str, Any], command: str,
+                   device: str) -> xr.Dataset:
+    """The accuracy store of a family whose store is its own part alone (no token part): the
+    checkpoints' coordinates, and the variables and coordinates its ``accuracy_part`` gives."""
+    family = family_of(config.task.name)
+    assert family is not None and not family.token_part
+    checkpoints = [{"path": str(r.path), "iteration": r.iteration, "run": r.run, "sha256": sha256_file(r.path)}
+                   for r in results]
+    data, part_coords = family.accuracy_part([r.family for r in results])
+    coords: dict[str, Any] = {
+        "checkpoint": np.arange(len(results)),
+        "iteration": ("checkpoint", np.array([r.iteration for r in results])),
+        "checkpoint_path": ("checkpoint", np.asarray([str(r.path) for r in results], dtype=object)),
+        "run": ("checkpoint", np.asarray([r.run for r in results], dtype=object)),
+        "sha256": ("checkpoint", np.asarray([c["sha256"] for c in checkpoints], dtype=object)),
+        **part_coords,
+    }
+    attrs = provenance("accuracy", command, device, {
+        "model_config": dataclasses.asdict(config.model), "task_config": dataclasses.asdict(config.task),
+        "train_config": dataclasses.asdict(config.train), "checkpoints": checkpoints, "options": options,
+    })
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
 def store_family(ds: xr.Dataset) -> type[Task] | None:
     """The registered task family an accuracy store was made on (None: not one of them)."""
     task = attr_json(ds, "task_config") if "task_config" in ds.attrs else {}  # read_store checked it is an object
     name = task.get("name") if isinstance(task, dict) else None
-    return TASKS.get(name) if isinstance(name, str) else None
+    return family_of(name)
 
 
 def family_values(ds: xr.Dataset, at: int = -1) -> tuple[type[Task] | None, dict[str, np.ndarray]]:
@@ -139,6 +132,6 @@ def family_values(ds: xr.Dataset, at: int = -1) -> tuple[type[Task] | None, dict
     return family, values
 
 
-def family_sections() -> list[tuple[str, ReportSection]]:
-    """(task name, report section) of every registered family that declares one, in registry order."""
-    return [(name, cls.report) for name, cls in TASKS.items() if cls.report is not None]
+def family_sections() -> list[tuple[str, type[Task], ReportSection]]:
+    """(task name, family, report section) of every registered family that declares one, in registry order."""
+    return [(name, cls, cls.report) for name, cls in TASKS.items() if cls.report is not None]

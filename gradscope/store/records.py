@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 
 from gradscope.analysis.bootstrap import Interval
-from gradscope.analysis.lm import LMCounts
 from gradscope.analysis.stability import StabilityResult
 
 
@@ -30,10 +29,9 @@ class AccuracyResult:
     sequence_correct / sequence_scored (n,): scored tokens right / scored per held-out sequence;
     sequence_dl (n,): Damerau–Levenshtein distance per sequence; time_correct / time_scored (T,);
     grid_correct / grid_total (2, 2, L) and their binned versions (2, 2, bins), or None;
-    family: the task family's own counts (:meth:`gradscope.tasks.base.Task.score`), stored as its
-    family declares (:meth:`~gradscope.tasks.base.Task.accuracy_part`);
-    lm: perplexity sums overall, by frequency bin and by position bin, for an lm checkpoint (evaluated
-    on the corpus's test split, which the sequence and time counts then describe too).
+    family: the task family's own counts (:meth:`gradscope.tasks.base.Task.score`, or its own
+    evaluation's: gradscope.workflows.families), stored as its family declares
+    (:meth:`~gradscope.tasks.base.Task.accuracy_part`).
     """
 
     path: Path
@@ -60,8 +58,6 @@ class AccuracyResult:
     item_time_scored: np.ndarray | None = None
     grid_item_correct: np.ndarray | None = None
     grid_item_total: np.ndarray | None = None
-    lm: LMCounts | None = None  # lm checkpoints: cross-entropy sums on the corpus's test split
-    freq_types: np.ndarray | None = None  # lm: (12,) token types per frequency bin
 
     @property
     def token_accuracy(self) -> float:
@@ -81,33 +77,15 @@ class AccuracyResult:
 
 
 @dataclass(frozen=True)
-class CosineResult:
-    """One checkpoint's evaluation on a vector task (paper App. B.3): the cosine similarity of
-    prediction and target per held-out sequence and time, ``cosine`` (n, T) float64, NaN where
-    unscored; per scored time (``times``, 0-based) its mean over sequences and a bootstrap interval
-    (``position_low``/``position_high``, resampling sequences)."""
+class FamilyResult:
+    """One checkpoint's evaluation by a task family whose accuracy store is its own part alone (its
+    ``token_part`` is False; reverse-continuous): its counts, stored as the family declares
+    (:meth:`~gradscope.tasks.base.Task.accuracy_part`)."""
 
     path: Path
     iteration: int
     run: str
-    cosine: np.ndarray
-    times: np.ndarray
-    position_mean: np.ndarray
-    position_low: np.ndarray
-    position_high: np.ndarray
-
-    @property
-    def cosine_similarity(self) -> float:
-        """Mean over every scored position."""
-        values = self.cosine[np.isfinite(self.cosine)]
-        return float(values.mean()) if values.size else float("nan")
-
-    @property
-    def sequence_cosine(self) -> np.ndarray:
-        """Mean over each sequence's scored positions (n,)."""
-        scored = np.isfinite(self.cosine)
-        with np.errstate(invalid="ignore"):
-            return np.where(scored, self.cosine, 0.0).sum(1) / scored.sum(1)
+    family: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from gradscope.store.parts import config_parts
 from gradscope.files.io import atomic_write
 from gradscope.store.records import SummaryEntry, TrialRecord
 from gradscope.models.registry import core_options
+from gradscope.tasks.base import Task
 
 # the fields a summary entry carries (the registered cores' own settings too: :func:`config_fields`)
 CONFIG_FIELDS = {"model_config": ("core", "pe", "pe_combine", "hidden_size", "embed_size", "num_layers"),
@@ -91,11 +92,12 @@ def _right(p: Path, what: str, ok: bool) -> None:
 
 def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Metrics at the last checkpoint; units: 1/0 per scored token, per scored sequence (full match),
-    the DL distance per sequence. Nothing scored gives NaN, never 0. A vector task's store gives its
-    cosine similarity (units: per sequence) and per position; a feedback model's, token accuracy per
-    decoding; an extended vocabulary's, token accuracy on old and new target items."""
-    if "cosine_similarity" in ds:
-        return _cosine_trial(ds, path)
+    the DL distance per sequence. Nothing scored gives NaN, never 0. A feedback model's store gives
+    token accuracy per decoding; an extended vocabulary's, token accuracy on old and new target items;
+    a task family's, the metrics it declares (a family whose store is its own part alone: those only)."""
+    family, values = family_values(ds)
+    if family is not None and not family.token_part:
+        return _family_metrics(path, family, values)
     _require(ds, path, ["token_accuracy", "sequence_accuracy", "dl_distance", "sequence_correct", "sequence_scored",
                         "sequence_dl"])
     last = ds.isel(checkpoint=-1)
@@ -120,39 +122,26 @@ def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[
                 units[f"grid/{tg}/{dg}"] = np.repeat([1.0, 0.0], [right, n - right])
                 for b in range(ds.sizes["bin"]):
                     metrics[f"grid/{tg}/{dg}/bin{b + 1}"] = float(last["grid_bin_accuracy"].values[t, d, b])
-    if "perplexity" in ds:  # lm: per-seed values only (a perplexity has no per-token unit)
-        _require(ds, path, ["freq_perplexity", "freq_accuracy", "pos_perplexity", "pos_accuracy"])
-        metrics["perplexity"] = float(last["perplexity"])
-        for label, ppl, acc in zip(ds["freq_bin"].values, last["freq_perplexity"].values,
-                                   last["freq_accuracy"].values):
-            metrics[f"perplexity/{label}"], metrics[f"token_accuracy/{label}"] = float(ppl), float(acc)
-        for a, b, ppl in zip(ds["pos_start"].values, ds["pos_end"].values, last["pos_perplexity"].values):
-            metrics[f"perplexity/t{a}-{b}"] = float(ppl)
     if "decoded_token_accuracy" in ds:  # a feedback model: each decoding beside the main one
         for d, acc in zip(ds["decoding"].values, last["decoded_token_accuracy"].values):
             metrics[f"token_accuracy/{d}"] = float(acc)
     if "item_accuracy" in ds:  # an extended vocabulary: old and new target items
         for item, acc in zip(ds["item"].values, last["item_accuracy"].values):
             metrics[f"token_accuracy/{item}_items"] = float(acc)
-    family, values = family_values(ds)
     if family is not None and values:  # the task family's own metrics, as it declares them
-        missing = [n for n in family.layout if n not in values]
-        _right(path, f"lacks the variable(s) {', '.join(missing)} of the {family.name} task", not missing)
-        own, own_units = family.summary_metrics(values)
+        own, own_units = _family_metrics(path, family, values)
         metrics.update(own)
         units.update(own_units)
     return metrics, units
 
 
-def _cosine_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """A vector task's accuracy store: mean cosine similarity (units: each held-out sequence's mean
-    over its scored positions) and the mean per output position."""
-    _require(ds, path, ["position_cosine", "sequence_cosine"])
-    last = ds.isel(checkpoint=-1)
-    metrics = {"cosine_similarity": float(last["cosine_similarity"])}
-    for t, value in zip(ds["time"].values, last["position_cosine"].values):
-        metrics[f"cosine/t{int(t)}"] = float(value)
-    return metrics, {"cosine_similarity": last["sequence_cosine"].values.astype(float)}
+def _family_metrics(path: Path, family: type[Task], values: dict[str, np.ndarray]
+                    ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """The metrics (and units) a family declares, from its variables at the last checkpoint; a store
+    lacking one of its declared variables is refused."""
+    missing = [n for n in family.layout if n not in values]
+    _right(path, f"lacks the variable(s) {', '.join(missing)} of the {family.name} task", not missing)
+    return family.summary_metrics(values)
 
 
 def _stability_trial(ds: xr.Dataset, path: Path, score: str) -> tuple[dict[str, float], dict[str, np.ndarray]]:

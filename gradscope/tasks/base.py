@@ -60,9 +60,11 @@ class Task:
     # setting any other is refused, not recorded and ignored. Token tasks draw their tokens from the
     # uniform or dual distribution (rarity: dual only).
     settings: ClassVar[tuple[str, ...]] = ("distribution", "rarity")
-    # how a checkpoint is evaluated: "tokens" (argmax on the held-out set), "vectors" (cosine
-    # similarity of point predictions) or "corpus" (perplexity on a corpus's test split)
-    evaluation: ClassVar[str] = "tokens"
+    # whether its accuracy store holds the token part (token, sequence and DL accuracy, the grid) beside
+    # its own; False: its own part alone (reverse-continuous: cosine similarity). How a checkpoint is
+    # evaluated needs the model and the analysis layer, so it is declared above this layer:
+    # gradscope.workflows.families (default: argmax on the held-out set, then ``score``)
+    token_part: ClassVar[bool] = True
     # the family's own part of an accuracy store (gradscope.tasks.family): variable → dims and kind;
     # the dims that need coordinates looked up by readers; the report section drawn from them
     # the family's own TaskConfig settings for a small run (the shared contract, tests/helpers/contracts.py,

@@ -45,7 +45,7 @@ class Panel:
     """One panel of a family's report section: ``variable`` over ``("checkpoint", split, x)`` (or
     ``("checkpoint", x)`` when ``split`` is None) at the report's checkpoint, against ``x``; one line per
     configuration and value of ``split``, the mean over its stores (seeds), with bars from the lowest
-    to the highest seed."""
+    to the highest seed (a configuration of one store with ``bounds``: that store's own interval)."""
 
     variable: str
     x: str
@@ -53,6 +53,10 @@ class Panel:
     title: str = ""
     x_title: str = ""
     y_title: str = "accuracy"
+    log_y: bool = False  # a log-scale y axis (perplexities)
+    x_only: str | None = None  # draw only the values of ``x`` whose label starts with this (lm: "decile")
+    x_ticks: tuple[str, str] | None = None  # two coordinates over ``x`` labelling its ticks "first–last"
+    bounds: tuple[str, str] | None = None  # a single store's own interval (low, high variables) as its bars
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,3 +85,11 @@ def stack(counts: list[Mapping[str, np.ndarray]], name: str) -> np.ndarray:
 def units(correct: int, total: int) -> np.ndarray:
     """1/0 per scored token: the units a bootstrap interval of an accuracy resamples."""
     return np.repeat([1.0, 0.0], [int(correct), int(total) - int(correct)])
+
+
+def perplexity(nll_sum: float | np.ndarray, n: int | np.ndarray) -> np.ndarray | float:
+    """exp(nll_sum / n); NaN where n = 0 (nothing scored)."""
+    nll_sum, n = np.asarray(nll_sum, dtype=np.float64), np.asarray(n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(n > 0, np.exp(nll_sum / np.maximum(n, 1)), np.nan)
+    return float(out) if out.ndim == 0 else out

@@ -10,14 +10,14 @@ so every token of the paragraph is predicted, the first one from the start token
 rows are paragraphs of the train split drawn uniformly with replacement from the run's generator,
 padded to the batch's longest row; the held-out rows stored in checkpoints are the first
 ``heldout_size`` paragraphs of the valid split, padded to L. Test perplexity uses the test split
-(:mod:`gradscope.workflows.lm`). The splits are disjoint by paragraph, so no training row is
+(:mod:`gradscope.workflows.families.lm`). The splits are disjoint by paragraph, so no training row is
 compared against the held-out set.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +25,8 @@ import torch
 from gradscope.corpus.store import Corpus, Split, open_corpus
 from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
+from gradscope.tasks.family import (COUNT, FLOAT, INT, STR, Metrics, Panel, Part, ReportSection, Variable, perplexity,
+                                    ratio, stack)
 
 if TYPE_CHECKING:
     from gradscope.tasks.config import TaskConfig
@@ -54,7 +56,31 @@ class LanguageModel(Task):
     settings: ClassVar[tuple[str, ...]] = ("corpus",)  # its tokens follow the corpus
     corpus_probes: ClassVar[bool] = True  # stability/dynamics probes come from the held-out text
     disjoint_heldout: ClassVar[bool] = True
-    evaluation: ClassVar[str] = "corpus"  # perplexity on the corpus's test split
+    # its own part of the accuracy store: perplexity and accuracy on the corpus's test split, overall, by
+    # token-frequency bin and by position bin (evaluated by gradscope.workflows.families.lm; the raw-text
+    # path's stores, task "text", are read as this family: tasks.registry.READ_AS)
+    layout = {"perplexity": Variable(dims=("checkpoint",), kind=FLOAT),
+              "cross_entropy": Variable(dims=("checkpoint",), kind=FLOAT),
+              "freq_perplexity": Variable(dims=("checkpoint", "freq_bin"), kind=FLOAT),
+              "freq_accuracy": Variable(dims=("checkpoint", "freq_bin"), kind=FLOAT),
+              "freq_n": Variable(dims=("freq_bin",), kind=COUNT),
+              "pos_perplexity": Variable(dims=("checkpoint", "pos_bin"), kind=FLOAT),
+              "pos_accuracy": Variable(dims=("checkpoint", "pos_bin"), kind=FLOAT),
+              "pos_n": Variable(dims=("pos_bin",), kind=COUNT),
+              "freq_bin": Variable(dims=("freq_bin",), kind=STR), "freq_types": Variable(dims=("freq_bin",), kind=COUNT),
+              "pos_bin": Variable(dims=("pos_bin",), kind=INT), "pos_start": Variable(dims=("pos_bin",), kind=INT),
+              "pos_end": Variable(dims=("pos_bin",), kind=INT)}
+    needs = {"freq_bin": ("freq_bin",), "pos_bin": ("pos_bin", "pos_start", "pos_end")}
+    report = ReportSection(
+        heading="Language model: perplexity by token frequency and position",
+        text="Test perplexity on the corpus's test split (raw-text stores: on the text) by token-frequency decile "
+             "(1 = the most frequent tenth of the token types by train count) and by target-position bin. Lines: "
+             "mean over seeds; bars: lowest to highest seed (docs/lm.md).",
+        panels=(Panel(variable="freq_perplexity", x="freq_bin", x_only="decile", log_y=True,
+                      title="by token-frequency decile (train counts)", x_title="frequency decile",
+                      y_title="test perplexity"),
+                Panel(variable="pos_perplexity", x="pos_bin", x_ticks=("pos_start", "pos_end"), log_y=True,
+                      title="by target position in the paragraph", x_title="positions", y_title="test perplexity")))
     tiny = None  # a run needs a prepared corpus (tests/test_lm.py makes one)
     default_length: ClassVar[int | None] = 1024  # the paper's first 1,024 tokens of each paragraph
 
@@ -106,3 +132,53 @@ class LanguageModel(Task):
         check(self.cfg.heldout_size <= len(valid),
               f"heldout_size: got {self.cfg.heldout_size}; the corpus's valid split has {len(valid)} paragraphs")
         return self.rows("valid", np.arange(self.cfg.heldout_size), width=self.cfg.length)
+
+    # --- its own part of the accuracy store (the counts: gradscope.workflows.families.lm.lm_part) ---
+
+    @classmethod
+    def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:
+        """Perplexity and accuracy per checkpoint: overall, by frequency bin and by position bin, from
+        each checkpoint's cross-entropy sums (nll, n, correct; freq_* and pos_* per bin), the bins'
+        ``labels``, position ``edges`` (P, 2) and token ``types`` per frequency bin."""
+        counts = list(counts)
+        first = counts[0]
+        edges = np.asarray(first["edges"])
+        data: Part = {
+            "perplexity": ("checkpoint", np.array([perplexity(c["nll"], c["n"]) for c in counts])),
+            "cross_entropy": ("checkpoint", np.array([c["nll"] / c["n"] if c["n"] else np.nan for c in counts])),
+            "freq_perplexity": (("checkpoint", "freq_bin"), perplexity(stack(counts, "freq_nll"), stack(counts, "freq_n"))),
+            "freq_accuracy": (("checkpoint", "freq_bin"), ratio(stack(counts, "freq_correct"), stack(counts, "freq_n"))),
+            "freq_n": ("freq_bin", first["freq_n"]),
+            "pos_perplexity": (("checkpoint", "pos_bin"), perplexity(stack(counts, "pos_nll"), stack(counts, "pos_n"))),
+            "pos_accuracy": (("checkpoint", "pos_bin"), ratio(stack(counts, "pos_correct"), stack(counts, "pos_n"))),
+            "pos_n": ("pos_bin", first["pos_n"]),
+        }
+        coords: Part = {"freq_bin": np.asarray(first["labels"], dtype=object), "freq_types": ("freq_bin", first["types"]),
+                        "pos_bin": np.arange(len(edges)), "pos_start": ("pos_bin", edges[:, 0]),
+                        "pos_end": ("pos_bin", edges[:, 1])}
+        return data, coords
+
+    @classmethod
+    def summary_metrics(cls, last: Mapping[str, np.ndarray]) -> Metrics:
+        """Perplexity overall, per frequency bin (with its token accuracy) and per position bin; per-seed
+        values only (a perplexity has no per-token unit)."""
+        metrics = {"perplexity": float(last["perplexity"])}
+        for label, ppl, acc in zip(last["freq_bin"], last["freq_perplexity"], last["freq_accuracy"]):
+            metrics[f"perplexity/{label}"], metrics[f"token_accuracy/{label}"] = float(ppl), float(acc)
+        for a, b, ppl in zip(last["pos_start"], last["pos_end"], last["pos_perplexity"]):
+            metrics[f"perplexity/t{a}-{b}"] = float(ppl)
+        return metrics, {}
+
+    @classmethod
+    def lines(cls, last: Mapping[str, np.ndarray]) -> list[str]:
+        """Test perplexity and token accuracy: overall, by frequency bin and by position bin."""
+        n, acc = np.asarray(last["pos_n"]), np.asarray(last["pos_accuracy"], dtype=np.float64)
+        hits = float(np.nansum(acc * n))
+        rows = [("all", int(n.sum()), float(last["perplexity"]), hits / n.sum() if n.sum() else float("nan"))]
+        rows += [(str(b), int(k), float(p), float(a)) for b, k, p, a in
+                 zip(last["freq_bin"], last["freq_n"], last["freq_perplexity"], last["freq_accuracy"])]
+        rows += [(f"positions {a}–{b}", int(k), float(p), float(c)) for a, b, k, p, c in
+                 zip(last["pos_start"], last["pos_end"], last["pos_n"], last["pos_perplexity"], last["pos_accuracy"])]
+        return [f"test split ({int(n.sum())} scored tokens): perplexity and token accuracy",
+                f"  {'tokens':<16} {'n':>7} {'perplexity':>11} {'token accuracy':>15}",
+                *(f"  {label:<16} {k:>7} {p:>11.2f} {a:>15.4f}" for label, k, p, a in rows)]

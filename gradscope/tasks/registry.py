@@ -31,6 +31,17 @@ TASKS: dict[str, type[Task]] = {
     "mqar": MQAR,
 }
 
+# task names of stores that are read as a registered family without being one: the raw-text path
+# (`gradscope accuracy --text`, task "text", gradscope/workflows/text_accuracy.py) stores the lm family's part
+READ_AS: dict[str, str] = {"text": "lm"}
+
+
+def family_of(name: object) -> type[Task] | None:
+    """The registered family a store's task ``name`` is read as (None: none)."""
+    if not isinstance(name, str):
+        return None
+    return TASKS[name] if name in TASKS else TASKS.get(READ_AS.get(name, ""))
+
 
 def probe_tasks() -> tuple[str, ...]:
     """The registered tasks on which stability and dynamics probes are defined (an input phase

@@ -12,7 +12,7 @@ probability 0.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 
 from gradscope.errors import check
 from gradscope.tasks.base import Batch, Task
+from gradscope.tasks.family import FLOAT, INT, Metrics, Panel, Part, ReportSection, Variable, stack
 
 if TYPE_CHECKING:
     from gradscope.tasks.config import TaskConfig
@@ -36,8 +37,58 @@ class ReverseContinuous(Task):
     settings: ClassVar[tuple[str, ...]] = ("dim",)  # points of a sphere: one frequency class
     probes: ClassVar[bool] = True
     inputs: ClassVar[str] = "vectors"
-    evaluation: ClassVar[str] = "vectors"  # cosine similarity of point predictions
     tiny = {"dim": 3}
+    # its accuracy store is its own part alone: the cosine similarity of point predictions and targets
+    # on the held-out set (evaluated by gradscope.workflows.families.reverse_continuous), per checkpoint,
+    # per scored output time (1-based) with a bootstrap interval over sequences, and per sequence
+    token_part: ClassVar[bool] = False
+    layout = {"cosine_similarity": Variable(dims=("checkpoint",), kind=FLOAT),
+              "position_cosine": Variable(dims=("checkpoint", "time"), kind=FLOAT),
+              "position_cosine_low": Variable(dims=("checkpoint", "time"), kind=FLOAT),
+              "position_cosine_high": Variable(dims=("checkpoint", "time"), kind=FLOAT),
+              "sequence_cosine": Variable(dims=("checkpoint", "sequence"), kind=FLOAT),
+              "time": Variable(dims=("time",), kind=INT)}
+    report = ReportSection(
+        heading="Continuous vocabulary: cosine similarity per position",
+        text="Mean cosine similarity of prediction and target per output time (docs/experiments.md). Lines: mean "
+             "over seeds; bars: lowest to highest seed (a single store: its 95% bootstrap CI).",
+        panels=(Panel(variable="position_cosine", x="time", bounds=("position_cosine_low", "position_cosine_high"),
+                      title="per output time", x_title="time step (output phase)", y_title="mean cosine similarity"),))
+
+    @classmethod
+    def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:
+        """Its store from each checkpoint's ``cosine`` (n, T) float64 (NaN where unscored), the scored
+        ``times`` (0-based) and the ``mean``, ``low`` and ``high`` of each scored time's interval: the
+        mean over every scored position, per time with its interval, and per sequence (the mean of its
+        scored positions)."""
+        counts = list(counts)
+        data: Part = {
+            "cosine_similarity": ("checkpoint", np.array([_mean_scored(c["cosine"]) for c in counts])),
+            "position_cosine": (("checkpoint", "time"), stack(counts, "mean")),
+            "position_cosine_low": (("checkpoint", "time"), stack(counts, "low")),
+            "position_cosine_high": (("checkpoint", "time"), stack(counts, "high")),
+            "sequence_cosine": (("checkpoint", "sequence"), np.stack([_sequence_means(c["cosine"]) for c in counts])),
+        }
+        return data, {"sequence": np.arange(counts[0]["cosine"].shape[0]), "time": counts[0]["times"] + 1}
+
+    @classmethod
+    def summary_metrics(cls, last: Mapping[str, np.ndarray]) -> Metrics:
+        """Mean cosine similarity (units: each held-out sequence's mean over its scored positions) and
+        the mean per output time."""
+        metrics = {"cosine_similarity": float(last["cosine_similarity"])}
+        for t, value in zip(last["time"], last["position_cosine"]):
+            metrics[f"cosine/t{int(t)}"] = float(value)
+        return metrics, {"cosine_similarity": np.asarray(last["sequence_cosine"]).astype(float)}
+
+    @classmethod
+    def lines(cls, last: Mapping[str, np.ndarray]) -> list[str]:
+        """Mean cosine similarity per output time with its bootstrap interval."""
+        head = (f"held-out cosine similarity (mean over all scored positions {float(last['cosine_similarity']):.4f}; "
+                f"95% bootstrap CI over {np.asarray(last['sequence_cosine']).size} sequences)")
+        rows = [f"  {'time':>4} {'mean cosine':>12}  95% CI"]
+        rows += [f"  {int(t):>4} {m:>12.4f}  [{lo:.4f}, {hi:.4f}]" for t, m, lo, hi in
+                 zip(last["time"], last["position_cosine"], last["position_cosine_low"], last["position_cosine_high"])]
+        return [head, *rows]
 
     # its probe source: ids into a seeded table of sphere points (see "Probes" below)
     @property
@@ -78,6 +129,19 @@ class ReverseContinuous(Task):
 
     def sample(self, n: int, gen: torch.Generator) -> Batch:
         return self.format(sphere_points((n, self.cfg.length), self.cfg.dim, gen))
+
+
+def _mean_scored(cosine: np.ndarray) -> float:
+    """The mean over every scored (finite) entry of ``cosine`` (n, T); NaN when none is."""
+    values = cosine[np.isfinite(cosine)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+def _sequence_means(cosine: np.ndarray) -> np.ndarray:
+    """The mean over each sequence's scored positions of ``cosine`` (n, T) → (n,)."""
+    scored = np.isfinite(cosine)
+    with np.errstate(invalid="ignore"):
+        return np.where(scored, cosine, 0.0).sum(1) / scored.sum(1)
 
 
 # --- Probes --------------------------------------------------------------------------------------

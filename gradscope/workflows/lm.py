@@ -1,10 +1,7 @@
-"""Language-model checkpoints in the accuracy, stability and dynamics workflows (issue #27).
-
-Accuracy: every paragraph of the corpus's test split (first L tokens, as in training) is scored;
-the result carries the usual token/sequence counts plus :class:`~gradscope.analysis.lm.LMCounts`
-(perplexity overall, by frequency bin, by position bin).
-
-Stability probes on real text (:func:`lm_probes`): see its docstring for how triplets are drawn.
+"""Language-model checkpoints in the stability and dynamics workflows (issue #27): the lm family's
+probe source, text drawn from its corpus's test split. Stability probes on real text
+(:func:`lm_probes`): see its docstring for how triplets are drawn. Its accuracy evaluation is the
+family's own: gradscope/workflows/families/lm.py (issue #39).
 """
 
 from __future__ import annotations
@@ -15,12 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gradscope.analysis.accuracy import token_correct
-from gradscope.analysis.distance import sequence_dl_distances
-from gradscope.analysis.lm import LMCounts, lm_counts, position_edges, rows_per_chunk, token_bins, token_nll
 from gradscope.corpus.store import Corpus, frequency_bins
-from gradscope.errors import GradscopeError, check
-from gradscope.store.records import AccuracyResult
+from gradscope.errors import check
 from gradscope.tasks import make_task
 from gradscope.tasks.lm import LanguageModel
 from gradscope.tasks.probes import Probes
@@ -39,44 +32,6 @@ def lm_task(loaded: Loaded, corpus: str | Path | None = None) -> LanguageModel:
     task = make_task(cfg)
     check(isinstance(task, LanguageModel), f"checkpoint: {loaded.path} is not a language model (task {cfg.name!r})")
     return task
-
-
-def evaluate_lm(model: torch.nn.Module, task: LanguageModel, device: torch.device, split: str = "test"
-                ) -> tuple[LMCounts, torch.Tensor, torch.Tensor, np.ndarray]:
-    """Score every paragraph of ``split``: (counts, predictions (n, L), targets (n, L), types per
-    frequency bin (12,)). Rows go through the model in chunks bounded by their logits' memory."""
-    corpus = task.corpus
-    length = task.cfg.length
-    bins = token_bins(corpus.counts)
-    edges = position_edges(length)
-    n = len(corpus.splits[split])
-    chunk = rows_per_chunk(length, task.num_classes)
-    total: LMCounts | None = None
-    preds, targets = [], []
-    model.eval()
-    for start in range(0, n, chunk):
-        batch = task.rows(split, np.arange(start, min(n, start + chunk)), width=length)
-        nll, pred = token_nll(model, batch.inputs.to(device), batch.targets.to(device))
-        part = lm_counts(nll, pred, batch.targets, bins, edges)
-        total = part if total is None else total + part
-        preds.append(pred.cpu())
-        targets.append(batch.targets)
-    if total is None:  # open_corpus refuses such a split; a corpus object built by hand may still have one
-        raise GradscopeError(f"corpus: {corpus.path}'s {split} split has no paragraph to score")
-    return total, torch.cat(preds), torch.cat(targets), bins.sum(1)
-
-
-def evaluate_lm_checkpoint(loaded: Loaded, device: torch.device, corpus: str | Path | None = None) -> AccuracyResult:
-    """An :class:`AccuracyResult` of an lm checkpoint on its corpus's test split."""
-    task = lm_task(loaded, corpus)
-    model = loaded.model.to(device)
-    counts, preds, targets, types = evaluate_lm(model, task, device)
-    model.to("cpu")
-    correct, scored = token_correct(preds, targets)
-    return AccuracyResult(
-        loaded.path, loaded.iteration, loaded.path.parent.name,
-        correct.sum(1).numpy(), scored.sum(1).numpy(), sequence_dl_distances(preds, targets).astype(np.float64),
-        correct.sum(0).numpy(), scored.sum(0).numpy(), lm=counts, freq_types=types)
 
 
 def _class_of(corpus: Corpus) -> np.ndarray:

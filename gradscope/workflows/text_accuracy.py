@@ -34,6 +34,7 @@ from gradscope.store.accuracy import accuracy_dataset
 from gradscope.store.records import AccuracyResult
 from gradscope.train.device import resolve_device
 from gradscope.workflows.common import MAX_COUNT, as_count
+from gradscope.workflows.families.lm import lm_part  # read as the lm family (tasks.registry.READ_AS)
 from gradscope.workflows.text import TokenizedText, tokenize_text
 
 LOGITS_BUDGET = 1 << 28  # bytes of float32 logits per forward batch (at most; one row always goes)
@@ -250,7 +251,7 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
     }
     freq_types = bins.sum(1)
     result = AccuracyResult(Path(source), 0, Path(source).name, s_hit[:, 0].astype(np.int64), s_n[:, 0].astype(np.int64),
-                            np.full(n_par, np.nan), t_hit, t_n, lm=lm, freq_types=freq_types)
+                            np.full(n_par, np.nan), t_hit, t_n, family=lm_part(lm, freq_types))
     configs = {"model_config": _describe(net, vocab),
                "task_config": {"name": "text", "vocab_size": vocab, "length": opts.max_length,
                                "text": str(text.path.resolve()), "text_sha256": text.sha256,

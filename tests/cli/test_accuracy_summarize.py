@@ -18,7 +18,7 @@ from tests.helpers.runs import small_run
 from gradscope.cli.app import app
 from gradscope.store import read_store, write_store
 from gradscope.train import evaluate_heldout, train
-from gradscope.workflows import accuracy as accuracy_workflow
+from gradscope.workflows.families import tokens as token_evaluation  # the default evaluation (issue #39)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_grid_is_indexed_right_end_to_end(runner: CliRunner, trained_runs: dict,
         preds[hit, 2 * L - p0] = (preds[hit, 2 * L - p0] + 1) % 8
         return preds
 
-    monkeypatch.setattr(accuracy_workflow, "predict", fake_predict)
+    monkeypatch.setattr(token_evaluation, "predict", fake_predict)
     out = tmp_path / "a.zarr"
     assert _run(runner, "accuracy", trained_runs["dual"] / "step-0000030.pt", "-o", out, "-q").exit_code == 0
     acc = read_store(out)["grid_accuracy"].values[0]  # (tg, dg, position)

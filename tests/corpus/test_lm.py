@@ -25,7 +25,8 @@ from gradscope.presets import build_config
 from gradscope.tasks import IGNORE, make_task
 from gradscope.files.checkpoint import load
 from gradscope.train.loop import train
-from gradscope.workflows.lm import evaluate_lm, lm_probes
+from gradscope.workflows.families.lm import evaluate_lm
+from gradscope.workflows.lm import lm_probes
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "house", "with", "blue",
          "door", "under", "tree", "old", "man", "saw", "small", "bird", "in", "green", "field", "quick", "fox",
@@ -342,6 +343,51 @@ def test_lm_option_errors_name_their_flags(corpus_dir: Path, tmp_path: Path, run
         r = runner.invoke(app, [args[0], str(tmp_path / "run"), *args[1:], "-q", "-o", str(tmp_path / "x.zarr")])
         assert r.exit_code == 2 and flag in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert not (tmp_path / "x.zarr").exists()
+
+
+def test_a_raw_text_store_is_read_as_the_lm_family(corpus_dir: Path, tmp_path: Path, runner) -> None:
+    """A store of the raw-text path (task "text", no registered family: `accuracy --text`) is read as the
+    lm family (tasks.registry.READ_AS): its family, its summary metrics and its report section are lm's,
+    from lm's declarations. Here an lm store relabelled as the raw-text path labels its stores."""
+    import json
+
+    from gradscope.store import read_store
+    from gradscope.store.accuracy import store_family
+    from gradscope.store.io import write_store
+    from gradscope.tasks.registry import TASKS
+
+    train(lm_config(corpus_dir, iterations=1), tmp_path / "run")
+    r = runner.invoke(app, ["accuracy", str(tmp_path / "run"), "-o", str(tmp_path / "lm.zarr"), "-q"])
+    assert r.exit_code == 0, r.stderr
+    ds = read_store(tmp_path / "lm.zarr").load()
+    text = {**json.loads(ds.attrs["task_config"]), "name": "text"}
+    entries = [{**e, "task_config": text} for e in json.loads(ds.attrs["checkpoints"])]
+    ds.attrs.update(task_config=json.dumps(text), checkpoints=json.dumps(entries))
+    write_store(ds, tmp_path / "text.zarr")
+    assert store_family(read_store(tmp_path / "text.zarr")) is TASKS["lm"]
+    r = runner.invoke(app, ["summarize", str(tmp_path / "text.zarr"), "-o", str(tmp_path / "s.zarr")])
+    assert r.exit_code == 0 and "perplexity/decile1" in r.stdout, r.stderr
+    r = runner.invoke(app, ["report", str(tmp_path / "text.zarr"), "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 0 and 'id="task-lm"' in (tmp_path / "r.html").read_text(), r.stderr
+
+
+def test_an_lm_store_whose_frequency_bins_repeat_is_refused(corpus_dir: Path, tmp_path: Path, runner) -> None:
+    """The lm family's freq_bin is a label coordinate of its declared part (a string over its own
+    dimension), so labels that repeat are refused on read, as every family's are: before, such a store
+    was read, and its summary named two metrics perplexity/frequent."""
+    from gradscope.store import read_store
+    from gradscope.store.io import write_store
+
+    train(lm_config(corpus_dir, iterations=1), tmp_path / "run")
+    r = runner.invoke(app, ["accuracy", str(tmp_path / "run"), "-o", str(tmp_path / "lm.zarr"), "-q"])
+    assert r.exit_code == 0, r.stderr
+    ds = read_store(tmp_path / "lm.zarr").load()
+    labels = np.asarray(["frequent"] * ds.sizes["freq_bin"], dtype=object)
+    write_store(ds.assign_coords(freq_bin=labels), tmp_path / "bad.zarr")
+    with pytest.raises(GradscopeError, match="freq_bin labels repeat"):
+        read_store(tmp_path / "bad.zarr")
+    r = runner.invoke(app, ["summarize", str(tmp_path / "bad.zarr"), "-o", str(tmp_path / "s.zarr")])
+    assert r.exit_code == 2 and "freq_bin labels repeat" in r.stderr, r.output
 
 
 def test_corpus_preparation_reports_its_stages(tmp_path: Path) -> None:

@@ -98,6 +98,27 @@ def check_declarations(name: str) -> None:
         for panel in cls.report.panels:
             dims = cls.layout[panel.variable].dims
             assert panel.x in dims and (panel.split is None or panel.split in dims), (name, panel)
+            for tick in panel.x_ticks or ():  # tick labels: coordinates over x
+                assert cls.layout[tick].dims == (panel.x,), (name, panel, tick)
+            for bound in panel.bounds or ():  # a single store's own interval: shaped as the variable
+                assert cls.layout[bound].dims == dims, (name, panel, bound)
+    check_evaluation(name)
+
+
+def check_evaluation(name: str) -> None:
+    """The family's evaluation (its own line in gradscope.workflows.families, or the default) reads
+    options that exist, and a family whose store is its own part alone has an evaluation of its own."""
+    from dataclasses import fields
+
+    from gradscope.tasks.registry import TASKS
+    from gradscope.workflows.families import TOKENS, Evaluation, evaluation_of
+    from gradscope.workflows.options import AccuracyOptions
+
+    cls = TASKS[name]
+    evaluation = evaluation_of(cls)
+    assert isinstance(evaluation, Evaluation)
+    assert set(evaluation.options) <= {f.name for f in fields(AccuracyOptions)}, (name, evaluation.options)
+    assert cls.token_part or evaluation is not TOKENS, f"{name}: no token part, but evaluated as tokens"
 
 
 def check_sampling(name: str) -> None:
@@ -141,7 +162,8 @@ def check_family(name: str, tmp_path: Path) -> None:
     _run(runner, ["train", "--task", name, *shared, *own, "-o", str(run)])
     assert gradscope.load(run).config.task.name == name
     acc = tmp_path / "accuracy.zarr"
-    _run(runner, ["accuracy", str(run), "-o", str(acc), "-q"])
+    printed = runner.invoke(app, ["accuracy", str(run), "-o", str(acc), "-q"])
+    assert printed.exit_code == 0, (name, printed.stderr or printed.stdout)
     try:
         ds = read_store(acc)
     except GradscopeError as exc:
@@ -150,6 +172,13 @@ def check_family(name: str, tmp_path: Path) -> None:
     assert family is cls
     for var, v in cls.layout.items():
         assert var in ds.variables and ds[var].dims == v.dims, f"{name}: {var} not stored as declared"
+    assert ("token_accuracy" in ds) == cls.token_part, f"{name}: the token part is stored iff token_part"
+    words = " ".join(printed.stdout.split())
+    for line in cls.lines(values):  # what `gradscope accuracy` prints of its part, from the stored values
+        assert " ".join(line.split()) in words, (name, line)
+    again = gradscope.accuracy(run)  # the Python function: the family's evaluation again, the same numbers
+    for var in cls.layout:
+        np.testing.assert_array_equal(again[var].values, ds[var].values, err_msg=f"{name}: {var}")
     stores = [str(acc)]
     if cls.probes:
         stab = tmp_path / "stability.zarr"

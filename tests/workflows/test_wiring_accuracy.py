@@ -21,7 +21,7 @@ from tests.helpers.runs import small_run
 from gradscope.cli.app import app
 from gradscope.store import read_store, write_store
 from gradscope.train import train
-from gradscope.workflows import accuracy as accuracy_workflow
+from gradscope.workflows.families import tokens as token_evaluation  # the default evaluation (issue #39)
 
 from tests.analysis.test_stats import brute_dl
 
@@ -76,7 +76,7 @@ def test_accuracy_store_against_a_hand_made_predictor(runner: CliRunner, trained
         preds[:, length:] = out
         return preds
 
-    monkeypatch.setattr(accuracy_workflow, "predict", planted)
+    monkeypatch.setattr(token_evaluation, "predict", planted)
     out = tmp_path / "a.zarr"
     result = runner.invoke(app, ["accuracy", str(ckpt), "-o", str(out), "-q"])
     assert result.exit_code == 0, result.stderr
