@@ -126,5 +126,6 @@ def test_a_refusal_names_the_option_as_the_user_typed_it(tmp_path: Path) -> None
     sentence, where the CLI (which writes only the leading name as a flag) cannot see it."""
     done = CliRunner().invoke(app, ["accuracy", str(SAMPLE), "--seed", "3", "-q", "-o", str(tmp_path / "a.zarr")])
     assert done.exit_code == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert done.stderr.startswith("error: --seed: applies to vector tasks") and done.stderr.endswith("; leave it out\n")
+    assert done.stderr.startswith("error: --seed: got 3, but ") and done.stderr.endswith(
+        "; it applies to reverse-continuous runs only (leave it out)\n"), done.stderr
     assert not (tmp_path / "a.zarr").exists()

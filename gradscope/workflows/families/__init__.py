@@ -50,4 +50,4 @@ def check_options(loaded: Loaded, opts: AccuracyOptions, evaluation: Evaluation)
             continue
         where = [n for n, cls in TASKS.items() if field.name in evaluation_of(cls).options]
         raise GradscopeError(f"{field.name}: got {value!r}, but {loaded.path} is a {loaded.config.task.name} "
-                             f"checkpoint; {field.name} applies to {', '.join(where)} runs only (leave it out)")
+                             f"checkpoint; it applies to {', '.join(where)} runs only (leave it out)")
