@@ -29,6 +29,8 @@ PAIRS = ("same-target", "same-suffix")
 # The rate every time estimate assumes: what a laptop CPU core pair sustains on float64 BLAS-3, as the
 # dynamics budget (gradscope.workflows.dynamics.NOMINAL_FLOPS); float32 and narrower run at twice it.
 NOMINAL_FLOPS = 2e10
+PROBE_BUDGET = 1 << 30  # bytes of Jacobians (or sketch tangents) per chunk of probes, by default
+OWN_PROBE_BUDGET = 4 << 30  # the same for a sketch through a core's own forward mode (models.core.step_tangents)
 CHUNK = 32  # triplets at a time (probe_stability's chunk)
 UNITS = (4, 16)  # independent sketch units the auto plan chooses between: the fewest it accepts, the most it uses
 
@@ -165,7 +167,7 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
 
 def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: str = "auto", chunk: int = CHUNK,
                     top_sv: int = 64, on_chunk: Callable[[int], None] | None = None,
-                    memory_budget: int = 1 << 30, output_phase: int | None | str = "query",
+                    memory_budget: int | None = None, output_phase: int | None | str = "query",
                     plan: StabilityPlan | None = None, seed: int = 0) -> StabilityResult:
     """Stability scores of ``model`` on ``probes`` at target ``position`` (1-based).
 
@@ -173,7 +175,8 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
     model's query token (``output_phase="query"``, gradscope's and the paper's models), a filler
     token id, or none (None: y_T is read right after the probe's last token).
     Up to ``chunk`` triplets (3·chunk sequences) are processed at a time, fewer when their Jacobians
-    would exceed ``memory_budget`` bytes; ``on_chunk(k)`` reports progress.
+    would exceed ``memory_budget`` bytes (default :data:`PROBE_BUDGET`; :data:`OWN_PROBE_BUDGET` for a sketch
+    through a core's own forward mode); ``on_chunk(k)`` reports progress.
     A Jacobian with a NaN or Inf entry (a diverged model) gives NaN scores and statistics for its
     pairs, and is flagged in ``nonfinite``; it never stops the analysis.
     ``plan`` (:func:`plan_stability`; None: exact): a sketch plan estimates the scores, ``fro_*`` and
@@ -190,7 +193,7 @@ def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: 
     if plan is not None and plan.estimator == "sketch":
         return _sketch_stability(model, probes, position, plan, chunk=chunk, top_sv=top_sv, on_chunk=on_chunk,
                                  memory_budget=memory_budget, output_phase=output_phase, seed=seed)
-    chunk = triplets_per_chunk(model, chunk, memory_budget, steps)
+    chunk = triplets_per_chunk(model, chunk, PROBE_BUDGET if memory_budget is None else memory_budget, steps)
     parts, keep = _accumulator()
     nonfinite: list[torch.Tensor] = []
     for n, inputs in _chunks(probes, chunk, output_phase, device):
@@ -252,7 +255,7 @@ def _split(cat: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch
 
 
 def _sketch_stability(model: nn.Module, probes: Probes, position: int, plan: StabilityPlan, *, chunk: int,
-                      top_sv: int, on_chunk: Callable[[int], None] | None, memory_budget: int,
+                      top_sv: int, on_chunk: Callable[[int], None] | None, memory_budget: int | None,
                       output_phase: int | None, seed: int) -> StabilityResult:
     """:func:`probe_stability` from a sketch (see there). One Gaussian sketch per triplet, shared by its
     three members (the pairs' cross terms need the same S), drawn from ``seed``."""
@@ -262,7 +265,14 @@ def _sketch_stability(model: nn.Module, probes: Probes, position: int, plan: Sta
     D, H = core.state_dim, core.out_dim
     complex_pairs = bool(getattr(core, "complex_state", False))
     per_triplet = 3 * 8 * plan.columns * D * param.element_size()  # tangents and their step temporaries
-    chunk = max(1, min(chunk, memory_budget // max(per_triplet, 1)))
+    if memory_budget is None and "jvp" in own_products(core):
+        # a core's own forward mode keeps ~6 tangent copies (two alternating buffers, the sketch and its
+        # inputs); larger chunks fill its matrix products (mamba-130m, 2 threads: 0.50 s a sequence at 9 a
+        # chunk, 0.41 at 24, 0.37 at 48), so its default budget is larger: OWN_PROBE_BUDGET, within the guard's
+        per_triplet = 3 * 6 * plan.columns * D * param.element_size()
+        memory_budget = min(OWN_PROBE_BUDGET, available_budget())
+    budget = PROBE_BUDGET if memory_budget is None else memory_budget
+    chunk = max(1, min(chunk, budget // max(per_triplet, 1)))
     k = min(top_sv, H, D)
     gen = torch.Generator().manual_seed(seed)
     parts, keep = _accumulator()
