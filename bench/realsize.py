@@ -175,6 +175,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="tiny,real", help="table 2's sizes: tiny, real or both")
     parser.add_argument("--kinds", default="mamba,rwkv", help="table 2's models")
     parser.add_argument("--triplets", type=int, default=STABILITY_TRIPLETS, help="--triplets of the stability item")
+    parser.add_argument("--items", default="defaults,flow256,lyapunov1000,stability", help="table 2's items")
     parser.add_argument("--stability-args", default="", help="further options of the stability item, e.g. "
                                                              "'--budget-seconds 3600 --sketch-units 4' (default: none)")
     parser.add_argument("--calibrate", action="store_true", help="print the cost model's primitive rates")
@@ -204,7 +205,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|---|")
         for kind in args.kinds.split(","):
             for size in args.sizes.split(","):
-                for item in ("defaults", "flow256", "lyapunov1000", "stability"):
+                for item in args.items.split(","):
                     if item == "stability":  # the CLI on a save_pretrained directory (bench/stability_realsize.py)
                         r = stability_item(kind, size, args.timeout, args.triplets, tuple(args.stability_args.split()))
                     else:
