@@ -97,6 +97,13 @@ class HFMambaCore(LibraryCore):
         return y, self.pack(new), self.flat_blocks(diag) if diagonal else []
 
 
+    def _silu(self) -> bool:
+        """Whether every mixer's activation is SiLU (what the hand-derived products assume): the config
+        says so and each mixer's ``act`` module is a SiLU (a replaced module goes the generic way)."""
+        return getattr(self.model.config, "hidden_act", None) in SILU and all(
+            isinstance(layer.mixer.act, nn.SiLU) or type(layer.mixer.act).__name__ == "SiLUActivation"
+            for layer in self.model.layers)
+
     def step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
                       out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One step and its forward-mode products, derived by hand (:func:`gradscope.models.core.step_tangents`'s
@@ -107,7 +114,7 @@ class HFMambaCore(LibraryCore):
         at mamba-130m's size (bench/realsize.py); the tests compare it with ``torch.func`` in float64.
         ``out``: buffers like (z, dz) to write z' and dz' into (a chain alternates two; they must not be
         z or dz). A mixer whose activation is not SiLU goes the generic way."""
-        if getattr(self.model.config, "hidden_act", None) not in SILU:
+        if not self._silu():
             return generic_step_tangents(self, x, z, dz, t)
         with torch.no_grad():  # products by hand: no graph of the parameters
             return self._step_tangents(x, z, dz, out)
@@ -180,7 +187,7 @@ class HFMambaCore(LibraryCore):
         keeps each layer's intermediates, then the r rows go down the layers together: the residual
         stream's cotangent from the layers above, each layer's own state cotangent, the SSM's ∂s'/∂Δ
         shared by the rows. A mixer whose activation is not SiLU goes the generic way."""
-        if getattr(self.model.config, "hidden_act", None) not in SILU:
+        if not self._silu():
             return generic_step_cotangents(self, x, z, gz, t)
         with torch.no_grad():  # products by hand: no graph of the parameters
             return self._step_cotangents(x, z, gz)

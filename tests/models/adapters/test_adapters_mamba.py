@@ -218,6 +218,14 @@ def test_step_tangents_of_another_activation_go_the_generic_way() -> None:
     with torch.no_grad():
         for a, b in zip(step_tangents(core, x, z, dz), generic_step_tangents(core, x, z, dz)):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+    silu = gradscope.wrap(tiny()).core  # a SiLU config whose mixer's act module was replaced: generic too
+    silu.model.layers[1].mixer.act = torch.nn.Tanh()
+    assert not silu._silu()
+    z = torch.randn(B, silu.state_dim, generator=gen, dtype=torch.float64)
+    dz = torch.randn(2, B, silu.state_dim, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        for a, b in zip(step_tangents(silu, x, z, dz), generic_step_tangents(silu, x, z, dz)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("falcon", [False, True])
