@@ -46,7 +46,7 @@ from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_c
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.tasks import make_task
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.workflows.lm import TEXT, lm_sequences, lm_task, lm_token_classes, lm_trajectories
+from gradscope.workflows.families import evaluation_of
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
@@ -420,14 +420,15 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     loaded = load_source(files[0])
     first = loaded.path
     task, core_name = loaded.config.task, loaded.config.model.core
-    text = TASKS[task.name].corpus_probes  # lm: test paragraphs, no output phase
+    source = evaluation_of(TASKS[task.name]).text_probes  # the family's own text (lm): test paragraphs
+    text = source is not None  # no output phase
     check(text or task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined "
                                               f"for {', '.join(probe_tasks())} (an input phase followed by query "
                                               f"tokens) and lm")
     check(not text or not (target_freq or disturbant),
           "target_freq/disturbant: lm checkpoints are probed on test paragraphs; each step is classed "
           "frequent or rare by the corpus's train counts")
-    conditions = [(TEXT, TEXT)] if text else conditions_for(task, target_freq, disturbant)
+    conditions = [(source.label, source.label)] if text else conditions_for(task, target_freq, disturbant)
     # the model as the family's probes see it (a vector task: ids into a seeded table of sphere points)
     family = make_task(task)
     as_probed = lambda m: family.probed(m, opts.seed)  # noqa: E731
@@ -443,11 +444,11 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     check_plan_bytes(plan, n, T, core_shape(core, width), "sequences/grid_sequences/trajectories/steps/exponents")
     if on_plan is not None:
         on_plan(plan)
-    if text:
-        lm = lm_task(loaded, corpus)
-        tokens = lm_sequences(lm, opts.sequences, opts.seed)
-        probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), (TEXT,) * n, (TEXT,) * n)
-        classes = lm_token_classes(tokens, lm)
+    if source is not None:
+        own = source.task(loaded, corpus)
+        tokens = source.sequences(own, opts.sequences, opts.seed)
+        probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), (source.label,) * n, (source.label,) * n)
+        classes = source.token_classes(tokens, own)
     else:
         probes = make_probes(opts.sequences, task.length, 1, vocab, conditions, opts.seed)
         tokens = torch.cat([probes.tokens[:, 0], torch.full_like(probes.tokens[:, 0], query)], dim=1)
@@ -464,7 +465,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
               f"checkpoint: {path} has another task or core than {first}; analyse it separately")
         model = as_probed(loaded.model.to(device))
         traj = None if "lyapunov" not in opts.parts else \
-            lm_trajectories(model, lm, opts.steps, opts.trajectories, opts.seed + 1) if text else \
+            source.trajectories(model, own, opts.steps, opts.trajectories, opts.seed + 1) if source is not None else \
             task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1, vocab)
         parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents,
                                                          plan.methods)

@@ -24,7 +24,7 @@ from gradscope.store.summary import summary_attrs, summary_dataset, trial_record
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
 from gradscope.workflows.extension import study_extension, study_extension_plans
-from gradscope.workflows.lm import check_probe_shape
+from gradscope.workflows.families.lm import check_probe_shape
 from gradscope.workflows.lm_study import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
 from gradscope.workflows.runs import PES, Layout, PlannedRun, check_run_sizes, plan_runs  # noqa: F401 - re-exported
 from gradscope.workflows.stability import StabilityOptions, run_stability

@@ -28,7 +28,7 @@ from gradscope.tasks.probes import (Probes, check_probes_fit, frequency_groups, 
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.workflows.lm import PROBE_GROUPS, TEXT, lm_probes, lm_task
+from gradscope.workflows.families import evaluation_of
 from gradscope.workflows.common import (conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
 from gradscope.tasks import make_task
@@ -84,16 +84,17 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     """The probes for ``first``'s task: read from ``opts.probes`` or generated, checked against
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
     task = first.config.task
-    if TASKS[task.name].corpus_probes:  # lm: triplets of real text from the corpus's test split
-        check(opts.probes is None, "probes: lm checkpoints draw their probes from their corpus")
-        check(set(opts.disturbant) <= {TEXT},
-              f"disturbant: got {', '.join(opts.disturbant)}; on lm checkpoints the disturbants are "
-              f"the corpus's own text ({TEXT})")
-        lm = lm_task(first, opts.corpus)
+    source = evaluation_of(TASKS[task.name]).text_probes
+    if source is not None:  # the family's own text (lm): triplets of real text from the corpus's test split
+        check(opts.probes is None, f"probes: {task.name} checkpoints draw their probes from their corpus")
+        check(set(opts.disturbant) <= {source.label},
+              f"disturbant: got {', '.join(opts.disturbant)}; on {task.name} checkpoints the disturbants are "
+              f"the corpus's own text ({source.label})")
+        own = source.task(first, opts.corpus)
         length = opts.length or task.length
-        groups = opts.target_freq or PROBE_GROUPS
+        groups = opts.target_freq or source.groups
         check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
-        return lm_probes(lm, opts.triplets, opts.target_pos, length, groups, opts.seed)
+        return source.probes(own, opts.triplets, opts.target_pos, length, groups, opts.seed)
     check(opts.corpus is None, f"corpus: {first.path} is a {task.name} checkpoint, not lm; corpus applies to lm "
                                f"checkpoints only")
     check(opts.length is None, "length: sets the probe length of lm checkpoints (or with token_counts, of your "

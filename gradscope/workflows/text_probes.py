@@ -8,7 +8,7 @@ Frequency groups are :func:`~gradscope.tasks.probes.frequency_groups` of the cou
 ``counts_text``): ``frequent`` the most frequent ``split`` of the types that occur, ``rare`` the rest,
 ``all`` every type that occurs; a type absent from the counts text is in none of them.
 
-Stability (SPEC §4's triplets, built as :func:`gradscope.workflows.lm.lm_probes` builds them on a
+Stability (SPEC §4's triplets, built as :func:`gradscope.workflows.families.lm.lm_probes` builds them on a
 corpus). For a condition (target group t, disturbant group d), a paragraph is a candidate when it has
 a row's worth of tokens, its token at p is of group t, and its prefix (tokens 1 … p − 1) and its suffix
 (tokens p + 1 … of the row) are each of group d: ``all`` takes any text, ``frequent``/``rare`` a span at

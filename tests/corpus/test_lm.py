@@ -26,7 +26,7 @@ from gradscope.tasks import IGNORE, make_task
 from gradscope.files.checkpoint import load
 from gradscope.train.loop import train
 from gradscope.workflows.families.lm import evaluate_lm
-from gradscope.workflows.lm import lm_probes
+from gradscope.workflows.families.lm import lm_probes
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "house", "with", "blue",
          "door", "under", "tree", "old", "man", "saw", "small", "bird", "in", "green", "field", "quick", "fox",

@@ -1,5 +1,6 @@
 """What a task family's evaluation is: how one checkpoint of it is evaluated, which of the accuracy
-options it reads, and how its results become the accuracy store's dataset."""
+options it reads, how its results become the accuracy store's dataset, and (a family probed on its own
+text) its probe source for stability and dynamics."""
 
 from __future__ import annotations
 
@@ -15,14 +16,36 @@ from gradscope.workflows.options import AccuracyOptions
 
 
 @dataclass(frozen=True, kw_only=True)
+class TextProbes:
+    """A family whose stability and dynamics probes are its corpus's own text, not generated phases
+    (the lm family; its task declares ``corpus_probes``).
+
+    label: the condition label of the text around a target (disturbants are real text); groups: the
+    default target classes; task(loaded, corpus) → the checkpoint's task (corpus: its moved directory);
+    probes(task, n, position, length, groups, seed) → stability's triplets; sequences(task, n, seed) →
+    dynamics' rows; token_classes(tokens, task) → each step's class; trajectories(model, task, steps, n,
+    seed) → the Lyapunov trajectories' tokens."""
+
+    label: str
+    groups: tuple[str, ...]
+    task: Callable[..., Any]
+    probes: Callable[..., Any]
+    sequences: Callable[..., torch.Tensor]
+    token_classes: Callable[..., Any]
+    trajectories: Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Evaluation:
     """A family's evaluation (gradscope.workflows.families.EVALUATIONS).
 
     options: the :class:`AccuracyOptions` fields of its own it reads (any other family's option given
     for one of its checkpoints is refused, not ignored); evaluate: one checkpoint → its result (the
     model goes to ``device`` and back to the CPU); dataset: every checkpoint's result, in order → the
-    accuracy store's variables, coordinates and attributes (the options it reads recorded in them)."""
+    accuracy store's variables, coordinates and attributes (the options it reads recorded in them);
+    text_probes: its probe source where stability and dynamics probe it on its own text, else None."""
 
     options: tuple[str, ...]
     evaluate: Callable[[Loaded, AccuracyOptions, torch.device], Any]
     dataset: Callable[[Sequence[Any], RunConfig, AccuracyOptions, str, str], xr.Dataset]
+    text_probes: TextProbes | None = None
