@@ -16,6 +16,7 @@ for the table (``--sizes tiny`` for a quick check, ``--families mamba`` for one 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -62,7 +63,9 @@ def measure_stability(name: str, directory: Path, *, triplets: int = 64, length:
     wall time (s), peak memory (GB), exit status, plan line and the load average before and after."""
     model, counts = save_model(name, directory)
     store = directory / f"{name}-stability.zarr"
-    cmd = [sys.executable, "-c", "import sys; from gradscope.cli.app import main; sys.argv[0] = 'gradscope'; main()",
+    cmd = [sys.executable, "-c", "import atexit, resource, sys; atexit.register(lambda: print('MAXRSS', resource."
+                                 "getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)); "
+                                 "from gradscope.cli.app import main; sys.argv[0] = 'gradscope'; main()",
            "stability", str(model), "--model", "hf", "--token-counts",
            str(counts), "--length", str(length), "--triplets", str(triplets), "-q", "-o", str(store), "--overwrite",
            *extra]
@@ -79,7 +82,8 @@ def measure_stability(name: str, directory: Path, *, triplets: int = 64, length:
                 "plan": plan, "load": (load, os.getloadavg()[0]), "tail": f"killed after {timeout:g} s; {plan}"}
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    peak = usage.ru_maxrss * 1024 / 1e9  # the largest child so far
+    own = [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("MAXRSS ")]
+    peak = int(own[-1]) * 1024 / 1e9 if own else float("nan")  # this command's own peak (not the largest child so far)
     plan = next((line for line in proc.stdout.splitlines() if line.startswith("stability:")), "")
     estimate = float("nan")
     if "~" in plan:
@@ -87,9 +91,15 @@ def measure_stability(name: str, directory: Path, *, triplets: int = 64, length:
             estimate = float(plan.split("~", 1)[1].split(" s", 1)[0].replace(",", ""))
         except ValueError:
             pass
-    import xarray as xr
-
-    D = xr.open_zarr(store).attrs.get("state_dim", 0) if proc.returncode == 0 and store.exists() else 0
+    D = 0
+    if proc.returncode == 0 and store.exists():  # D from the model's config (a store does not record it)
+        cfg = json.loads((model / "config.json").read_text())
+        if "state_size" in cfg:  # Mamba: per layer a conv window (I, K − 1) and an SSM state (I, N)
+            inner = cfg.get("intermediate_size") or cfg["expand"] * cfg["hidden_size"]
+            D = cfg["num_hidden_layers"] * inner * (cfg["conv_kernel"] - 1 + cfg["state_size"])
+        else:  # RWKV: per layer two shifts (H) and the WKV numerator, denominator and maximum (A)
+            A = cfg.get("attention_hidden_size") or cfg["hidden_size"]
+            D = cfg["num_hidden_layers"] * (2 * cfg["hidden_size"] + 3 * A)
     return {"model": name, "seconds": wall, "peak_gb": peak, "rc": proc.returncode, "plan": plan,
             "estimate_s": estimate, "D": D, "cpu_s": usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime,
             "load": (load, os.getloadavg()[0]), "tail": (proc.stdout + proc.stderr)[-600:]}

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gradscope.analysis.cost import MODULE_CALL, ROW_VJP, VJP_MODULE, products_seconds
+from gradscope.analysis.cost import MODULE_CALL, ROW_VJP, SKETCH_FLOPS, VJP_MODULE, products_seconds
 from gradscope.analysis.jacobian import jvp_products, state_jacobian
 from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.analysis.scores import (SCORES, companion_stats, finite_matrices, forward_similarity, svd_or_nan,
@@ -137,7 +137,8 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
         products = products_seconds("jvp", chunks * tail, batch * columns(u), D=D, modules=modules,
                                     params=weight_count(core), step_flops=0.0,  # the flops are counted at rate
                                     own="jvp" in own_products(core))
-        return (sequences * (steps * f + tail * columns(u) * f) / rate + scan_s + products,
+        sketch_rate = SKETCH_FLOPS * (1 if element_size <= 4 else 0.5)
+        return (sequences * (steps * f + tail * columns(u) * f) / sketch_rate + scan_s + products,
                 3 * 8 * columns(u) * D * element_size)
 
     def sketched(u: int, why: str) -> StabilityPlan:
