@@ -105,10 +105,14 @@ def stability_command(
     check_out(out_path, overwrite)
     with make_progress(console) as progress, warnings.catch_warnings():
         warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
-        bar = progress.add_task("jacobians", total=None, visible=not quiet)
+        bar = progress.add_task("jacobians", total=None, visible=False)  # shown once the plan accepts the work
+
+        def show() -> None:
+            progress.update(bar, visible=not quiet)
+
         hooks = {"on_start": lambda total: progress.update(bar, total=total),
-                 "on_progress": lambda k: progress.advance(bar, k),
-                 "on_plan": lambda plan: progress.console.print(plan.note, markup=False, highlight=False)}
+                 "on_progress": lambda k: (show(), progress.advance(bar, k)),
+                 "on_plan": lambda plan: (progress.console.print(plan.note, markup=False, highlight=False), show())}
         if text is not None:
             from gradscope.workflows.text_probes import TextSource, run_text_stability
 
