@@ -171,6 +171,13 @@ def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> No
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1 and "NoSuchModel" in bad.stderr
 
 
+def _step_point(core: torch.nn.Module, rows: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A step's input x (B, 8), state z (B, D) and ``rows`` tangent or cotangent rows (rows, B, D), float64."""
+    x = torch.randn(B, 8, generator=gen, dtype=torch.float64)
+    z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
+    return x, z, torch.randn(rows, B, core.state_dim, generator=gen, dtype=torch.float64)
+
+
 @pytest.mark.parametrize("falcon", [False, True])
 def test_hand_derived_step_tangents_equal_torch_func(falcon: bool, monkeypatch) -> None:  # noqa: ANN001
     """The adapter's own forward-mode step (what the stability sketch runs at real size) against
@@ -183,9 +190,7 @@ def test_hand_derived_step_tangents_equal_torch_func(falcon: bool, monkeypatch) 
     wrapped = gradscope.wrap(tiny(falcon))
     core = wrapped.core
     gen = torch.Generator().manual_seed(7)
-    x = torch.randn(B, 8, generator=gen, dtype=torch.float64)
-    z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
-    dz = torch.randn(4, B, core.state_dim, generator=gen, dtype=torch.float64)
+    x, z, dz = _step_point(core, 4, gen)
     with torch.no_grad():
         ref = generic_step_tangents(core, x, z, dz)
         ours = step_tangents(core, x, z, dz)
@@ -239,9 +244,7 @@ def test_hand_derived_step_cotangents_equal_torch_func(falcon: bool, monkeypatch
     wrapped = gradscope.wrap(tiny(falcon))
     core = wrapped.core
     gen = torch.Generator().manual_seed(9)
-    x = torch.randn(B, 8, generator=gen, dtype=torch.float64)
-    z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
-    gz = torch.randn(5, B, core.state_dim, generator=gen, dtype=torch.float64)
+    x, z, gz = _step_point(core, 5, gen)
     torch.testing.assert_close(step_cotangents(core, x, z, gz), generic_step_cotangents(core, x, z, gz),
                                rtol=1e-12, atol=1e-13)
     with torch.no_grad():
