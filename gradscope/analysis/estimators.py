@@ -29,7 +29,7 @@ from gradscope.analysis.cost import VJP_CHUNK
 from gradscope.analysis.jacobian import state_readout
 from gradscope.analysis.tape import StateTape, state_at
 from gradscope.errors import GradscopeError
-from gradscope.models.core import step_at
+from gradscope.models.core import own_products, step_at, step_cotangents, step_tangents
 
 PROBES = 16  # Hutchinson vectors per value: se/value ≈ sqrt(2/probes) for a rank-one-dominated matrix
 ITERATIONS = 30  # subspace iterations for the top singular values
@@ -60,9 +60,8 @@ def _jvp_columns(core: nn.Module, x: Tensor, z: Tensor, V: Tensor, t: int) -> Te
     if callable(own):
         out = own(x, z, V.mT, t=t) if getattr(core, "position_dependent", False) else own(x, z, V.mT)
         return out.mT
-    tangents = getattr(core, "step_tangents", None)  # a core's hand-derived forward mode, all columns at once
-    if callable(tangents):
-        return tangents(x, z, V.transpose(0, 1).contiguous(), t)[3].transpose(0, 1)
+    if "jvp" in own_products(core):  # a core's hand-derived forward mode, all columns at once
+        return step_tangents(core, x, z, V.transpose(0, 1).contiguous(), t)[3].transpose(0, 1)
     B, m, D = V.shape
     xr, zr = _repeat(x, z, m)
     out = torch.func.jvp(lambda s: step_at(core, xr, s, t)[1], (zr,), (V.reshape(B * m, D),))[1]
@@ -72,9 +71,8 @@ def _jvp_columns(core: nn.Module, x: Tensor, z: Tensor, V: Tensor, t: int) -> Te
 def _vjp_rows(core: nn.Module, x: Tensor, z: Tensor, U: Tensor, t: int) -> Tensor:
     """U J_t for U (B, m, D): (B, m, D), from the core's own ``step_cotangents`` where it has one (all rows
     at once), else by ``torch.func`` reverse mode in chunks of rows (:func:`_chunked`)."""
-    own = getattr(core, "step_cotangents", None)
-    if callable(own):
-        return own(x, z, U.transpose(0, 1).contiguous(), t).transpose(0, 1)
+    if "vjp" in own_products(core):
+        return step_cotangents(core, x, z, U.transpose(0, 1).contiguous(), t).transpose(0, 1)
     return _chunked(lambda xc, zc, Uc: _vjp_block(core, xc, zc, Uc, t), x, z, U)
 
 

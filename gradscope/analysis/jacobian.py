@@ -46,7 +46,7 @@ from torch.func import jacrev, jvp, vjp, vmap
 
 from gradscope.fields import ENGINES
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import initial_state, scan, step_at, step_tangents
+from gradscope.models.core import initial_state, own_products, scan, step_at, step_tangents
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,8 @@ def _jvp_chain(core: nn.Module, x: Tensor, z_p: Tensor, p: int, tangents: Tensor
         return vmap(lambda v: jvp(lambda a: state_readout(core, x[:, T - 1], a), (z_p,), (v,)),
                     in_dims=1, out_dims=(None, 2))(tangents)
     z, dz = z_p, tangents.movedim(1, 0).contiguous()  # (m, B, D)
-    spare = [(torch.empty_like(z), torch.empty_like(dz)), (torch.empty_like(z), torch.empty_like(dz))]
+    own = "jvp" in own_products(core)  # only a core's own method writes into the buffers
+    spare = [(torch.empty_like(z), torch.empty_like(dz)) if own else None for _ in range(2)]
     for t in range(p, T):  # 0-based step t reads x[:, t]; its outputs go to the buffer its inputs are not in
         y, z, dy, dz = step_tangents(core, x[:, t], z, dz, t, out=spare[t % 2])
     return y, dy.permute(1, 2, 0)
