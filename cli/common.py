@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -94,6 +95,18 @@ def warn(message: str) -> None:
     """One line on stderr: ``warning: message``."""
     from .errors import err_console
     err_console.print(f"warning: {' '.join(message.split())}", markup=False)
+
+
+def old_name(ctx: typer.Context, settings: dict[str, Any], value: Any, old: str, new: str, why: str) -> None:
+    """An option's old name (hidden, kept for one release): its ``value`` moves into ``settings[new]`` with one
+    warning line saying ``why`` it was renamed; given with its new name too, one error line."""
+    if value is None:
+        return
+    flag, old_flag = "--" + new.replace("_", "-"), "--" + old.replace("_", "-")
+    if given(ctx, new):
+        raise GradscopeError(f"{flag}: given twice, also as {old_flag} (its old name); give {flag} only")
+    warn(f"{old_flag} is deprecated and will be removed; use {flag} ({why})")
+    settings[new] = value
 
 
 def check_text_source(ctx: typer.Context, command: str, text: Path | None, model_factory: str | None,

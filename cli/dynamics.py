@@ -10,7 +10,7 @@ import typer
 from gradscope.workflows.options import DynamicsOptions  # torch-free: --help builds the options from it
 
 from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
-                     refuse_given, warn)
+                     old_name, refuse_given, warn)
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -137,6 +137,8 @@ def dynamics_command(
     tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
     corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
+    # --lyap-warmup's name before issue #39 (train's --warmup is the learning-rate warm-up), hidden; it warns
+    warmup: Annotated[Optional[int], Opt("--warmup", hidden=True, help="Deprecated: the old name of --lyap-warmup; it will be removed.")] = None,
 ) -> None:
     """Gradient dynamics (SPEC §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra.
     The sizes (--parts … --budget-seconds) are DynamicsOptions' fields."""
@@ -147,8 +149,10 @@ def dynamics_command(
     from gradscope.workflows.dynamics import PARTS, run_dynamics, run_factory_dynamics
     from gradscope.workflows.common import DivergedWarning
 
-    opts = build_options(DynamicsOptions, ctx.meta.get(SETTINGS, {}))  # checked in its __post_init__
-    uses = {"lyapunov": ["trajectories", "steps", "warmup", "exponents", "qr_dtype", "reorth"],
+    settings = dict(ctx.meta.get(SETTINGS, {}))
+    old_name(ctx, settings, warmup, "warmup", "lyap_warmup", "train's --warmup is the learning-rate warm-up")
+    opts = build_options(DynamicsOptions, settings)  # checked in its __post_init__
+    uses = {"lyapunov": ["trajectories", "steps", "lyap_warmup", "warmup", "exponents", "qr_dtype", "reorth"],
             "grid": ["grid_sequences"], "spectra": ["sv"]}
     chosen = set(PARTS if opts.parts is None else opts.parts)  # None: every part the budget allows
     for part, names in uses.items():  # an option of a part left out would be recorded and ignored

@@ -13,7 +13,7 @@ from rich.markup import escape  # store labels and paths are text, never markup
 from gradscope.errors import GradscopeError
 from gradscope.workflows.options import SummarizeOptions  # torch-free: --help builds the options from it
 
-from .common import SETTINGS, command_line, default_out, make_console, refuse_given
+from .common import SETTINGS, command_line, default_out, make_console, old_name, refuse_given
 from .errors import user_errors
 from .generated import build_options, generated_command
 
@@ -88,13 +88,17 @@ def summarize_command(
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Summary zarr store (default: summary-<kind>.zarr). With both kinds: <stem>-<kind>.zarr each.")] = None,
     csv: Annotated[Optional[Path], Opt(help="Also write the table as CSV (with both kinds: <stem>-<kind>.csv each).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store or CSV.")] = False,
+    # --interval's name before issue #39 (stability's --method is the Jacobian engine), hidden; it warns
+    method: Annotated[Optional[str], Opt("--method", hidden=True, help="Deprecated: the old name of --interval; it will be removed.")] = None,
 ) -> None:
     """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs."""
     from gradscope.store.summary import expand_store_paths, trial_records
     from gradscope.workflows.summarize import parse_by
 
-    opts = build_options(SummarizeOptions, ctx.meta.get(SETTINGS, {}))  # every value checked in its __post_init__
-    kind, unit, resamples, ci, method = opts.kind, opts.unit, opts.resamples, opts.ci, opts.method
+    settings = dict(ctx.meta.get(SETTINGS, {}))
+    old_name(ctx, settings, method, "method", "interval", "stability's --method is the Jacobian engine")
+    opts = build_options(SummarizeOptions, settings)  # every value checked in its __post_init__
+    kind, unit, resamples, ci, method = opts.kind, opts.unit, opts.resamples, opts.ci, opts.interval
     metric, score, compare, seed = list(opts.metric) or None, opts.score, opts.compare, opts.seed
     fields = parse_by(opts.by)
     paths = expand_store_paths(stores, kind)
@@ -174,7 +178,7 @@ def _show(plan: _Plan, fields: tuple[str, ...], ci: float, method: str, unit: st
     if unit == "trial" and few_trials(entries):
         console.print(f"[yellow]note: fewer than {FEW_TRIALS} trials per group. With 5 seeds there are only 126 "
                       f"distinct resamples, and percentile intervals covered ~86% (not 95%) in a simulation here; "
-                      f"read them as rough, or use --method t.[/]")
+                      f"read them as rough, or use --interval t.[/]")
     nan = sum(e.nan_units for e in entries if e.metric in plan.shown)
     if nan:
         console.print(f"[yellow]note: {nan} NaN value(s) were left out of the means above; column n counts them.[/]")

@@ -27,7 +27,7 @@ for core in gru mamba; do
 done
 wait
 # CIs over the 3 seeds (Student t: better coverage with few trials), and over the pooled queries
-gradscope summarize "$OUT"/*/accuracy.zarr --by model,pe --unit trial --method t --metric all \
+gradscope summarize "$OUT"/*/accuracy.zarr --by model,pe --unit trial --interval t --metric all \
   -o "$OUT/summary-trial.zarr" --csv "$OUT/summary-trial.csv" --overwrite > "$OUT/summary-trial.txt"
 gradscope summarize "$OUT"/*/accuracy.zarr --by model,pe --unit token --metric all \
   -o "$OUT/summary-token.zarr" --csv "$OUT/summary-token.csv" --overwrite > "$OUT/summary-token.txt"

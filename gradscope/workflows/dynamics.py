@@ -116,15 +116,15 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
     from D, H and structure: an analytic J_t and a small step)."""
     if steps is not None or trajectories is not None:
         opts = dataclasses.replace(opts, steps=steps or opts.steps, trajectories=trajectories or opts.trajectories,
-                                   warmup=None if opts.warmup is None else min(opts.warmup, (steps or 10**9) - 1))
+                                   lyap_warmup=None if opts.lyap_warmup is None else min(opts.lyap_warmup, (steps or 10**9) - 1))
     shape = shape or CoreShape(D, H, D, gates, structure, 2.0 * 4 * D * max(D, H), True)
     budget, method = opts.budget_seconds, _flow_method(structure, D, H)
     auto_parts = opts.parts is None
     parts = list(PARTS if auto_parts else opts.parts)
     auto = {name for name in LADDERS if getattr(opts, name) is None and (name != "sequences" or conditions > 0)}
     values = {name: LADDERS[name][0] if name in auto else getattr(opts, name) for name in LADDERS}
-    if "steps" in auto and opts.warmup is not None:  # an explicit warm-up needs longer trajectories
-        ladder = [s for s in LADDERS["steps"] if s > opts.warmup] or [opts.warmup + 1]
+    if "steps" in auto and opts.lyap_warmup is not None:  # an explicit warm-up needs longer trajectories
+        ladder = [s for s in LADDERS["steps"] if s > opts.lyap_warmup] or [opts.lyap_warmup + 1]
     else:
         ladder = list(LADDERS["steps"])
     rungs = {**{k: list(v) for k, v in LADDERS.items()}, "steps": ladder}
@@ -202,7 +202,7 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
         k = low
         sec = estimate()
     chosen = dataclasses.replace(opts, parts=tuple(parts), **values,
-                                 warmup=opts.warmup if opts.warmup is not None else min(100, values["steps"] // 10))
+                                 lyap_warmup=opts.lyap_warmup if opts.lyap_warmup is not None else min(100, values["steps"] // 10))
     changed = [f"{FLAGS[x]} {LADDERS[x][0]} → {values[x]}" for x in LADDERS if x in auto and values[x] != LADDERS[x][0]]
     if changed:
         lines.append(f"plan: {', '.join(changed)} to fit the {budget:g} s budget (give them, or --budget-seconds)")
@@ -391,7 +391,7 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
             names, norms = dyn.gate_norms(core, model.core_inputs(probes_inputs))
             parts["gates"] = cpu(norms)
         if "lyapunov" in opts.parts and trajectories is not None:
-            res = dyn.lyapunov_spectrum(core, trajectories, warmup=opts.warmup, reorth=opts.reorth,
+            res = dyn.lyapunov_spectrum(core, trajectories, warmup=opts.lyap_warmup, reorth=opts.reorth,
                                         exponents=exponents, qr_dtype=QR_DTYPES[opts.qr_dtype])
             parts["lyapunov"] = cpu(res.exponents)
             parts["lyapunov_below_resolution"] = res.below_resolution.to("cpu", torch.int64).numpy()
@@ -574,7 +574,7 @@ def dynamics(source: Any, *, tokens: torch.Tensor | None = None, trajectory_toke
     a ``Loaded`` checkpoint (not read again), or an in-memory model (``gradscope.wrap(...)``) with
     ``tokens`` (n, T) and optionally ``trajectory_tokens`` and ``counts`` (see :func:`run_model_dynamics`).
     options: the fields of :class:`DynamicsOptions` (parts, sequences, grid_sequences, sv, trajectories,
-    steps, warmup, reorth, seed, device, exponents, qr_dtype, budget_seconds), or ``opts=DynamicsOptions(…)``.
+    steps, lyap_warmup, reorth, seed, device, exponents, qr_dtype, budget_seconds), or ``opts=DynamicsOptions(…)``.
     target_freq / disturbant: the probe conditions, as in :func:`gradscope.stability`.
     corpus: an lm checkpoint's corpus directory, if it moved since training.
     """

@@ -119,7 +119,7 @@ class StabilityOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class DynamicsOptions:
-    """What to compute. ``sequences`` probe sequences per condition; ``steps`` and ``warmup`` of each of
+    """What to compute. ``sequences`` probe sequences per condition; ``steps`` and ``lyap_warmup`` of each of
     ``trajectories`` Lyapunov trajectories, re-orthonormalised every ``reorth`` steps.
 
     None (the default of parts, sequences, grid_sequences, trajectories, steps, exponents): the plan
@@ -136,7 +136,9 @@ class DynamicsOptions:
     trajectories: int | None = option(None, 'Lyapunov trajectories (default: 8, fewer if that does not fit).')
     steps: int | None = option(None, "Steps per Lyapunov trajectory, the task's episodes back to back (default: 1000, fewer if that does not fit).")
     # None: a tenth of the steps, at most 100
-    warmup: int | None = option(None, 'Warm-up steps discarded from the Lyapunov estimate (default: a tenth of --steps, at most 100).')
+    # its name before issue #39 was warmup, which is train's learning-rate warm-up (the old name is a hidden flag
+    # and a keyword, both warning)
+    lyap_warmup: int | None = option(None, 'Warm-up steps discarded from the Lyapunov estimate (default: a tenth of --steps, at most 100).')
     reorth: int = option(1, 'Re-orthonormalise every k steps (product of k step Jacobians first).')
     seed: int = option(0, 'Seed of the probes and trajectories.')
     device: str = option("auto", 'auto (cuda when present), cpu, cuda or cuda:N.')
@@ -146,13 +148,19 @@ class DynamicsOptions:
     # the whole command's estimated wall time (dynamics_cost)
     budget_seconds: float = option(DEFAULT_BUDGET, "Time budget of the whole command (every part and checkpoint), estimated before any work at this workplace's measured CPU rates; options left out shrink to fit it.")
     top_sv: InitVar[int | None] = None  # sv's name before issue #24 (a keyword only; read sv)
+    warmup: InitVar[int | None] = None  # lyap_warmup's name before issue #39 (a keyword only; read lyap_warmup)
 
-    def __post_init__(self, top_sv: int | None) -> None:
+    def __post_init__(self, top_sv: int | None, warmup: int | None) -> None:
         """Types and ranges; the memory and time the sizes imply are checked once the model is known
         (:func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
         if top_sv is not None:
             warnings.warn("DynamicsOptions(top_sv=…) is now sv=…, as its flag", DeprecationWarning, stacklevel=3)
             object.__setattr__(self, "sv", top_sv)
+        if warmup is not None:
+            check(self.lyap_warmup is None, "lyap_warmup: given twice, also as warmup (its old name); give lyap_warmup only")
+            warnings.warn("DynamicsOptions(warmup=…) is now lyap_warmup=…, as its flag --lyap-warmup (train's --warmup "
+                          "is the learning-rate warm-up)", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "lyap_warmup", warmup)
         if isinstance(self.parts, str):
             object.__setattr__(self, "parts", tuple(p.strip() for p in self.parts.split(",") if p.strip()))
         elif isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts):  # --parts a,b --parts c
@@ -166,12 +174,12 @@ class DynamicsOptions:
         for name in ("sequences", "grid_sequences", "sv", "trajectories", "steps", "reorth"):
             if getattr(self, name) is not None or name in ("sv", "reorth"):
                 object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
-        if self.warmup is None and self.steps is not None:
-            object.__setattr__(self, "warmup", min(100, self.steps // 10))
-        if self.warmup is not None:
+        if self.lyap_warmup is None and self.steps is not None:
+            object.__setattr__(self, "lyap_warmup", min(100, self.steps // 10))
+        if self.lyap_warmup is not None:
             top = self.steps if self.steps is not None else LADDERS["steps"][0]
-            check(not isinstance(self.warmup, bool) and isinstance(self.warmup, int) and 0 <= self.warmup < top,
-                  f"warmup: got {self.warmup!r}; it must be an integer in [0, {top - 1}] (below steps = {top}; "
+            check(not isinstance(self.lyap_warmup, bool) and isinstance(self.lyap_warmup, int) and 0 <= self.lyap_warmup < top,
+                  f"lyap_warmup: got {self.lyap_warmup!r}; it must be an integer in [0, {top - 1}] (below steps = {top}; "
                   f"leave it out for a tenth of the steps, here {min(100, top // 10)})")
         if self.exponents is not None:
             object.__setattr__(self, "exponents", as_count(self.exponents, "exponents", 1, MAX_COUNT))
@@ -280,16 +288,24 @@ class SummarizeOptions:
                                 "tokens/sequences/triplets).")
     resamples: int = option(10_000, "Bootstrap resamples.")
     ci: float = option(0.95, "Confidence level.")
-    method: str = option("percentile", "Interval: percentile (the paper's), bca, basic, or t (Student t; better "
-                                       "coverage with few trials).")
+    # its name before issue #39 was method, which is stability's Jacobian engine (the old name is a hidden flag and a
+    # keyword, both warning); summary stores still record it as their "method" attribute
+    interval: str = option("percentile", "Interval: percentile (the paper's), bca, basic, or t (Student t; better "
+                                         "coverage with few trials).")
     metric: tuple[str, ...] = option((), "Metrics to show (repeatable; 'all' for every one). Default: the main ones. "
                                          "The store always holds all.")
     score: str = option("default", "Stability stores: which score to summarize (default, frobenius, l1).")
     compare: str | None = option(None, "A --by field with two values (e.g. pe): paired permutation test between "
                                        "them, by seed.")
     seed: int = option(0, "Seed of the bootstrap and permutation resampling.")
+    method: InitVar[str | None] = None  # interval's name before issue #39 (a keyword only; read interval)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, method: str | None) -> None:
+        if method is not None:
+            check(self.interval == "percentile", "interval: given twice, also as method (its old name); give interval only")
+            warnings.warn("SummarizeOptions(method=…) is now interval=…, as its flag --interval (stability's --method "
+                          "is the Jacobian engine)", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "interval", method)
         check(self.kind is None or self.kind in SUMMARIZED,
               f"kind: got {self.kind!r}; valid kinds are {', '.join(SUMMARIZED)}")
         if isinstance(self.by, (tuple, list)):
@@ -302,7 +318,7 @@ class SummarizeOptions:
         object.__setattr__(self, "resamples", as_count(self.resamples, "resamples", 1, MAX_RESAMPLES))
         check(isinstance(self.ci, (int, float)) and not isinstance(self.ci, bool) and 0 < self.ci < 1,
               f"ci: got {self.ci!r}; it must lie strictly between 0 and 1")
-        one_of("method", self.method, INTERVALS)
+        one_of("interval", self.interval, INTERVALS)
         check(isinstance(self.metric, (tuple, list)) and all(isinstance(m, str) for m in self.metric),
               f"metric: got {self.metric!r}; expected metric names")
         object.__setattr__(self, "metric", tuple(self.metric))

@@ -151,8 +151,8 @@ def few_trials(entries: list[SummaryEntry]) -> bool:
 
 
 def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...] = "core,pe,vocab_size",
-              unit: str = "trial", resamples: int = 10_000, ci: float = 0.95, method: str = "percentile",
-              score: str = "default", seed: int = 0) -> xr.Dataset:
+              unit: str = "trial", resamples: int = 10_000, ci: float = 0.95, interval: str = "percentile",
+              score: str = "default", seed: int = 0, method: str | None = None) -> xr.Dataset:
     """Seeds as trials: the mean and confidence interval of every metric per group of stores, as the
     summary store's Dataset: ``mean``, ``low``, ``high``, ``n``, ``nan`` over (group, metric), the
     per-seed ``values`` and ``seed``, and a ``label`` and one coordinate per ``by`` field on ``group``.
@@ -163,9 +163,10 @@ def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...]
     them; stores of one kind (accuracy or stability), or ``kind`` to pick one.
     by: config fields to group by (comma-separated or a tuple), named as gradscope train's settings (core, pe,
     vocab_size, hidden_size, …) or by their short names (model, vocab, hidden, …).
+    interval: the interval method (percentile, bca, basic, t); ``method`` is its name before issue #39 (it warns).
     """
-    opts = SummarizeOptions(kind=kind, by=by, unit=unit, resamples=resamples, ci=ci, method=method, score=score,
-                            seed=seed)  # every value checked there, as for the command
+    opts = SummarizeOptions(kind=kind, by=by, unit=unit, resamples=resamples, ci=ci, interval=interval, score=score,
+                            seed=seed, method=method)  # every value checked there, as for the command
     fields = parse_by(opts.by)
     patterns = [str(source)] if isinstance(source, (str, Path)) else [str(s) for s in source]
     paths = expand_store_paths(patterns, opts.kind)
@@ -174,7 +175,8 @@ def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...]
     check(len(kinds) == 1, f"kind: the stores are of kinds {' and '.join(kinds)}; pass kind= to summarize one")
     groups = group_records(records, fields)
     metrics = list(dict.fromkeys(m for r in records for m in r.metrics))
-    entries = summarize_groups(groups, fields, metrics, unit=unit, method=method, confidence=ci,
-                               resamples=resamples, seed=seed)
-    attrs = summary_attrs("", fields, unit, method, ci, resamples, [r.path for r in records], kinds[0])
+    entries = summarize_groups(groups, fields, metrics, unit=opts.unit, method=opts.interval, confidence=opts.ci,
+                               resamples=opts.resamples, seed=opts.seed)
+    attrs = summary_attrs("", fields, opts.unit, opts.interval, opts.ci, opts.resamples, [r.path for r in records],
+                          kinds[0])
     return summary_dataset(entries, fields, attrs)

@@ -151,7 +151,7 @@ def test_store_table_and_report_carry_the_error_bars_and_old_stores_still_read(t
                                                                                tmp_path) -> None:  # noqa: ANN001
     out = tmp_path / "d.zarr"
     result = runner.invoke(app, ["dynamics", str(trained_runs["dual"]), "-o", str(out), "--parts", "lyapunov",
-                                 "--trajectories", "3", "--steps", "64", "--warmup", "8", "-q"])
+                                 "--trajectories", "3", "--steps", "64", "--lyap-warmup", "8", "-q"])
     assert result.exit_code == 0, result.stderr
     ds = xr.open_zarr(out, consolidated=False).load()
     from gradscope.cli.dynamics import dynamics_table

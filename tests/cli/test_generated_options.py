@@ -59,7 +59,7 @@ def test_the_flags_are_the_dataclass_fields(name: str, cls: type, function) -> N
     (["accuracy", "x.pt", "--resamples", "0"], "--resamples: got 0; it must be between 1 and"),
     (["summarize", "x.zarr", "--ci", "1.5"], "--ci: got 1.5; it must lie strictly between 0 and 1"),
     (["summarize", "x.zarr", "--by", "core,,pe"], "--by: got 'core,,pe', an empty list or an empty item"),
-    (["summarize", "x.zarr", "--method", "jackknife"], "--method: got 'jackknife'; valid values are percentile"),
+    (["summarize", "x.zarr", "--interval", "jackknife"], "--interval: got 'jackknife'; valid values are percentile"),
     (["dynamics", "x.pt", "--qr-dtype", "float16"], "--qr-dtype: got 'float16'; valid values are float64, float32"),
     (["report", "x.zarr", "--seed", "-1"], "--seed: got -1; it must be between 0 and"),
     (["report", "x.zarr", "--static", "gif"], "--static: got 'gif'; valid formats are png, svg"),

@@ -62,7 +62,7 @@ def check_core(name: str, tmp_path: Path) -> None:
     _run(runner, ["stability", str(run), "--triplets", "3", "-o", str(stab), "-q"])
     _run(runner, ["accuracy", str(run), "-o", str(acc), "-q"])
     _run(runner, ["dynamics", str(run), "--sequences", "2", "--grid-sequences", "1", "--trajectories", "2",
-                  "--steps", "30", "--warmup", "5", "--sv", "3", "-o", str(dyn), "-q"])
+                  "--steps", "30", "--lyap-warmup", "5", "--sv", "3", "-o", str(dyn), "-q"])
     s, a, d = read_store(stab), read_store(acc), read_store(dyn, kind="dynamics")
     assert s.sizes["checkpoint"] == 2 and np.isfinite(s["score_default"].values).all()
     assert 0.0 <= float(a["token_accuracy"].values[-1]) <= 1.0

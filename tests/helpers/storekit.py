@@ -17,7 +17,7 @@ from tests.helpers.fuzzkit import invoke
 _BUILT: dict[str, Path] = {}
 
 STAB = ("--triplets", "2", "--resamples", "20", "-q")
-DYN = ("--sequences", "1", "--grid-sequences", "1", "--trajectories", "1", "--steps", "12", "--warmup", "2", "-q")
+DYN = ("--sequences", "1", "--grid-sequences", "1", "--trajectories", "1", "--steps", "12", "--lyap-warmup", "2", "-q")
 FAST = ("--resamples", "20")  # summarize/report: few bootstrap resamples, the numbers are compared exactly anyway
 
 

@@ -124,7 +124,7 @@ def test_a_registered_core_runs_through_every_command(monkeypatch: pytest.Monkey
         stores.append(st)
     dyn = tmp_path / "dyn.zarr"
     done = runner.invoke(app, ["dynamics", str(runs["0.5"]), "-o", str(dyn), "--sequences", "2", "--grid-sequences",
-                               "2", "--trajectories", "2", "--steps", "30", "--warmup", "5", "--sv", "3", "-q"])
+                               "2", "--trajectories", "2", "--steps", "30", "--lyap-warmup", "5", "--sv", "3", "-q"])
     assert done.exit_code == 0, done.stderr
     summary = runner.invoke(app, ["summarize", *map(str, stores), "--by", "model,radius", "--resamples", "100"])
     assert summary.exit_code == 0, summary.stderr

@@ -25,7 +25,7 @@ from tests.reports.test_report import _browser as _report_browser
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_checkpoints"
 README_STORES = {"gru-vanilla.zarr": "gru60k-none-s1", "gru-pe.zarr": "gru60k-sinusoidal-s1"}
-DYNAMICS = ["--sequences", "2", "--grid-sequences", "2", "--trajectories", "3", "--steps", "64", "--warmup", "8",
+DYNAMICS = ["--sequences", "2", "--grid-sequences", "2", "--trajectories", "3", "--steps", "64", "--lyap-warmup", "8",
             "--sv", "4", "-q"]
 
 

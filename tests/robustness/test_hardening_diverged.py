@@ -64,7 +64,7 @@ def poison(src: Path, dst: Path, how: str) -> Path:
 
 
 STAB = ("--triplets", "2", "--resamples", "50", "-q")
-DYN = ("--sequences", "1", "--grid-sequences", "1", "--trajectories", "1", "--steps", "12", "--warmup", "2", "-q")
+DYN = ("--sequences", "1", "--grid-sequences", "1", "--trajectories", "1", "--steps", "12", "--lyap-warmup", "2", "-q")
 
 
 def _warning_lines(err: str, how: str = "huge") -> list[str]:
@@ -132,5 +132,5 @@ def test_api_warns_and_counts_and_healthy_checkpoints_are_unaffected(healthy: di
         assert bool(both.results[1].result.scores[kind].isnan().all())
     assert both.nan_count["default"] == 2 * len(both.probes)
     with pytest.warns(DivergedWarning):
-        dyn = run_dynamics([bad], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=1, steps=12, warmup=2))
+        dyn = run_dynamics([bad], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=1, steps=12, lyap_warmup=2))
     assert sum(dyn.nonfinite.values()) > 0

@@ -610,10 +610,10 @@ def test_stability_option_values(runs: dict[str, Path], tmp_path: Path, monkeypa
     check()
 
 
-DYNAMICS_GOOD = {"seed": [0, 5], "sequences": [1], "steps": [8, 12], "warmup": [0, 2], "trajectories": [1],
+DYNAMICS_GOOD = {"seed": [0, 5], "sequences": [1], "steps": [8, 12], "lyap_warmup": [0, 2], "trajectories": [1],
                  "reorth": [1, 3], "grid": [1, 10**9], "parts": ["flow", "grid,lyapunov", "spectra,gates", "flow,flow"]}
 DYNAMICS_BAD = {"seed": [-1, 2**63 - 1, 2**64], "sequences": [0, -1, 10**9], "steps": [0, 2**63, 10**9],
-                "warmup": [-1, 12, 10**9], "trajectories": [0, 10**9], "reorth": [0, 2**63], "grid": [0, -1],
+                "lyap_warmup": [-1, 12, 10**9], "trajectories": [0, 10**9], "reorth": [0, 2**63], "grid": [0, -1],
                 "parts": ["bogus", "", "flow,bogus"]}
 
 
@@ -628,7 +628,7 @@ def test_dynamics_option_values(runs: dict[str, Path], tmp_path: Path, monkeypat
         count("options-dynamics")
         w = work.new()
         parts = v["parts"].split(",")
-        lyapunov = ["--steps", v["steps"], "--warmup", v["warmup"], "--trajectories", v["trajectories"],
+        lyapunov = ["--steps", v["steps"], "--lyap-warmup", v["lyap_warmup"], "--trajectories", v["trajectories"],
                     "--reorth", v["reorth"]] if "lyapunov" in parts else []  # a part's options only with it
         grid = ["--grid-sequences", v["grid"]] if "grid" in parts else []
         args = ["dynamics", runs["first"], "-o", w / "d.zarr", "-q", "--seed", v["seed"], "--sequences", v["sequences"],
@@ -636,12 +636,12 @@ def test_dynamics_option_values(runs: dict[str, Path], tmp_path: Path, monkeypat
         outcome = invoke(args)
         assert_clean(outcome, str(args))
         passed = which in ("seed", "sequences", "parts") or (which == "grid" and bool(grid)) or \
-            (which in ("steps", "warmup", "trajectories", "reorth") and bool(lyapunov))
+            (which in ("steps", "lyap_warmup", "trajectories", "reorth") and bool(lyapunov))
         assert outcome.rc == (2 if passed else 0), (which, outcome.err)
         if outcome.rc == 0:
             opts = json.loads(read_store(w / "d.zarr").attrs["options"])
             assert (opts["seed"], opts["parts"]) == (v["seed"], list(dict.fromkeys(parts)))
-            assert not lyapunov or (opts["steps"], opts["warmup"]) == (v["steps"], v["warmup"])
+            assert not lyapunov or (opts["steps"], opts["lyap_warmup"]) == (v["steps"], v["lyap_warmup"])
         else:
             assert not (w / "d.zarr").exists() and not leftovers(w)
 
@@ -705,7 +705,7 @@ def test_device_option_values(runs: dict[str, Path], tmp_path: Path) -> None:
     """Device names reach the device parser (gradscope.train.device) through every option class."""
     for i, device in enumerate(["cpu", "meta", "xpu", "cuda:7", "", "cpu:-1"]):
         for command, extra in (("stability", ("--triplets", "1", *FAST)),
-                               ("dynamics", ("--sequences", "1", "--steps", "8", "--warmup", "1", "-q"))):
+                               ("dynamics", ("--sequences", "1", "--steps", "8", "--lyap-warmup", "1", "-q"))):
             count("options-device")
             out = tmp_path / f"{command}{i}.zarr"
             outcome = invoke([command, runs["first"], "-o", out, "--device", device, "--target-freq", "rare",

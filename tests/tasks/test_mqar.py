@@ -110,7 +110,7 @@ def test_mqar_through_every_command(mqar_run: Path, tmp_path: Path) -> None:
     stab, dyn = tmp_path / "stability.zarr", tmp_path / "dynamics.zarr"
     ok(runner, ["stability", str(run), "--triplets", "3", "-o", str(stab), "-q"])
     ok(runner, ["dynamics", str(run), "--sequences", "2", "--grid-sequences", "1", "--trajectories", "2", "--steps", "20",
-        "--warmup", "4", "--sv", "3", "-o", str(dyn), "-q"])
+        "--lyap-warmup", "4", "--sv", "3", "-o", str(dyn), "-q"])
     assert np.isfinite(read_store(stab)["score_default"].values).all()
     assert np.isfinite(read_store(dyn, kind="dynamics")["lyapunov"].values[..., 0]).all()
     summary = tmp_path / "summary.zarr"

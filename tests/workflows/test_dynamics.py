@@ -20,7 +20,7 @@ import subprocess
 
 from tests.reports.test_report import _browser, _render  # the report's real-browser check
 
-SMALL = ["--sequences", "2", "--grid-sequences", "2", "--trajectories", "3", "--steps", "64", "--warmup", "8",
+SMALL = ["--sequences", "2", "--grid-sequences", "2", "--trajectories", "3", "--steps", "64", "--lyap-warmup", "8",
          "--sv", "4", "-q"]
 
 
@@ -85,7 +85,7 @@ def test_stored_lyapunov_is_the_analysis_on_the_task_trajectories(dynamics_store
 
 
 def test_python_api_equals_cli(dynamics_store: Path, trained_runs: dict) -> None:
-    ds = gradscope.dynamics(trained_runs["dual"], sequences=2, grid_sequences=2, trajectories=3, steps=64, warmup=8,
+    ds = gradscope.dynamics(trained_runs["dual"], sequences=2, grid_sequences=2, trajectories=3, steps=64, lyap_warmup=8,
                             sv=4, parts=("flow", "lyapunov"))
     cli = xr.open_zarr(dynamics_store, consolidated=False).load()
     # bit for bit: the CLI runs in this process (CliRunner), on the same code path
@@ -97,7 +97,7 @@ def test_python_api_equals_cli(dynamics_store: Path, trained_runs: dict) -> None
 def test_every_core_runs(trained_runs: dict) -> None:
     for name in ("other", "complex"):
         run = run_dynamics([trained_runs[name]], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=2,
-                                                                 steps=40, warmup=4, sv=2))
+                                                                 steps=40, lyap_warmup=4, sv=2))
         ds = run.to_xarray()
         D = ds.sizes["exponent"]
         assert D == gradscope.load(trained_runs[name]).model.core.state_dim
@@ -105,7 +105,7 @@ def test_every_core_runs(trained_runs: dict) -> None:
 
 
 def test_bad_input_is_one_line(runner, trained_runs: dict, tmp_path: Path) -> None:
-    for args, message in ((["--parts", "flow,magic"], "--parts: got magic"), (["--warmup", "2000"], "--warmup: got 2000"),
+    for args, message in ((["--parts", "flow,magic"], "--parts: got magic"), (["--lyap-warmup", "2000"], "--lyap-warmup: got 2000"),
                           (["--trajectories", "0"], "--trajectories: got 0")):
         result = runner.invoke(app, ["dynamics", str(trained_runs["dual"]), "-o", str(tmp_path / "x.zarr"), *args])
         assert result.exit_code == 2 and message in result.stderr, result.stderr
@@ -142,7 +142,7 @@ def test_dynamics_of_a_wrapped_lstm_language_model() -> None:
     model = gradscope.wrap(lstm, inputs=emb)
     tokens = torch.randint(0, 20, (3, 10), generator=torch.Generator().manual_seed(1))
     traj = torch.randint(0, 20, (2, 80), generator=torch.Generator().manual_seed(2))
-    ds = gradscope.dynamics(model, tokens=tokens, trajectory_tokens=traj, steps=80, warmup=5,
+    ds = gradscope.dynamics(model, tokens=tokens, trajectory_tokens=traj, steps=80, lyap_warmup=5,
                             counts=torch.arange(20, 0, -1))
     assert ds.sizes["exponent"] == 2 * 2 * 8 and list(ds["gate"].values) == ["forget", "i", "f", "g", "o"]
     assert set(ds["token_class"].values.ravel()) <= {"frequent", "rare"}
@@ -154,14 +154,22 @@ def test_dynamics_of_a_wrapped_lstm_language_model() -> None:
 
 
 def test_short_runs_need_no_warmup_flag(trained_runs: dict, runner, tmp_path: Path) -> None:
-    """`--parts lyapunov --steps 50 --trajectories 1` once failed with "--warmup: got 100"; the warm-up
+    """`--parts lyapunov --steps 50 --trajectories 1` once failed with "--warmup: got 100" (now --lyap-warmup); the warm-up
     now follows --steps (a tenth, at most 100), and an explicit one too large says which value fits."""
     ckpt = sorted(trained_runs["dual"].glob("step-*.pt"))[-1]
     ok = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--trajectories", "1",
                              "-o", str(tmp_path / "a.zarr"), "-q"])
     assert ok.exit_code == 0, ok.stderr
     ds = xr.open_zarr(tmp_path / "a.zarr", consolidated=False)
-    assert json.loads(ds.attrs["options"])["warmup"] == 5
-    bad = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--warmup", "60",
+    assert json.loads(ds.attrs["options"])["lyap_warmup"] == 5
+    bad = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--lyap-warmup", "60",
                               "-o", str(tmp_path / "b.zarr")])
     assert bad.exit_code == 2 and "below steps = 50" in bad.stderr and bad.stderr.count("\n") == 1
+    # --lyap-warmup's old name (issue #39: train's --warmup is the learning-rate warm-up) works for one release
+    old = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--trajectories", "1",
+                              "--warmup", "7", "-o", str(tmp_path / "c.zarr"), "-q"])
+    assert old.exit_code == 0 and old.stderr == ("warning: --warmup is deprecated and will be removed; use --lyap-warmup "
+                                                 "(train's --warmup is the learning-rate warm-up)\n"), old.stderr
+    assert json.loads(xr.open_zarr(tmp_path / "c.zarr", consolidated=False).attrs["options"])["lyap_warmup"] == 7
+    flow = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "flow", "--warmup", "7", "-o", str(tmp_path / "d.zarr")])
+    assert flow.exit_code == 2 and flow.stderr.splitlines()[-1].startswith("error: --warmup: they set the lyapunov part")
