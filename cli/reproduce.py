@@ -44,7 +44,7 @@ def seconds_per_step(run: PlannedRun) -> float:
     for _ in range(4):
         batch = task.sample(run.config.train.batch_size, gen)
         tic = time.perf_counter()
-        loss, _, _ = loss_and_correct(model, batch)
+        loss, _, _ = loss_and_correct(model, batch, family=type(task))
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -130,6 +130,25 @@ class Task:
         out[t == query] = "query"
         return out
 
+    # --- how the family is trained, and scored while training ---
+
+    @classmethod
+    def objective(cls, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The training objective on the model's ``outputs`` for a batch's ``targets``: (mean loss over the
+        scored positions, # right (a family of point predictions: the sum of its score), # scored). Token
+        families: cross-entropy of the logits (B, T, K), targets IGNORE where unscored."""
+        loss = torch.nn.functional.cross_entropy(outputs.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        scored = targets != IGNORE
+        correct = ((outputs.argmax(-1) == targets) & scored).sum()
+        return loss, correct, scored.sum()
+
+    @classmethod
+    def heldout_scores(cls, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """A family whose positions hold vectors (``inputs`` "vectors": point predictions): its scores of the
+        model's ``outputs`` on the uniform held-out set, as the run's evaluation records them (a token family
+        is scored by argmax: token and sequence accuracy, the grid, in :func:`gradscope.train.evaluate_heldout`)."""
+        raise NotImplementedError(f"{cls.name}: a family of vector positions declares its held-out scores")
+
     # --- the family's own part of the accuracy store (gradscope.tasks.family) ---
 
     def score(self, batch: Batch, preds: torch.Tensor) -> dict[str, np.ndarray]:

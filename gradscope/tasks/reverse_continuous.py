@@ -56,6 +56,21 @@ class ReverseContinuous(Task):
                       title="per output time", x_title="time step (output phase)", y_title="mean cosine similarity"),))
 
     @classmethod
+    def objective(cls, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Trained to maximise the cosine similarity of point predictions (B, T, d) and targets (NaN where
+        unscored): (mean 1 − cosine similarity, sum of cosine similarities, # scored)."""
+        scored = ~targets[..., 0].isnan()  # (B, T)
+        cos = torch.nn.functional.cosine_similarity(outputs[scored], targets[scored], dim=-1)
+        return (1 - cos).mean(), cos.detach().sum(), scored.sum()
+
+    @classmethod
+    def heldout_scores(cls, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """The mean cosine similarity of point predictions and targets over the scored positions."""
+        scored = ~targets[..., 0].isnan()
+        cos = torch.nn.functional.cosine_similarity(outputs[scored], targets[scored], dim=-1)
+        return {"cosine_similarity": float(cos.double().mean())}
+
+    @classmethod
     def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:
         """Its store from each checkpoint's ``cosine`` (n, T) float64 (NaN where unscored), the scored
         ``times`` (0-based) and the ``mean``, ``low`` and ``high`` of each scored time's interval: the

@@ -46,17 +46,15 @@ def item_accuracy(preds: torch.Tensor, targets: torch.Tensor, old_items: int) ->
 def evaluate_heldout(model: SeqModel, task: Task, heldout: HeldOut) -> dict[str, Any]:
     """Token and sequence accuracy on the uniform held-out set; target accuracy per grid cell. A
     feedback model: ``uniform`` self-fed (autoregressive), ``uniform_teacher`` ground-truth fed, the
-    grid self-fed. An extended vocabulary: ``items``, the accuracy on old and new items. Vector
-    tokens: the mean cosine similarity of prediction and target."""
+    grid self-fed. An extended vocabulary: ``items``, the accuracy on old and new items. A family whose
+    positions hold vectors (point predictions): ``uniform`` holds the scores it declares (:meth:`Task.heldout_scores`)."""
     was_training = model.training
     model.eval()
     result: dict[str, Any] = {}
     held = heldout.uniform
-    if held.targets.is_floating_point():
-        scored = ~held.targets[..., 0].isnan()
-        cos = torch.nn.functional.cosine_similarity(predict_vectors(model, held.inputs)[scored], held.targets[scored],
-                                                    dim=-1)
-        result["uniform"] = {"n": int(held.inputs.shape[0]), "cosine_similarity": float(cos.double().mean())}
+    if task.inputs == "vectors":
+        result["uniform"] = {"n": int(held.inputs.shape[0]),
+                             **task.heldout_scores(predict_vectors(model, held.inputs), held.targets)}
         model.train(was_training)
         return result
     if held.inputs.shape[0]:

@@ -29,7 +29,6 @@ from gradscope.files.publish import WRITE_ERRORS, disk_error, remove_stale_tempo
 from gradscope.models import SeqModel, core_class
 from gradscope.tasks.decoding import decode_logits, teacher_inputs
 from gradscope.tasks import Batch, Excluder, HeldOut, Task, build_heldout, make_task, sample_excluding
-from gradscope.tasks.base import IGNORE
 from gradscope.files.checkpoint import (FORMAT, FORMAT_VERSION, checkpoint_name, heldout_to_dict, list_checkpoints,
                                         load_checkpoint)
 from gradscope.train.device import resolve_device
@@ -155,28 +154,21 @@ def _resumed_state(cfg: RunConfig, run_dir: Path, device: torch.device) -> tuple
 
 
 def loss_and_correct(model: SeqModel, batch: Batch, decoding: str = "none",
-                     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     forward: Callable[[torch.Tensor], torch.Tensor] | None = None, family: type[Task] = Task,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training objective on one batch: (mean cross-entropy over scored positions, # right, # scored).
-    Vector targets (B, T, d) (the continuous task; NaN where unscored): (mean 1 − cosine similarity,
-    sum of cosine similarities, # scored). ``decoding``: how a feedback model's output phase is fed
-    (:mod:`gradscope.tasks.decoding`); ``forward``: the model's map inputs → logits (default: the
-    model itself; an extension run splices its trainable rows in)."""
+    """The training objective on one batch, as its task ``family`` declares it (:meth:`Task.objective`; the
+    default: cross-entropy of token logits): (mean loss over scored positions, # right, # scored).
+    ``decoding``: how a feedback model's output phase is fed (:mod:`gradscope.tasks.decoding`); ``forward``:
+    the model's map inputs → outputs (default: the model itself; an extension run splices its trainable
+    rows in)."""
     forward = model if forward is None else forward
-    if batch.targets.is_floating_point():
-        scored = ~batch.targets[..., 0].isnan()  # (B, T)
-        cos = torch.nn.functional.cosine_similarity(forward(batch.inputs)[scored], batch.targets[scored], dim=-1)
-        return (1 - cos).mean(), cos.detach().sum(), scored.sum()
     if decoding == "teacher":
-        logits = forward(teacher_inputs(batch.inputs, batch.targets, model.config.vocab_size))  # (B, T, K)
+        outputs = forward(teacher_inputs(batch.inputs, batch.targets, model.config.vocab_size))  # (B, T, K)
     elif decoding == "autoregressive":
-        logits = decode_logits(model, batch.inputs, batch.targets, "autoregressive")
+        outputs = decode_logits(model, batch.inputs, batch.targets, "autoregressive")
     else:
-        logits = forward(batch.inputs)  # (B, T, K)
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
-    scored = batch.targets != IGNORE
-    correct = ((logits.argmax(-1) == batch.targets) & scored).sum()
-    return loss, correct, scored.sum()
+        outputs = forward(batch.inputs)  # (B, T, K) logits, or (B, T, d) points
+    return family.objective(outputs, batch.targets)
 
 
 def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: int | None = None,
@@ -287,7 +279,7 @@ def _run(cfg: RunConfig, task: Task, run_dir: Path, state: TrainState, stop_afte
             for group in opt.param_groups:
                 group["lr"] = lr
             batch = sample_excluding(task, t.batch_size, state.data_gen, excluder)
-            loss, correct, scored = loss_and_correct(model, batch, t.decoding, forward)
+            loss, correct, scored = loss_and_correct(model, batch, t.decoding, forward, type(task))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if t.clip > 0:

@@ -146,3 +146,41 @@ def test_a_run_refused_before_its_first_step_leaves_no_directory(tmp_path: Path,
     monkeypatch.undo()
     train(small_run(iterations=4), tmp_path / "run")  # starts again where it was refused
     assert (tmp_path / "run" / "eval.json").is_file()
+
+
+def test_the_loop_trains_on_the_objective_its_family_declares(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The training objective is the task family's (Task.objective; issue #39): a family registered here whose
+    objective is its default cross-entropy plus 5 logs 5 more, and an objective that is 0 × the loss leaves
+    the weights where they started (Adam's step on zero gradients is zero)."""
+    from gradscope.tasks.registry import TASKS
+
+    base = TASKS["reverse"]
+    calls: list[int] = []
+
+    class Shifted(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def objective(cls, outputs: torch.Tensor, targets: torch.Tensor):  # noqa: ANN206
+            calls.append(outputs.shape[0])
+            loss, right, scored = base.objective(outputs, targets)
+            return loss + 5.0, right, scored
+
+    class Frozen(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def objective(cls, outputs: torch.Tensor, targets: torch.Tensor):  # noqa: ANN206
+            loss, right, scored = base.objective(outputs, targets)
+            return loss * 0.0, right, scored
+
+    cfg = small_run(iterations=5)
+    train(cfg, tmp_path / "plain")
+    monkeypatch.setitem(TASKS, "reverse", Shifted)
+    train(cfg, tmp_path / "shifted")
+    assert calls == [cfg.train.batch_size] * 5
+    logged = [json.loads(line)["loss"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
+    shifted = [json.loads(line)["loss"] for line in (tmp_path / "shifted" / "metrics.jsonl").read_text().splitlines()]
+    assert shifted == pytest.approx([v + 5.0 for v in logged], rel=1e-6)
+    monkeypatch.setitem(TASKS, "reverse", Frozen)
+    still = RunConfig(model=cfg.model, task=cfg.task, train=TrainConfig(**{**cfg.train.__dict__, "iterations": 3,
+                                                                           "checkpoint_every": 1}))
+    train(still, tmp_path / "frozen")
+    first, last = (load(tmp_path / "frozen" / f"step-000000{i}.pt").model.state_dict() for i in (1, 3))
+    assert all(torch.equal(first[k], last[k]) for k in first)
