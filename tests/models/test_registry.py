@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from tests.helpers.runs import DEFAULT_CORE
 from gradscope.analysis.jacobian import state_jacobian
 from gradscope.config import ModelConfig, RunConfig
 from gradscope.models import CORES, Core, SeqModel
@@ -78,7 +79,7 @@ def test_unknown_core_and_foreign_settings_are_refused() -> None:
     with pytest.raises(GradscopeError, match=f"core: got 'linear'; valid values are {', '.join(CORES)}$"):
         ModelConfig(core="linear")
     with pytest.raises(GradscopeError, match="unknown field"):
-        ModelConfig(core="gru", core_config={"state_size": 8})
+        ModelConfig(core=DEFAULT_CORE, core_config={"state_size": 8})
 
 
 def test_format_1_and_format_2_model_configs_compare_equal_in_labels() -> None:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import gradscope
-from tests.helpers.runs import small_run
+from tests.helpers.runs import COMPLEX_CORE, small_run
 from tests.helpers.fuzzkit import assert_clean, assert_untouched, count, invoke, snapshot
 from gradscope.errors import GradscopeError
 from gradscope.store import read_store
@@ -76,7 +76,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name → checkpoint file. ``gru`` lies in a run directory stopped at 10 of 12 iterations."""
     base = tmp_path_factory.mktemp("sources")
     train(small_run(iterations=12), base / "gru", stop_after=10)
-    train(small_run("s4d", pe="sinusoidal", iterations=5), base / "s4d")
+    train(small_run(COMPLEX_CORE, pe="sinusoidal", iterations=5), base / "s4d")
     (base / "paper").mkdir()
     return {"gru": base / "gru" / "step-0000010.pt", "s4d": base / "s4d" / "step-0000005.pt",
             "paper-gru": paper_gru(base / "paper" / "checkpoint_after-100-iters.pt"),

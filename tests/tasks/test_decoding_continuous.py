@@ -11,7 +11,7 @@ import pytest
 import torch
 import xarray as xr
 
-from tests.helpers.runs import OTHER_CORE, small_run
+from tests.helpers.runs import COMPLEX_CORE, DEFAULT_CORE, OTHER_CORE, small_run
 from gradscope.analysis.cosine import cosine_similarity, position_mean_ci
 from gradscope.cli.app import app
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
@@ -48,7 +48,7 @@ def _greedy(model: SeqModel, raw: torch.Tensor) -> torch.Tensor:
     return preds
 
 
-@pytest.mark.parametrize("core", ["lstm", "gru", "s4d"])
+@pytest.mark.parametrize("core", [OTHER_CORE, DEFAULT_CORE, COMPLEX_CORE])
 def test_autoregressive_decoding_equals_a_greedy_loop(core: str) -> None:
     model = _feedback_model(core)
     task = make_task(TaskConfig(name="reverse", vocab_size=6, length=5))
@@ -129,7 +129,7 @@ def test_position_ci_matches_scipy_and_brackets_the_mean() -> None:
 
 def _continuous(dim: int = 4, pe: str = "none", iterations: int = 30) -> RunConfig:
     task = TaskConfig(name="reverse-continuous", dim=dim, length=3, heldout_size=32)
-    return RunConfig(model=ModelConfig(core="gru", vocab_size=dim, embed_size=8, hidden_size=16, pe=pe, max_len=8,
+    return RunConfig(model=ModelConfig(core=DEFAULT_CORE, vocab_size=dim, embed_size=8, hidden_size=16, pe=pe, max_len=8,
                                        inputs="vectors"),
                      task=task, train=TrainConfig(iterations=iterations, batch_size=32, lr=1e-2, warmup=2,
                                                   checkpoint_every=15, log_every=5, seed=3))
@@ -191,7 +191,7 @@ def test_vector_probe_ids_read_the_table_and_the_query() -> None:
     from gradscope.tasks.reverse_continuous import probe_table, vector_probe_model
 
     torch.manual_seed(0)
-    model = SeqModel(ModelConfig(core="lstm", vocab_size=4, embed_size=6, hidden_size=8, pe="sinusoidal", max_len=8,
+    model = SeqModel(ModelConfig(core=OTHER_CORE, vocab_size=4, embed_size=6, hidden_size=8, pe="sinusoidal", max_len=8,
                                  inputs="vectors"))
     probe = vector_probe_model(model, seed=7)
     table = probe_table(4, 7)

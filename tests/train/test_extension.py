@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.runs import OTHER_CORE, small_run
+from tests.helpers.runs import COMPLEX_CORE, OTHER_CORE, small_run
 from gradscope.cli.app import app
 from gradscope.config import TaskConfig
 from gradscope.errors import GradscopeError
@@ -44,7 +44,7 @@ def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-@pytest.mark.parametrize("core", ["lstm", "s4d"])
+@pytest.mark.parametrize("core", [OTHER_CORE, COMPLEX_CORE])
 def test_frozen_parameters_bit_identical_and_optimizer_holds_only_new_rows(tmp_path: Path, core: str) -> None:
     base = small_run(core, pe="sinusoidal", iterations=10, distribution="uniform")
     train(base, tmp_path / "p")

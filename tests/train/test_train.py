@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.runs import logged_iteration, small_run
+from tests.helpers.runs import COMPLEX_CORE, DEFAULT_CORE, OTHER_CORE, logged_iteration, small_run
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.train import load, lr_at, train
 
@@ -44,7 +44,7 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
     return load(run).model.state_dict()
 
 
-@pytest.mark.parametrize("core", ["gru", "lstm", "s4d"])
+@pytest.mark.parametrize("core", [DEFAULT_CORE, OTHER_CORE, COMPLEX_CORE])
 def test_resume_is_bit_identical(tmp_path: Path, core: str) -> None:
     cfg = small_run(core=core, pe="sinusoidal", iterations=24)
     train(cfg, tmp_path / "full")
