@@ -158,6 +158,13 @@ class TextStudyOptions:
     budget_seconds: float = option(60.0, "With --text: dynamics' time budget (stability's is ten times it).")
     device: str = "auto"
 
+    def __post_init__(self) -> None:
+        # the study's key records every option: 20 from Python and 20.0 from the command line are one study
+        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
+              and 0 < self.budget_seconds < math.inf,
+              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
+        object.__setattr__(self, "budget_seconds", float(self.budget_seconds))
+
 
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")  # dask's network transports
 ADDRESS = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"

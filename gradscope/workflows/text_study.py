@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -65,20 +66,29 @@ def _finished(path: Path, kind: str, key: str) -> bool:
     return True
 
 
-def reproduce_text(model: str | Path, text: str | Path, *, out: str | Path, counts_text: str | Path | None = None,
+def reproduce_text(model_dir: str | Path | None = None, text: str | Path | None = None, *, out: str | Path,
+                   counts_text: str | Path | None = None,
                    tokenizer: str | Path | None = None, model_factory: str = "hf", triplets: int = 64,
                    target_pos: int = 16, probe_length: int = DEFAULT_LENGTH, max_length: int = 1024,
                    resamples: int = 1000, seed: int = 0, budget_seconds: float = 60.0, device: str = "auto",
-                   command: str = "", on_step: Callable[[str, str], None] | None = None) -> TextStudy:
+                   command: str = "", on_step: Callable[[str, str], None] | None = None,
+                   model: str | Path | None = None) -> TextStudy:
     """Accuracy, stability and dynamics by token frequency of the ``save_pretrained`` directory
-    ``model`` on ``text`` (module docstring), into ``out``; ``on_step(step, note)`` says what is done.
-    The report: ``gradscope report OUT/*.zarr`` (or ``gradscope.reports.build.render_report``)."""
+    ``model_dir`` on ``text`` (module docstring), into ``out``; ``on_step(step, note)`` says what is done.
+    The report: ``gradscope report OUT/*.zarr`` (or ``gradscope.reports.build.render_report``).
+    ``model``: ``model_dir``'s name before issue #39 (as the flag, --model-dir; it warns)."""
+    if model is not None:
+        check(model_dir is None, "model_dir: given twice, also as model (its old name); give model_dir only")
+        warnings.warn("reproduce_text(model=…) is now model_dir=…, as its flag --model-dir", DeprecationWarning,
+                      stacklevel=2)
+        model_dir = model
+    check(model_dir is not None and text is not None, "model_dir/text: give both, the model's directory and the text")
     opts = TextStudyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
                             tokenizer=None if tokenizer is None else str(tokenizer), triplets=triplets,
                             target_pos=target_pos, probe_length=probe_length, max_length=max_length,
                             resamples=resamples, seed=seed, budget_seconds=budget_seconds, device=device)
-    folder, where = Path(model), Path(out)
-    check(folder.exists(), f"model: {folder} does not exist")
+    folder, where = Path(model_dir), Path(out)
+    check(folder.exists(), f"model_dir: {folder} does not exist")
     check(Path(opts.text).is_file(), f"text: {opts.text} is not a file")
     check(opts.counts_text is None or Path(opts.counts_text).is_file(), f"counts_text: {opts.counts_text} is not a file")
     check(not where.exists() or where.is_dir(), f"out: {where} exists and is not a directory")

@@ -233,3 +233,11 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
                                 "--probe-length", "100000"]), "--probe-length",
             "no paragraph")  # before any work: no accuracy store first
     assert not fresh.exists()
+    # from Python, with the same options: every step is skipped; `model=` is model_dir's old name (issue #39: the
+    # parameter is named as the flag, --model-dir), kept for one release with a DeprecationWarning
+    with pytest.warns(DeprecationWarning, match=r"now model_dir="):
+        study = gradscope.reproduce_text(model=model_dir, text=text, out=out, triplets=3, target_pos=POS,
+                                         probe_length=LENGTH, max_length=64, resamples=50, budget_seconds=20)
+    assert study.ran == () and sorted(study.stores) == ["accuracy", "dynamics", "stability"]
+    with pytest.raises(gradscope.GradscopeError, match="^model_dir: given twice"):
+        gradscope.reproduce_text(model_dir, text, out=out, model=model_dir)
