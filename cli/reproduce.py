@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -27,35 +26,11 @@ console = make_console()
 Opt = typer.Option
 
 
-def seconds_per_step(run: PlannedRun) -> float:
-    """Measured now: one warm-up and three timed training steps of this configuration on the CPU
-    (the fastest counts; other processes on the machine can still inflate it)."""
-    import torch
-    from gradscope.models import SeqModel
-    from gradscope.tasks import make_task
-    from gradscope.train.loop import loss_and_correct
-
-    torch.manual_seed(0)
-    model = SeqModel(run.config.model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    task = make_task(run.config.task)
-    gen = torch.Generator().manual_seed(0)
-    times = []
-    for _ in range(4):
-        batch = task.sample(run.config.train.batch_size, gen)
-        tic = time.perf_counter()
-        loss, _, _ = loss_and_correct(model, batch, family=type(task))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - tic)
-    return min(times[1:])
-
-
 def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
     from rich.table import Table
 
     import torch
+    from gradscope.workflows.reproduce import seconds_per_step
 
     table = Table(title="plan: train → accuracy → stability over checkpoints → summarize → report",
                   title_justify="left")

@@ -11,17 +11,22 @@ HTML report is drawn at the edge (``gradscope report``, or the command), as ever
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import xarray as xr
 
 from gradscope.errors import GradscopeError, check
 from gradscope.files.checkpoint import checkpoint_iteration, resolve_checkpoints
 from gradscope.store.io import write_store
 from gradscope.store.summary import summary_attrs, summary_dataset, trial_records
-from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
+from gradscope.models import SeqModel
+from gradscope.tasks import make_task
+from gradscope.train.loop import (EVAL_FILE, discard_unstarted, is_run_dir, loss_and_correct, read_run_config,
+                                  resumable, train)
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
 from gradscope.workflows.extension import study_extension, study_extension_plans
 from gradscope.workflows.families.lm import check_probe_shape
@@ -55,6 +60,26 @@ class StudyResult:
     summaries: dict[str, list[SummaryEntry]] = field(default_factory=dict)
     extension: str | None = None
 
+
+
+def seconds_per_step(run: PlannedRun) -> float:
+    """Measured now: one warm-up and three timed training steps of this configuration on the CPU
+    (the fastest counts; other processes on the machine can still inflate it)."""
+    torch.manual_seed(0)
+    model = SeqModel(run.config.model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = make_task(run.config.task)
+    gen = torch.Generator().manual_seed(0)
+    times = []
+    for _ in range(4):
+        batch = task.sample(run.config.train.batch_size, gen)
+        tic = time.perf_counter()
+        loss, _, _ = loss_and_correct(model, batch, family=type(task))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - tic)
+    return min(times[1:])
 
 def plan_study(options: StudyOptions, out: Path) -> Study:
     """The study's runs, checked before anything runs (memory of every run's training and stability;

@@ -80,3 +80,20 @@ def test_the_study_loop_runs_from_python_as_the_command_runs_it(runner: CliRunne
     with pytest.raises(GradscopeError, match="reproduce: .*unexpected keyword"):
         gradscope.reproduce(tmp_path / "x", model=DEFAULT_CORE)
     assert not (tmp_path / "x").exists()
+
+
+def test_the_dry_run_measures_training_steps_from_python_as_the_command_does(runner: CliRunner, tmp_path: Path) -> None:
+    """--dry-run's CPU-time column: a few real training steps of each planned configuration, timed by
+    gradscope.workflows.reproduce.seconds_per_step (a notebook can call it on the plan)."""
+    import math
+
+    from gradscope.workflows.reproduce import plan_study, seconds_per_step
+    from gradscope.workflows.study_options import StudyOptions
+
+    study = plan_study(StudyOptions(seeds="1", iterations=10), tmp_path / "s")
+    seconds = seconds_per_step(study.runs[0])
+    assert math.isfinite(seconds) and 0 < seconds < 60
+    result = runner.invoke(app, ["reproduce", "--dry-run", "--seeds", "1", "--iterations", "10", "-o", str(tmp_path / "s")])
+    assert result.exit_code == 0, result.stderr
+    assert "CPU time (measured steps)" in result.stdout and " min" in result.stdout
+    assert not (tmp_path / "s").exists()
