@@ -167,6 +167,10 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusOptions = C
         del data
         paras[k] = paragraphs(text)
         del text
+        same = next((j for j in source_info if j != k and source_info[j]["sha256"] == source_info[k]["sha256"]), None)
+        if same is not None:
+            raise GradscopeError(f"{names[k]}: {p} holds the same text as the {same} split ({sources[same]}); each split "
+                                 f"needs its own (a split scored on what another holds gives a meaningless number)")
     if valid_file is None:
         all_paras = paras["train"]
         check(len(all_paras) >= 3, f"raw: {sources['train']} has {len(all_paras)} paragraph(s) after removing "

@@ -272,6 +272,16 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     fails(base + ["--corpus", str(nested)], "not valid JSON")
     with pytest.raises(GradscopeError, match="valid_file/test_file"):
         prepare_corpus(tmp_path / "raw.txt", tmp_path / "x", valid_file=tmp_path / "raw.txt")
+    # split files that hold the same text (the same file twice, or a copy): test would score what valid holds
+    copy = tmp_path / "copy.txt"
+    copy.write_bytes((tmp_path / "raw.txt").read_bytes())
+    other = tmp_path / "other.txt"
+    other.write_text("a paragraph of its own for the held-out split\n")
+    fails(["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "same"), "--valid-file", str(other),
+           "--test-file", str(other)], "holds the same text as the valid split")
+    fails(["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "same"), "--valid-file", str(copy),
+           "--test-file", str(other)], "holds the same text as the train split")
+    assert not (tmp_path / "same").exists()
 
 
 def test_a_moved_corpus_is_named_with_corpus_and_a_loaded_checkpoint_equals_its_path(
