@@ -46,6 +46,25 @@ def test_workflow_options_are_named_as_the_flags() -> None:
     assert {f for f in fields if StabilityOptions.__dataclass_fields__[f]._field_type.name == "_FIELD"} <= flags
 
 
+def test_a_function_option_defaults_to_its_options_field() -> None:
+    """A workflow function that spells its options out (rather than taking **options) gives each the default
+    of its options dataclass's field: declared once there, only repeated in the signature for help()."""
+    import dataclasses
+
+    from gradscope.workflows.options import AccuracyOptions, SummarizeOptions
+    from gradscope.workflows.study_options import TextStudyOptions
+
+    pairs = [(gradscope.stability, StabilityOptions), (gradscope.accuracy, AccuracyOptions),
+             (gradscope.summarize, SummarizeOptions), (gradscope.reproduce_text, TextStudyOptions)]
+    for function, cls in pairs:
+        fields = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        shared = [p for p in inspect.signature(function).parameters.values() if p.name in fields]
+        assert len(shared) >= 8, function.__name__  # the check sees the options it is about
+        for p in shared:
+            field = fields[p.name]
+            assert p.default == field or {p.default, field} <= {None, ()}, (function.__name__, p.name, p.default, field)
+
+
 def test_old_option_names_still_work_with_a_warning() -> None:
     with pytest.warns(DeprecationWarning, match="target_pos"):
         opts = StabilityOptions(position=3, top_sv=5, chunk=7)
