@@ -210,9 +210,10 @@ def test_an_intact_corpus_is_cached_but_a_rewrite_with_its_old_mtime_is_seen(bas
 
 def test_a_split_that_encodes_to_nothing_is_refused_by_prepare(tmp_path: Path, runner) -> None:
     write_text(tmp_path / "train.txt", 60, 0)
+    write_text(tmp_path / "test.txt", 20, 1)  # its own text: split files holding the same text are refused first
     (tmp_path / "ctrl.txt").write_text("\x01\x02\x03\n\x04\x05\n", encoding="utf-8")  # paragraphs of control chars
     r = runner.invoke(app, ["corpus", "prepare", str(tmp_path / "train.txt"), "--valid-file", str(tmp_path / "ctrl.txt"),
-                            "--test-file", str(tmp_path / "train.txt"), "--vocab", "40", "-q", "-o",
+                            "--test-file", str(tmp_path / "test.txt"), "--vocab", "40", "-q", "-o",
                             str(tmp_path / "c")])
     one_line(r, "encode to no token")
     assert not (tmp_path / "c").exists() and not temporaries(tmp_path)
