@@ -39,9 +39,10 @@ def print_result(result: dict[str, Any], run_dir: Path) -> None:
     table.add_column("token accuracy", justify="right")
     table.add_column("sequence accuracy", justify="right")
     u = result.get("uniform", {})
-    if "cosine_similarity" in u:
-        console.print(f"held-out mean cosine similarity after {result['iteration']} iterations (n={u['n']}): "
-                      f"{u['cosine_similarity']:.4f}\nrun directory: {run_dir}")
+    if u and "token_accuracy" not in u:  # a family of vector positions: the scores it declares (Task.heldout_scores)
+        scores = ", ".join(f"{name.replace('_', ' ')} {value:.4f}" for name, value in u.items() if name != "n")
+        console.print(f"held-out evaluation after {result['iteration']} iterations (n={u['n']}): {scores}\n"
+                      f"run directory: {run_dir}")
         return
     for key, label in (("uniform", "uniform"), ("uniform_teacher", "uniform, ground truth fed")):
         if key in result:

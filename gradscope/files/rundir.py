@@ -137,8 +137,9 @@ def read_run_config(run_dir: Path) -> RunConfig:
 
 def read_evaluation(run_dir: Path, what: str = "evaluation") -> dict[str, Any] | None:
     """The held-out evaluation in ``eval.json`` (None when the run has not finished): an object with
-    an integer ``iteration`` and, when present, ``uniform``: {n, token_accuracy, …} ({n,
-    cosine_similarity} for a vector task)."""
+    an integer ``iteration`` and, when present, ``uniform``: an integer ``n`` and the scores, each a number
+    ({n, token_accuracy, sequence_accuracy} for a token task; a family of vector positions records the
+    scores it declares, :meth:`gradscope.tasks.base.Task.heldout_scores`)."""
     path = Path(run_dir) / EVAL_FILE
     if not path.exists():
         return None
@@ -146,11 +147,12 @@ def read_evaluation(run_dir: Path, what: str = "evaluation") -> dict[str, Any] |
     bad = not isinstance(doc, dict) or not _integer(doc.get("iteration"))
     uniform = doc.get("uniform") if isinstance(doc, dict) else None
     if not bad and uniform is not None:
+        scores = [v for k, v in uniform.items() if k != "n"] if isinstance(uniform, dict) else []
         bad = not isinstance(uniform, dict) or not _integer(uniform.get("n")) \
-            or not (_number(uniform.get("token_accuracy")) or _number(uniform.get("cosine_similarity")))
+            or not scores or not all(_number(v) for v in scores)
     if bad:
         raise GradscopeError(f"{what}: {path} is not a gradscope evaluation (expected an object with an integer "
-                             f"\"iteration\" and \"uniform\": {{n, token_accuracy, …}})")
+                             f"\"iteration\" and \"uniform\": {{n, token_accuracy, …}}, every score a number)")
     return doc
 
 
