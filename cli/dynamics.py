@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from gradscope.workflows.options import DynamicsOptions  # torch-free: --help builds the options from it
+from gradscope.workflows.options import PART_OPTIONS, PROBE_OPTIONS, DynamicsOptions, unread_options  # torch-free: --help builds the options from it
 
-from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
+from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, given, make_console,
                      old_name, refuse_given, warn)
 from .errors import user_errors
 from .generated import build_options, generated_command
@@ -152,15 +152,14 @@ def dynamics_command(
     settings = dict(ctx.meta.get(SETTINGS, {}))
     old_name(ctx, settings, warmup, "warmup", "lyap_warmup", "train's --warmup is the learning-rate warm-up")
     opts = build_options(DynamicsOptions, settings)  # checked in its __post_init__
-    uses = {"lyapunov": ["trajectories", "steps", "lyap_warmup", "warmup", "exponents", "qr_dtype", "reorth"],
-            "grid": ["grid_sequences"], "spectra": ["sv"]}
-    chosen = set(PARTS if opts.parts is None else opts.parts)  # None: every part the budget allows
-    for part, names in uses.items():  # an option of a part left out would be recorded and ignored
-        if part not in chosen:
-            refuse_given(ctx, names, f"they set the {part} part, which --parts leaves out")
-    if not {"flow", "grid", "spectra", "gates"} & chosen:
-        refuse_given(ctx, ["sequences", "target_freq", "disturbant"], "they set the probe sequences, which only "
-                     "the flow, grid, spectra and gates parts read")
+    # an option of a part left out would be recorded and ignored (the rule is the workflow's, unread_options)
+    typed = {n for n in (*PART_OPTIONS["lyapunov"], "warmup", *PART_OPTIONS["grid"], *PART_OPTIONS["spectra"],
+                         *PROBE_OPTIONS) if given(ctx, n)}
+    unread = unread_options(opts.parts, typed | ({"lyap_warmup"} if "warmup" in typed else set()))
+    if unread is not None:  # named as typed (--warmup, the old name, as itself)
+        names = [n for n in unread[0] if n in typed] + (["warmup"] if "lyap_warmup" in unread[0] and "warmup" in typed
+                                                        else [])
+        refuse_given(ctx, names, unread[1].replace("which parts", "which --parts"))
     if model_factory is not None:
         refuse_given(ctx, ["target_freq", "disturbant", "corpus"], "a --model-factory model has no task groups or "
                      "corpus of its own (describe its tokens with --token-counts)")

@@ -20,8 +20,37 @@ from gradscope.fields import (DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVA
 # Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
 RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
                    "probes_file": "probes", "chunk": "batch_size", "top_sv": "sv"}
+# and the dynamics options' (top_sv before issue #24; warmup before #39: train's --warmup is the learning-rate warm-up)
+RENAMED_DYNAMICS = {"top_sv": "sv", "warmup": "lyap_warmup"}
 
 PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")  # the dynamics parts
+# the dynamics options each part alone reads, and those of the probe sequences (flow, grid, spectra, gates): one
+# given while --parts leaves its part out would be recorded in the store and ignored, so it is refused
+PART_OPTIONS = {"lyapunov": ("trajectories", "steps", "lyap_warmup", "exponents", "qr_dtype", "reorth"),
+                "grid": ("grid_sequences",), "spectra": ("sv",)}
+PROBE_PARTS, PROBE_OPTIONS = ("flow", "grid", "spectra", "gates"), ("sequences", "target_freq", "disturbant")
+
+
+def unread_options(parts: tuple[str, ...] | None, given: set[str]) -> tuple[list[str], str] | None:
+    """The options of ``given`` (names) that no part of ``parts`` reads (None: every part, nothing unread), and
+    why, the first such part's; None when every given option is read."""
+    chosen = set(PARTS if parts is None else parts)
+    for part, names in PART_OPTIONS.items():
+        unread = [n for n in names if n in given]
+        if part not in chosen and unread:
+            return unread, f"they set the {part} part, which parts leaves out"
+    unread = [n for n in PROBE_OPTIONS if n in given]
+    if unread and not set(PROBE_PARTS) & chosen:
+        return unread, "they set the probe sequences, which only the flow, grid, spectra and gates parts read"
+    return None
+
+
+def check_read(parts: tuple[str, ...] | None, given: set[str]) -> None:
+    """Refuse (one line naming them) the options of ``given`` that no part of ``parts`` reads: recorded in the
+    store and ignored otherwise."""
+    unread = unread_options(parts, given)
+    if unread is not None:
+        raise GradscopeError(f"{'/'.join(unread[0])}: {unread[1]}; remove {' and '.join(unread[0])}")
 QR_DTYPE_NAMES = ("float64", "float32")
 # What a dynamics option left out (None) may take, largest first: the plan (workflows.dynamics.plan_dynamics)
 # starts at the largest, the defaults before issue #37, and steps down the biggest part's options until
@@ -29,6 +58,35 @@ QR_DTYPE_NAMES = ("float64", "float32")
 LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250)}
 DECODING_CHOICES = ("both", "autoregressive", "teacher")  # a feedback model's decodings (paper App. B.2)
 DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and checkpoints (600 per part before #37)
+
+
+def renamed_field(obj: Any, old: str, value: Any, new: str) -> None:
+    """An options dataclass's old keyword ``old`` (an InitVar; None: not given): its value goes to the field
+    ``new``, with a DeprecationWarning for the code that built the dataclass. Given with ``new`` set to another
+    value than its default, one error (a dataclass cannot tell its default given from its default left out)."""
+    if value is None:
+        return
+    current, default = getattr(obj, new), obj.__dataclass_fields__[new].default
+    check(current == default or current == value, f"{new}: given twice, also as {old} (its old name); give {new} only")
+    warnings.warn(f"{type(obj).__name__}({old}=…) is now {new}=…, as its flag --{new.replace('_', '-')}",
+                  DeprecationWarning, stacklevel=4)  # this → __post_init__ → __init__ → the caller
+    object.__setattr__(obj, new, value)
+
+
+def take_renamed(options: dict[str, Any], renames: dict[str, str], where: str,
+                 defaults: dict[str, Any] | None = None) -> None:
+    """A public function's old keywords: each ``renames`` key given in ``options`` (its keywords; with
+    ``defaults``, its named parameters and their defaults) moves to its new name, with a DeprecationWarning
+    for the function's caller (``where``: the function's name); given with its new name too, one error."""
+    for old, new in renames.items():
+        value = options.pop(old, None)
+        if value is None:
+            continue
+        given = new in options if defaults is None else options.get(new) != defaults.get(new)
+        check(not given or options[new] == value, f"{new}: given twice, also as {old} (its old name); give {new} only")
+        warnings.warn(f"{where}({old}=…) is now {new}=…, as its flag --{new.replace('_', '-')}", DeprecationWarning,
+                      stacklevel=3)  # this → the public function → its caller
+        options[new] = value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,10 +139,7 @@ class StabilityOptions:
         probes need are checked once the checkpoint is known)."""
         old = dict(zip(RENAMED_OPTIONS, (target_groups, disturbant_groups, position, probes_file, chunk, top_sv)))
         for name, value in old.items():
-            if value is not None:
-                warnings.warn(f"StabilityOptions({name}=…) is now {RENAMED_OPTIONS[name]}=…, as its flag",
-                              DeprecationWarning, stacklevel=3)
-                object.__setattr__(self, RENAMED_OPTIONS[name], value)
+            renamed_field(self, name, value, RENAMED_OPTIONS[name])
         for name in ("target_freq", "disturbant"):
             groups = getattr(self, name)
             check(isinstance(groups, (tuple, list)) and all(isinstance(g, str) for g in groups),
@@ -153,14 +208,8 @@ class DynamicsOptions:
     def __post_init__(self, top_sv: int | None, warmup: int | None) -> None:
         """Types and ranges; the memory and time the sizes imply are checked once the model is known
         (:func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
-        if top_sv is not None:
-            warnings.warn("DynamicsOptions(top_sv=…) is now sv=…, as its flag", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "sv", top_sv)
-        if warmup is not None:
-            check(self.lyap_warmup is None, "lyap_warmup: given twice, also as warmup (its old name); give lyap_warmup only")
-            warnings.warn("DynamicsOptions(warmup=…) is now lyap_warmup=…, as its flag --lyap-warmup (train's --warmup "
-                          "is the learning-rate warm-up)", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "lyap_warmup", warmup)
+        renamed_field(self, "top_sv", top_sv, "sv")
+        renamed_field(self, "warmup", warmup, "lyap_warmup")  # train's --warmup is the learning-rate warm-up
         if isinstance(self.parts, str):
             object.__setattr__(self, "parts", tuple(p.strip() for p in self.parts.split(",") if p.strip()))
         elif isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts):  # --parts a,b --parts c
@@ -240,9 +289,7 @@ class AccuracyOptions:
     chunk: InitVar[int | None] = None  # batch_size's name before issue #24 (a keyword only; read batch_size)
 
     def __post_init__(self, chunk: int | None) -> None:
-        if chunk is not None:
-            warnings.warn("AccuracyOptions(chunk=…) is now batch_size=…, as its flag", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "batch_size", chunk)
+        renamed_field(self, "chunk", chunk, "batch_size")
         if isinstance(self.bins, str):  # as the flag gives it: '4' or '0,8,64'
             object.__setattr__(self, "bins", parse_bins(self.bins))
         object.__setattr__(self, "batch_size", as_count(self.batch_size, "batch_size", 1, MAX_COUNT))
@@ -301,11 +348,7 @@ class SummarizeOptions:
     method: InitVar[str | None] = None  # interval's name before issue #39 (a keyword only; read interval)
 
     def __post_init__(self, method: str | None) -> None:
-        if method is not None:
-            check(self.interval == "percentile", "interval: given twice, also as method (its old name); give interval only")
-            warnings.warn("SummarizeOptions(method=…) is now interval=…, as its flag --interval (stability's --method "
-                          "is the Jacobian engine)", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "interval", method)
+        renamed_field(self, "method", method, "interval")  # stability's --method is the Jacobian engine
         check(self.kind is None or self.kind in SUMMARIZED,
               f"kind: got {self.kind!r}; valid kinds are {', '.join(SUMMARIZED)}")
         if isinstance(self.by, (tuple, list)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import warnings
 import json
@@ -33,7 +34,7 @@ from gradscope.workflows.common import (conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
 from gradscope.tasks import make_task
 from gradscope.tasks.config import TaskConfig
-from gradscope.workflows.options import RENAMED_OPTIONS, StabilityOptions  # declared there, torch-free (--help)
+from gradscope.workflows.options import RENAMED_OPTIONS, StabilityOptions, take_renamed  # declared there, torch-free (--help)
 
 
 
@@ -386,12 +387,16 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
     if "probes_file" in renamed:  # the old name of a probes path
         warnings.warn("stability(probes_file=…) is now probes=…, as its flag", DeprecationWarning, stacklevel=2)
         probes_path = Path(renamed["probes_file"])
-    opts = StabilityOptions(target_freq=tuple(target_freq), disturbant=tuple(disturbant), target_pos=target_pos,
-                            triplets=triplets, probes=probes_path, seed=seed, method=method, batch_size=batch_size,
-                            sv=sv, device=device, token_counts=Path(token_counts) if token_counts is not None else None,
+    named = {"target_freq": target_freq, "disturbant": disturbant, "target_pos": target_pos, "batch_size": batch_size,
+             "sv": sv, **{k: v for k, v in renamed.items() if k != "probes_file"}}
+    take_renamed(named, {k: v for k, v in RENAMED_OPTIONS.items() if k != "probes_file"}, "stability",
+                 {n: p.default for n, p in inspect.signature(stability).parameters.items()})
+    opts = StabilityOptions(target_freq=tuple(named["target_freq"]), disturbant=tuple(named["disturbant"]),
+                            target_pos=named["target_pos"], triplets=triplets, probes=probes_path, seed=seed,
+                            method=method, batch_size=named["batch_size"], sv=named["sv"], device=device,
+                            token_counts=Path(token_counts) if token_counts is not None else None,
                             length=length, filler=filler, split=split, corpus=None if corpus is None else Path(corpus),
-                            estimator=estimator, sketch_units=sketch_units, budget_seconds=budget_seconds,
-                            **{k: v for k, v in renamed.items() if k != "probes_file"})
+                            estimator=estimator, sketch_units=sketch_units, budget_seconds=budget_seconds)
     if isinstance(source, nn.Module):
         return run_model_stability(source, opts, probes=given).to_xarray()
     return run_stability(checkpoint_sources(source), opts, probes=given).to_xarray()

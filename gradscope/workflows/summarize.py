@@ -21,7 +21,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.models.registry import core_options
 from gradscope.store.records import SummaryEntry, TrialRecord
 from gradscope.store.summary import expand_store_paths, summary_attrs, summary_dataset, trial_records
-from gradscope.workflows.options import SummarizeOptions
+from gradscope.workflows.options import SummarizeOptions, take_renamed
 
 # `--by` names of the shared fields; the registered cores' own settings add theirs (field_aliases)
 FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_combine", "vocab": "vocab_size",
@@ -165,8 +165,10 @@ def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...]
     vocab_size, hidden_size, …) or by their short names (model, vocab, hidden, …).
     interval: the interval method (percentile, bca, basic, t); ``method`` is its name before issue #39 (it warns).
     """
-    opts = SummarizeOptions(kind=kind, by=by, unit=unit, resamples=resamples, ci=ci, interval=interval, score=score,
-                            seed=seed, method=method)  # every value checked there, as for the command
+    named = {"interval": interval, "method": method}
+    take_renamed(named, {"method": "interval"}, "summarize", {"interval": "percentile"})
+    opts = SummarizeOptions(kind=kind, by=by, unit=unit, resamples=resamples, ci=ci, interval=named["interval"],
+                            score=score, seed=seed)  # every value checked there, as for the command
     fields = parse_by(opts.by)
     patterns = [str(source)] if isinstance(source, (str, Path)) else [str(s) for s in source]
     paths = expand_store_paths(patterns, opts.kind)

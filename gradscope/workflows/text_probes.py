@@ -49,6 +49,7 @@ from gradscope.models.wrap import WrappedModel, wrap
 from gradscope.tasks.probes import GROUPS, Probes, frequency_groups
 from gradscope.workflows.common import MAX_COUNT, as_count
 from gradscope.workflows.dynamics import DynamicsOptions, DynamicsPlan, DynamicsRun, plan_core, run_model_dynamics
+from gradscope.workflows.options import RENAMED_DYNAMICS, RENAMED_OPTIONS, check_read, take_renamed
 from gradscope.workflows.stability import StabilityOptions, StabilityRun, result_bytes, run_model_stability
 from gradscope.workflows.text import TokenizedText, tokenize_text
 from gradscope.workflows.text_accuracy import _quiet_transformers
@@ -322,6 +323,7 @@ def text_stability(model: Any, text: str | Path, *, counts_text: str | Path | No
     of :class:`~gradscope.workflows.stability.StabilityOptions` (target_freq, disturbant, target_pos,
     triplets, length (tokens per row, start token included; default 32), split, seed, method,
     batch_size, sv, device, estimator, sketch_units, budget_seconds)."""
+    take_renamed(options, RENAMED_OPTIONS, "text_stability")
     for name in ("target_freq", "disturbant"):
         if name in options:
             options[name] = tuple(options[name])
@@ -338,7 +340,10 @@ def text_dynamics(model: Any, text: str | Path, *, counts_text: str | Path | Non
     classed by its token's frequency group (docs/real-text.md), as a dynamics store's Dataset. model: as
     in :func:`text_stability`. length: tokens per row (start token included). options: the fields of
     :class:`~gradscope.workflows.dynamics.DynamicsOptions`."""
+    take_renamed(options, RENAMED_DYNAMICS, "text_dynamics")
+    opts = DynamicsOptions(**options)
+    check_read(opts.parts, {k for k, v in options.items() if v is not None})
     source = TextSource(str(text), None if counts_text is None else str(counts_text),
                         None if tokenizer is None else str(tokenizer), cache)
-    return run_text_dynamics(model, DynamicsOptions(**options), source, length=length, split=split,
+    return run_text_dynamics(model, opts, source, length=length, split=split,
                              model_factory=model_factory).to_xarray()

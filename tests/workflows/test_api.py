@@ -17,6 +17,7 @@ import typer.testing
 import gradscope
 from gradscope.cli.app import app
 from gradscope.store.io import write_store
+from gradscope.workflows.options import AccuracyOptions, DynamicsOptions, SummarizeOptions
 from gradscope.workflows.stability import StabilityOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,6 @@ def test_a_function_option_defaults_to_its_options_field() -> None:
     of its options dataclass's field: declared once there, only repeated in the signature for help()."""
     import dataclasses
 
-    from gradscope.workflows.options import AccuracyOptions, SummarizeOptions
     from gradscope.workflows.study_options import TextStudyOptions
 
     pairs = [(gradscope.stability, StabilityOptions), (gradscope.accuracy, AccuracyOptions),
@@ -74,6 +74,42 @@ def test_old_option_names_still_work_with_a_warning() -> None:
         assert StabilityOptions(target_pos=3).target_pos == 3
     with pytest.warns(DeprecationWarning, match="probes="), pytest.raises(gradscope.GradscopeError, match="gone.npy"):
         gradscope.stability(CKPT, probes_file=ROOT / "gone.npy")  # the old name is used, not dropped
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SummarizeOptions(method="bca", interval="t"),
+    lambda: DynamicsOptions(top_sv=4, sv=16),
+    lambda: DynamicsOptions(warmup=4, lyap_warmup=5),
+    lambda: AccuracyOptions(chunk=7, batch_size=99),
+    lambda: StabilityOptions(position=3, target_pos=5),
+    lambda: gradscope.summarize("nothing-*.zarr", method="t", interval="bca"),
+    lambda: gradscope.dynamics(CKPT, warmup=3, lyap_warmup=4),
+    lambda: gradscope.stability(CKPT, position=3, target_pos=5)])
+def test_an_old_name_given_with_its_new_one_is_refused(make) -> None:  # noqa: ANN001
+    """Found in review: given both ways, the old name silently won (the new one set to another value than its
+    default; a dataclass cannot tell its default given from left out, a function's keywords can)."""
+    with pytest.raises(gradscope.GradscopeError, match="given twice, also as"):
+        make()
+
+
+def test_a_script_sees_the_deprecation_warning_of_an_old_keyword(tmp_path: Path) -> None:
+    """Python shows a DeprecationWarning only where it is attributed to the caller's own code (found in review:
+    warned from inside gradscope, it was hidden from every script): each names the function the script called."""
+    import subprocess
+    import sys
+
+    script = ("import gradscope\n"
+              "for call in (lambda: gradscope.summarize('nothing-*.zarr', method='t'),\n"
+              f"             lambda: gradscope.dynamics({str(CKPT)!r}, warmup=3, steps=2, parts='lyapunov', sv=1),\n"
+              f"             lambda: gradscope.stability({str(CKPT)!r}, position=0)):\n"
+              "    try:\n        call()\n    except gradscope.GradscopeError:\n        pass\n")
+    (tmp_path / "user.py").write_text(script)
+    done = subprocess.run([sys.executable, "user.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for said in ("summarize(method=…) is now interval=…", "dynamics(warmup=…) is now lyap_warmup=…",
+                 "stability(position=…) is now target_pos=…"):
+        assert said in done.stderr, done.stderr
+    assert done.stderr.count("user.py:") >= 3  # attributed to the script's own lines
 
 
 def test_a_loaded_checkpoint_is_not_read_again(tmp_path: Path) -> None:
