@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument("--triplets", type=int, default=STABILITY_TRIPLETS, help="--triplets of the stability item")
     parser.add_argument("--items", default="defaults,flow256,lyapunov1000,stability", help="table 2's items")
     parser.add_argument("--stability-args", default="", help="further options of the stability item, e.g. "
-                                                             "'--budget-seconds 3600 --sketch-units 4' (default: none)")
+                                                             "'--checkpoint-budget-seconds 3600 --sketch-units 4' (default: none)")
     parser.add_argument("--calibrate", action="store_true", help="print the cost model's primitive rates")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--families", default="mamba,rwkv")
     parser.add_argument("--triplets", type=int, default=64)
     parser.add_argument("--length", type=int, default=32)
-    parser.add_argument("--args", default="", help="further stability options, e.g. '--budget-seconds 3600 "
+    parser.add_argument("--args", default="", help="further stability options, e.g. '--checkpoint-budget-seconds 3600 "
                                                    "--sketch-units 4' (default: none, as a user runs it)")
     args = parser.parse_args()
     sizes, families = args.sizes.split(","), args.families.split(",")

@@ -11,7 +11,7 @@ from gradscope.errors import GradscopeError
 from gradscope.workflows.options import StabilityOptions  # torch-free: --help builds the options from it
 
 from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
-                     refuse_given, warn)
+                     old_name, refuse_given, warn)
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -80,6 +80,8 @@ def stability_command(
     counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency groups (default: --text).")] = None,
     tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
+    # --checkpoint-budget-seconds' name before issue #39 (dynamics' --budget-seconds is the whole command's), hidden
+    budget_seconds: Annotated[Optional[float], Opt("--budget-seconds", hidden=True, help="Deprecated: the old name of --checkpoint-budget-seconds; it will be removed.")] = None,
 ) -> None:
     """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4).
     The probe options (--target-freq … --budget-seconds) are StabilityOptions' fields."""
@@ -92,7 +94,10 @@ def stability_command(
     from gradscope.workflows.stability import run_model_stability, run_stability
 
     # every probe option is checked in StabilityOptions.__post_init__, before anything else
-    opts = build_options(StabilityOptions, ctx.meta.get(SETTINGS, {}))
+    settings = dict(ctx.meta.get(SETTINGS, {}))
+    old_name(ctx, settings, budget_seconds, "budget_seconds", "checkpoint_budget_seconds",
+             "dynamics' --budget-seconds is the whole command's")
+    opts = build_options(StabilityOptions, settings)
     check_resamples(resamples)
     check_text_source(ctx, "stability", text, model_factory, config, ["token_counts", "probes", "filler"],
                       "with --text the probes are drawn from the text")

@@ -100,7 +100,7 @@ def step_flops(core: nn.Module) -> float:
 
 
 def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *, estimator: str = "auto",
-                   units: int | None = None, budget_seconds: float = 600.0, element_size: int = 4,
+                   units: int | None = None, checkpoint_budget_seconds: float = 600.0, element_size: int = 4,
                    memory_bytes: int | None = None) -> StabilityPlan:
     """The one estimate of time and memory that decides exact or sketch, for ``sequences`` probe
     sequences of ``steps`` steps with z_p at ``position``: exact forms J (H × D) per sequence by H
@@ -109,7 +109,7 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     for float32 and narrower), plus each step call's dispatch and each product's fixed and per-column
     cost (:mod:`gradscope.analysis.cost`; chunks of :data:`CHUNK` triplets); memory for one triplet: J, its products and the scan, 3 · (2H + T) · D
     numbers exact, 3 · 8 · columns · D sketched. ``estimator="auto"``: exact when it fits
-    ``budget_seconds`` and ``memory_bytes`` (default: the memory budget, :func:`gradscope.guard.memory_budget`),
+    ``checkpoint_budget_seconds`` and ``memory_bytes`` (default: the memory budget, :func:`gradscope.guard.memory_budget`),
     else the sketch with the most units in :data:`UNITS` that fits the time budget."""
     check(estimator in ESTIMATORS, f"estimator: got {estimator!r}; valid values are {', '.join(ESTIMATORS)}")
     check(units is None or (isinstance(units, int) and not isinstance(units, bool) and 2 <= units <= 1024),
@@ -149,21 +149,21 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
                              f"errors stored beside each score: {why}")
 
     exact_why = f"exact J = ∂y_T/∂z_p ({H} × {D}) would take ~{exact_s:,.0f} s and {exact_b / 1e9:.2f} GB per triplet"
-    if estimator == "exact" or (estimator == "auto" and units is None and exact_s <= budget_seconds
+    if estimator == "exact" or (estimator == "auto" and units is None and exact_s <= checkpoint_budget_seconds
                                 and exact_b <= memory):
-        why = "asked for" if estimator == "exact" else f"it fits the {budget_seconds:g} s budget and memory"
+        why = "asked for" if estimator == "exact" else f"it fits the {checkpoint_budget_seconds:g} s budget and memory"
         return StabilityPlan("exact", 0, 0, exact_s, exact_b,
                              f"stability: exact Jacobians ({H} × {D} per sequence; ~{exact_s:,.0f} s, "
                              f"{exact_b / 1e9:.2f} GB per triplet): {why}")
     if units is not None:
         return sketched(units, "asked for" if estimator == "sketch" else exact_why)
-    fits = [u for u in range(UNITS[1], UNITS[0] - 1, -1) if sketch(u)[0] <= budget_seconds]
+    fits = [u for u in range(UNITS[1], UNITS[0] - 1, -1) if sketch(u)[0] <= checkpoint_budget_seconds]
     if fits:
-        return sketched(fits[0], "asked for" if estimator == "sketch" else f"{exact_why} (budget {budget_seconds:g} s)")
+        return sketched(fits[0], "asked for" if estimator == "sketch" else f"{exact_why} (budget {checkpoint_budget_seconds:g} s)")
     if estimator == "sketch":
-        return sketched(UNITS[0], f"asked for; over the {budget_seconds:g} s budget")
-    raise GradscopeError(f"budget_seconds: {exact_why}, and a sketch of {UNITS[0]} units ~{sketch(UNITS[0])[0]:,.0f} s "
-                         f"(budget {budget_seconds:g} s); raise the budget, or use fewer triplets or shorter probes")
+        return sketched(UNITS[0], f"asked for; over the {checkpoint_budget_seconds:g} s budget")
+    raise GradscopeError(f"checkpoint_budget_seconds: {exact_why}, and a sketch of {UNITS[0]} units ~{sketch(UNITS[0])[0]:,.0f} s "
+                         f"(budget {checkpoint_budget_seconds:g} s); raise the budget, or use fewer triplets or shorter probes")
 
 
 def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: str = "auto", chunk: int = CHUNK,

@@ -19,7 +19,9 @@ from gradscope.fields import (DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVA
 
 # Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
 RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
-                   "probes_file": "probes", "chunk": "batch_size", "top_sv": "sv"}
+                   "probes_file": "probes", "chunk": "batch_size", "top_sv": "sv",
+                   # before issue #39: dynamics' --budget-seconds is the whole command's, stability's was per checkpoint
+                   "budget_seconds": "checkpoint_budget_seconds"}
 # and the dynamics options' (top_sv before issue #24; warmup before #39: train's --warmup is the learning-rate warm-up)
 RENAMED_DYNAMICS = {"top_sv": "sv", "warmup": "lyap_warmup"}
 
@@ -121,10 +123,10 @@ class StabilityOptions:
     # lm checkpoints: this corpus directory instead of the recorded one (it moved)
     corpus: Path | None = option(None, "lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")
     # exact Jacobians, or a sketch with standard errors (issue #37): auto is exact wherever it fits
-    # budget_seconds (per checkpoint, estimated before any work) and memory; sketch_units fixes the sketch's size
-    estimator: str = option("auto", 'auto (exact Jacobians wherever they fit --budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).')
+    # checkpoint_budget_seconds (estimated before any work) and memory; sketch_units fixes the sketch's size
+    estimator: str = option("auto", 'auto (exact Jacobians wherever they fit --checkpoint-budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).')
     sketch_units: int | None = option(None, 'Independent units of the sketch (default: the most in 4..16 that fit the budget).')
-    budget_seconds: float = option(600.0, "Time budget per checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.")
+    checkpoint_budget_seconds: float = option(600.0, "Time budget of each checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.")
     # the old names (RENAMED_OPTIONS), constructor keywords only: read the new names (opts.position is None)
     target_groups: InitVar[tuple[str, ...] | None] = None
     disturbant_groups: InitVar[tuple[str, ...] | None] = None
@@ -132,12 +134,14 @@ class StabilityOptions:
     probes_file: InitVar[Path | None] = None
     chunk: InitVar[int | None] = None
     top_sv: InitVar[int | None] = None
+    budget_seconds: InitVar[float | None] = None
 
     def __post_init__(self, target_groups: Any, disturbant_groups: Any, position: Any, probes_file: Any, chunk: Any,
-                      top_sv: Any) -> None:
+                      top_sv: Any, budget_seconds: Any) -> None:
         """Types and ranges (bounds that need the model, such as target_pos <= L, and the memory the
         probes need are checked once the checkpoint is known)."""
-        old = dict(zip(RENAMED_OPTIONS, (target_groups, disturbant_groups, position, probes_file, chunk, top_sv)))
+        old = dict(zip(RENAMED_OPTIONS, (target_groups, disturbant_groups, position, probes_file, chunk, top_sv,
+                                         budget_seconds)))
         for name, value in old.items():
             renamed_field(self, name, value, RENAMED_OPTIONS[name])
         for name in ("target_freq", "disturbant"):
@@ -167,9 +171,9 @@ class StabilityOptions:
             object.__setattr__(self, "sketch_units", as_count(self.sketch_units, "sketch_units", 2, 1024))
         check(self.estimator != "exact" or self.sketch_units is None,
               "sketch_units: it sizes a sketch; with estimator 'exact' leave it out")
-        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
-              and 0 < self.budget_seconds < float("inf"),
-              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
+        check(isinstance(self.checkpoint_budget_seconds, (int, float)) and not isinstance(self.checkpoint_budget_seconds, bool)
+              and 0 < self.checkpoint_budget_seconds < float("inf"),
+              f"checkpoint_budget_seconds: got {self.checkpoint_budget_seconds!r}; it must be a positive number of seconds")
 
 
 @dataclass(frozen=True, kw_only=True)

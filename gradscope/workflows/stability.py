@@ -174,7 +174,7 @@ def plan_model(model: nn.Module, opts: StabilityOptions, probes: Probes, positio
     steps = probes.length * (1 if output_phase is None else 2)
     param = next(model.parameters())
     return plan_stability(model.core, 3 * len(probes), steps, position, estimator=opts.estimator,
-                          units=opts.sketch_units, budget_seconds=opts.budget_seconds,
+                          units=opts.sketch_units, checkpoint_budget_seconds=opts.checkpoint_budget_seconds,
                           element_size=param.element_size())
 
 
@@ -352,7 +352,7 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
               method: str = "auto", batch_size: int = 32, sv: int = 64, device: str = "auto",
               token_counts: str | Path | None = None, length: int | None = None, filler: int | None = None,
               split: float = 0.5, corpus: str | Path | None = None, estimator: str = "auto",
-              sketch_units: int | None = None, budget_seconds: float = 600.0, **renamed: Any) -> xr.Dataset:
+              sketch_units: int | None = None, checkpoint_budget_seconds: float = 600.0, **renamed: Any) -> xr.Dataset:
     """Gradient stability (SPEC §4) as an xarray Dataset with the variables of a stability store
     (write it with ``gradscope.store.write_store``). Each option is named as its ``gradscope
     stability`` flag (``target_pos`` is ``--target-pos``); the names before issue #24 (position,
@@ -367,7 +367,7 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
     target_pos: the target position p (1-based). filler: a wrapped model's output-phase token (L
     copies after each probe; None: no output phase). corpus: an lm checkpoint's corpus directory, if
     it moved since training (its manifest must match the run's).
-    estimator: "auto" (exact wherever it fits ``budget_seconds`` per checkpoint and the memory budget,
+    estimator: "auto" (exact wherever it fits ``checkpoint_budget_seconds`` and the memory budget,
     else a sketch), "exact" or "sketch"; sketch_units: the sketch's independent units (default: the
     most in 4…16 that fit the budget). A sketched store holds ``se_<variable>`` standard errors beside
     each estimated variable (docs/stores.md).
@@ -388,7 +388,8 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
         warnings.warn("stability(probes_file=…) is now probes=…, as its flag", DeprecationWarning, stacklevel=2)
         probes_path = Path(renamed["probes_file"])
     named = {"target_freq": target_freq, "disturbant": disturbant, "target_pos": target_pos, "batch_size": batch_size,
-             "sv": sv, **{k: v for k, v in renamed.items() if k != "probes_file"}}
+             "sv": sv, "checkpoint_budget_seconds": checkpoint_budget_seconds,
+             **{k: v for k, v in renamed.items() if k != "probes_file"}}
     take_renamed(named, {k: v for k, v in RENAMED_OPTIONS.items() if k != "probes_file"}, "stability",
                  {n: p.default for n, p in inspect.signature(stability).parameters.items()})
     opts = StabilityOptions(target_freq=tuple(named["target_freq"]), disturbant=tuple(named["disturbant"]),
@@ -396,7 +397,8 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
                             method=method, batch_size=named["batch_size"], sv=named["sv"], device=device,
                             token_counts=Path(token_counts) if token_counts is not None else None,
                             length=length, filler=filler, split=split, corpus=None if corpus is None else Path(corpus),
-                            estimator=estimator, sketch_units=sketch_units, budget_seconds=budget_seconds)
+                            estimator=estimator, sketch_units=sketch_units,
+                            checkpoint_budget_seconds=named["checkpoint_budget_seconds"])
     if isinstance(source, nn.Module):
         return run_model_stability(source, opts, probes=given).to_xarray()
     return run_stability(checkpoint_sources(source), opts, probes=given).to_xarray()

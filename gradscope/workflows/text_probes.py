@@ -322,7 +322,7 @@ def text_stability(model: Any, text: str | Path, *, counts_text: str | Path | No
     tokenizer (loaded as ``model_factory``), or a model in memory with ``tokenizer``. options: the fields
     of :class:`~gradscope.workflows.stability.StabilityOptions` (target_freq, disturbant, target_pos,
     triplets, length (tokens per row, start token included; default 32), split, seed, method,
-    batch_size, sv, device, estimator, sketch_units, budget_seconds)."""
+    batch_size, sv, device, estimator, sketch_units, checkpoint_budget_seconds)."""
     take_renamed(options, RENAMED_OPTIONS, "text_stability")
     for name in ("target_freq", "disturbant"):
         if name in options:

@@ -97,7 +97,7 @@ def reproduce_text(model_dir: str | Path | None = None, text: str | Path | None 
                                    max_length=max_length, resamples=resamples,
                                    seed=seed, device=device)
     stab_opts = StabilityOptions(triplets=triplets, target_pos=target_pos, length=probe_length, seed=seed,
-                                 device=device, budget_seconds=10 * budget_seconds)
+                                 device=device, checkpoint_budget_seconds=10 * budget_seconds)
     dyn_opts = DynamicsOptions(seed=seed, device=device, budget_seconds=budget_seconds)
     source = TextSource(opts.text, opts.counts_text, opts.tokenizer)
     makers: dict[str, Callable[[], xr.Dataset]] = {

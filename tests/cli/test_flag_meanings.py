@@ -28,7 +28,8 @@ SAME_MEANING = {
     "--resamples": "bootstrap resamples of the CIs the command computes, each named",
     "--score": "the stability score (default, frobenius, l1) the command shows, summarizes or plots",
     "--batch-size": "items per batch, bounding memory: training sequences, Jacobian triplets, scored sequences",
-    "--budget-seconds": "a time budget, estimated before any work; its scope (a checkpoint, the command) is said",
+    "--budget-seconds": "the time budget of the whole command (reproduce --text: of its dynamics step), estimated "
+                        "before any work; stability's, per checkpoint, is --checkpoint-budget-seconds since issue #39",
     "--length": "the sequence (probe) length L; with --text, the row length",
     "--max-length": "tokens per row of text (train lm: per paragraph; accuracy/reproduce --text: per window)",
     "--iterations": "training iterations (reproduce: overriding the scale's)",
@@ -51,8 +52,10 @@ SAME_MEANING = {
     "--dry-run": "say what would run and run nothing (the plan of a study, the grid of a sweep)",
 }
 # two meanings under one name: none. --method (stability's Jacobian engine) was also summarize's interval method, now
-# --interval; --warmup (train's learning-rate warm-up) was also dynamics' Lyapunov warm-up, now --lyap-warmup. Each old
-# name still works for one release, hidden and warning (tests/cli/test_accuracy_summarize.py, test_dynamics.py)
+# --interval; --warmup (train's learning-rate warm-up) was also dynamics' Lyapunov warm-up, now --lyap-warmup;
+# --budget-seconds (dynamics: the whole command's) was stability's per checkpoint, now --checkpoint-budget-seconds.
+# Each old name still works for one release, hidden and warning (tests/cli/test_accuracy_summarize.py,
+# tests/workflows/test_dynamics.py, and below)
 TWO_MEANINGS: dict[str, str] = {}
 
 
@@ -127,3 +130,21 @@ def test_a_refusal_names_the_option_as_the_user_typed_it(tmp_path: Path) -> None
     assert done.stderr.startswith("error: --seed: got 3, but ") and done.stderr.endswith(
         "; it applies to reverse-continuous runs only (leave it out)\n"), done.stderr
     assert not (tmp_path / "a.zarr").exists()
+
+
+def test_stability_budget_per_checkpoint_has_its_own_name(tmp_path: Path) -> None:
+    """`stability --budget-seconds` was per checkpoint while `dynamics --budget-seconds` is the whole command's
+    (found in review): stability's is --checkpoint-budget-seconds; the old name works for one release, warning."""
+    runner = CliRunner()
+    args = ["stability", str(SAMPLE), "--triplets", "2", "--target-freq", "rare", "--disturbant", "rare", "-q"]
+    new = runner.invoke(app, [*args, "--checkpoint-budget-seconds", "0.001", "-o", str(tmp_path / "a.zarr")])
+    old = runner.invoke(app, [*args, "--budget-seconds", "0.001", "-o", str(tmp_path / "b.zarr")])
+    assert new.exit_code == old.exit_code == 2, (new.stderr, old.stderr)
+    assert new.stderr.startswith("error: --checkpoint-budget-seconds: exact J"), new.stderr
+    assert old.stderr.splitlines() == ["warning: --budget-seconds is deprecated and will be removed; use "
+                                       "--checkpoint-budget-seconds (dynamics' --budget-seconds is the whole "
+                                       "command's)", *new.stderr.splitlines()]
+    both = runner.invoke(app, [*args, "--budget-seconds", "5", "--checkpoint-budget-seconds", "5"])
+    assert both.exit_code == 2 and both.stderr.splitlines()[-1] == ("error: --checkpoint-budget-seconds: given twice, "
+                                                                    "also as --budget-seconds (its old name); give "
+                                                                    "--checkpoint-budget-seconds only")

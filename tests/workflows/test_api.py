@@ -84,7 +84,8 @@ def test_old_option_names_still_work_with_a_warning() -> None:
     lambda: StabilityOptions(position=3, target_pos=5),
     lambda: gradscope.summarize("nothing-*.zarr", method="t", interval="bca"),
     lambda: gradscope.dynamics(CKPT, warmup=3, lyap_warmup=4),
-    lambda: gradscope.stability(CKPT, position=3, target_pos=5)])
+    lambda: gradscope.stability(CKPT, position=3, target_pos=5),
+    lambda: gradscope.stability(CKPT, budget_seconds=5, checkpoint_budget_seconds=6)])
 def test_an_old_name_given_with_its_new_one_is_refused(make) -> None:  # noqa: ANN001
     """Found in review: given both ways, the old name silently won (the new one set to another value than its
     default; a dataclass cannot tell its default given from left out, a function's keywords can)."""
