@@ -33,7 +33,7 @@ from gradscope.workflows.families.lm import check_probe_shape
 from gradscope.workflows.lm_study import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
 from gradscope.workflows.runs import PES, Layout, PlannedRun, check_run_sizes, plan_runs  # noqa: F401 - re-exported
 from gradscope.workflows.stability import StabilityOptions, run_stability
-from gradscope.workflows.study_options import STUDIES, StudyOptions  # noqa: F401 - declared torch-free, re-exported
+from gradscope.workflows.study_options import PROBE_LENGTH, PROBE_TARGET_POS, STUDIES, StudyOptions  # noqa: F401 - declared torch-free, re-exported
 from gradscope.workflows.summarize import SummaryEntry, group_records, summarize_groups
 
 SUMMARY_FIELDS = ("core", "pe")
@@ -85,8 +85,8 @@ def plan_study(options: StudyOptions, out: Path) -> Study:
     """The study's runs, checked before anything runs (memory of every run's training and stability;
     the extension's sizes). The lm study prepares its corpus first (its vocabulary sizes the runs)."""
     if options.study == "lm":
-        target_pos = 16 if options.target_pos is None else options.target_pos
-        length = 32 if options.probe_length is None else options.probe_length
+        target_pos = PROBE_TARGET_POS if options.target_pos is None else options.target_pos
+        length = PROBE_LENGTH if options.probe_length is None else options.probe_length
         stability = StabilityOptions(triplets=options.triplets, target_pos=target_pos, length=length)
         if options.scale in ROW_LENGTH:  # before any work (an unknown scale is refused where the corpus is made)
             check_probe_shape(target_pos, length, ROW_LENGTH[options.scale], "probe_length")

@@ -61,6 +61,9 @@ def _items(value: object, name: str, example: str) -> tuple[str, ...]:
 
 
 STUDIES = ("reverse", "lm")
+# the stability probes of the lm and text studies, declared once: paragraph token 16 (1-based) of rows of 32 tokens,
+# the start token included (gradscope.workflows.text_probes.DEFAULT_LENGTH is this row length)
+PROBE_TARGET_POS, PROBE_LENGTH = 16, 32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,9 +83,9 @@ class StudyOptions:
     valid_file: Path | None = option(None, "--study lm --scale paper: wiki.valid.raw.")
     test_file: Path | None = option(None, "--study lm --scale paper: wiki.test.raw.")
     target_pos: int | None = option(None, "--study lm or --text: the stability probes' target position (paragraph "
-                                          "token, 1-based; default 16).")
+                                          f"token, 1-based; default {PROBE_TARGET_POS}).")
     probe_length: int | None = option(None, "--study lm or --text: the stability probe rows' length (start token "
-                                            "included; with --text, dynamics' rows too; default 32).")
+                                            f"included; with --text, dynamics' rows too; default {PROBE_LENGTH}).")
     models: tuple[str, ...] | str | None = option(None, "Comma-separated cores (names in the core registry; the study "
                                                         "of the docs ran gru, lstm, s4d, mingru and mamba). Default: "
                                                         "gru,lstm,s4d (--study lm: lstm, the paper's).")
@@ -149,8 +152,8 @@ class TextStudyOptions:
     tokenizer: str | None = option(None, "With --text: the folder of the model's tokenizer (default: the --model-dir "
                                          "directory).")
     triplets: int = 64
-    target_pos: int = 16
-    probe_length: int = 32
+    target_pos: int = PROBE_TARGET_POS
+    probe_length: int = PROBE_LENGTH
     max_length: int = option(1024, "With --text: accuracy's tokens per row (longer paragraphs are scored in "
                                    "overlapping windows).")
     resamples: int = option(1000, "With --text: accuracy's bootstrap resamples over paragraphs.")

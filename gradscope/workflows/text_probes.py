@@ -50,12 +50,13 @@ from gradscope.tasks.probes import GROUPS, Probes, frequency_groups
 from gradscope.workflows.common import MAX_COUNT, as_count
 from gradscope.workflows.dynamics import DynamicsOptions, DynamicsPlan, DynamicsRun, plan_core, run_model_dynamics
 from gradscope.workflows.options import RENAMED_DYNAMICS, RENAMED_OPTIONS, check_read, take_renamed
+from gradscope.workflows.study_options import PROBE_LENGTH
 from gradscope.workflows.stability import StabilityOptions, StabilityRun, result_bytes, run_model_stability
 from gradscope.workflows.text import TokenizedText, tokenize_text
 from gradscope.workflows.text_accuracy import _quiet_transformers
 
 DISTURBANT_SHARE = 0.5  # a frequent/rare disturbant span: at least this share of its tokens in the group
-DEFAULT_LENGTH = 32  # tokens per probe row, the start token included
+DEFAULT_LENGTH = PROBE_LENGTH  # tokens per probe row, the start token included
 TARGET_GROUPS = ("frequent", "rare")  # the default targets
 DISTURBANT_GROUPS = ("all",)  # the default disturbants: the text as it is
 

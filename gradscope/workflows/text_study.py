@@ -28,7 +28,7 @@ from gradscope.workflows.dynamics import DynamicsOptions
 from gradscope.workflows.stability import StabilityOptions
 from gradscope.workflows.text import tokenize_text
 from gradscope.workflows.text_accuracy import TextAccuracyOptions, run_text_accuracy
-from gradscope.workflows.study_options import TextStudyOptions  # declared torch-free (reproduce --help)
+from gradscope.workflows.study_options import PROBE_TARGET_POS, TextStudyOptions  # declared torch-free (reproduce --help)
 from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text_dynamics, run_text_stability
 
 STEPS = ("accuracy", "stability", "dynamics")
@@ -69,7 +69,7 @@ def _finished(path: Path, kind: str, key: str) -> bool:
 def reproduce_text(model_dir: str | Path | None = None, text: str | Path | None = None, *, out: str | Path,
                    counts_text: str | Path | None = None,
                    tokenizer: str | Path | None = None, model_factory: str = "hf", triplets: int = 64,
-                   target_pos: int = 16, probe_length: int = DEFAULT_LENGTH, max_length: int = 1024,
+                   target_pos: int = PROBE_TARGET_POS, probe_length: int = DEFAULT_LENGTH, max_length: int = 1024,
                    resamples: int = 1000, seed: int = 0, budget_seconds: float = 60.0, device: str = "auto",
                    command: str = "", on_step: Callable[[str, str], None] | None = None,
                    model: str | Path | None = None) -> TextStudy:
