@@ -29,7 +29,7 @@ __all__ = ["CORES", "DECODINGS", "DISTRIBUTIONS", "ExtendConfig", "PE_COMBINE", 
 FLOAT32_MAX = 3.4028234663852886e38  # a float32 step size or epsilon beyond this is inf
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Optimisation (SPEC §3): Adam, linear warm-up then cosine to 0, grad-norm clipping."""
 
@@ -76,7 +76,7 @@ class TrainConfig:
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExtendConfig:
     """Provenance of a vocabulary-extension run (paper §4.2): the parent checkpoint (file name,
     sha256 of its bytes, iterations it was trained for) and the parameters kept frozen, as names
@@ -97,7 +97,7 @@ class ExtendConfig:
         object.__setattr__(self, "frozen", tuple(self.frozen))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Everything that defines one training run."""
 

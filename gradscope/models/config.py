@@ -52,7 +52,7 @@ def text(name: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
     one_of(name, value, valid)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A sequence model: embedding (K+1 rows, row K = query token) → PE → core → Linear(H, K).
 

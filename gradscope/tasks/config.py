@@ -14,7 +14,7 @@ DISTRIBUTIONS = ("uniform", "dual")
 MAX_LENGTH = 2**20  # a task's L (and copy's hold phase): the held-out grid is built position by position
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """A synthetic task (SPEC §3). ``length`` is L (the maximum L for ``reverse-variable``; the
     number of tokens to remember for ``copy``)."""

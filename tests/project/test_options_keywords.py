@@ -53,6 +53,17 @@ def options_classes() -> list[type]:
     return found
 
 
+def test_the_settings_configs_are_keyword_only() -> None:
+    """train's settings are its run config's fields (issue #39): TaskConfig('reverse', 8) meant vocab_size 8 while
+    length kept its default; a config is built by naming its fields (found in review: not enforced)."""
+    from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+
+    for cls in (ModelConfig, RunConfig, TaskConfig, TrainConfig):
+        assert all(f.kw_only for f in dataclasses.fields(cls)), cls
+    with pytest.raises(TypeError):
+        TaskConfig("reverse", 8)  # type: ignore[misc]
+
+
 def test_the_scan_finds_a_positional_call() -> None:
     """The detector itself: positional, starred and attribute calls are found; keywords alone are not."""
     text = ("a = StabilityOptions((), (), 3)\nb = stab.StabilityOptions(*args)\n"
