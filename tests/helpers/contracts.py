@@ -144,8 +144,8 @@ def check_sampling(name: str) -> None:
 def check_family(name: str, tmp_path: Path) -> None:
     """Every layer on the registered task family ``name`` (a key of gradscope.tasks.registry.TASKS):
     its declarations, its batches, then from the command line training, accuracy (its declared
-    variables stored with their dims), stability where probes are defined, summarize (its declared
-    metrics) and the report (its declared section). A family whose small run needs outside data
+    variables stored with their dims), stability and dynamics where probes are defined, summarize (its
+    declared metrics) and the report (its declared section). A family whose small run needs outside data
     (``tiny = None``) is checked on its declarations only; its own tests train it."""
     from gradscope.store.accuracy import family_values
     from gradscope.tasks.registry import TASKS
@@ -185,6 +185,12 @@ def check_family(name: str, tmp_path: Path) -> None:
         _run(runner, ["stability", str(run), "--triplets", "2", "-o", str(stab), "-q"])
         assert np.isfinite(read_store(stab)["score_default"].values).all()
         stores.append(str(stab))
+        dyn = tmp_path / "dynamics.zarr"  # the dynamics view on its probe source and its episodes
+        _run(runner, ["dynamics", str(run), "--parts", "flow,lyapunov", "--sequences", "1", "--trajectories", "1",
+                      "--steps", "12", "--lyap-warmup", "2", "-o", str(dyn), "-q"])
+        d = read_store(dyn, kind="dynamics")
+        assert np.isfinite(d["flow_fro"].values).all() and np.isfinite(d["lyapunov"].values).any(), name
+        stores.append(str(dyn))
     summary = tmp_path / "summary.zarr"
     _run(runner, ["summarize", str(acc), "--resamples", "50", "-o", str(summary)])
     metrics = {str(m) for m in read_store(summary)["metric"].values}
