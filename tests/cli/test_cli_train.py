@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers.runs import OTHER_CORE
 from gradscope.cli.app import app
 
 SMALL = ["--vocab-size", "8", "--length", "4", "--hidden-size", "16", "--embed-size", "8", "--iterations", "30",
@@ -25,7 +26,7 @@ def test_help_lists_commands_and_options(runner: CliRunner) -> None:
 
 
 def test_train_writes_a_run_directory(runner: CliRunner, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["train", "-o", str(tmp_path / "r"), "--core", "lstm", "--pe", "sinusoidal", *SMALL])
+    result = runner.invoke(app, ["train", "-o", str(tmp_path / "r"), "--core", OTHER_CORE, "--pe", "sinusoidal", *SMALL])
     assert result.exit_code == 0, result.stderr
     files = sorted(p.name for p in (tmp_path / "r").iterdir())
     assert files == ["config.json", "eval.json", "metrics.jsonl", "step-0000010.pt", "step-0000020.pt",

@@ -47,8 +47,9 @@ import xarray as xr
 
 from tests.helpers.faultkit import Child, Gate, fork_call, slow, spawn, temporaries, wait_for, writing
 from tests.helpers.fuzzkit import Outcome, count, snapshot
+from tests.helpers.runs import DEFAULT_CORE
 
-TRAIN_OPTS = ["--core", "gru", "--hidden-size", "16", "--embed-size", "8", "--vocab-size", "8", "--length", "4", "--heldout-size", "64",
+TRAIN_OPTS = ["--core", DEFAULT_CORE, "--hidden-size", "16", "--embed-size", "8", "--vocab-size", "8", "--length", "4", "--heldout-size", "64",
               "--grid-per-cell", "2", "--batch-size", "16", "--iterations", "40", "--warmup", "3", "--threads", "1",
               # checkpoints at 4, 8, 12…, log lines at 10, 20…: a resume between two log lines is possible
               "--checkpoint-every", "4", "--log-every", "10", "-q"]

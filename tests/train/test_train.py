@@ -28,9 +28,9 @@ def test_schedule_warmup_then_cosine() -> None:
 
 
 def test_tiny_gru_learns_reverse(tmp_path: Path) -> None:
-    """Seeded: a tiny GRU on reverse (K=8, L=8) reaches > 90% held-out token accuracy."""
+    """Seeded: a tiny model of the default core (a GRU) on reverse (K=8, L=8) reaches > 90% held-out token accuracy."""
     cfg = RunConfig(
-        model=ModelConfig(core="gru", vocab_size=8, embed_size=32, hidden_size=64, max_len=16),
+        model=ModelConfig(core=DEFAULT_CORE, vocab_size=8, embed_size=32, hidden_size=64, max_len=16),
         task=TaskConfig(name="reverse", vocab_size=8, length=8, heldout_size=256),
         train=TrainConfig(iterations=1500, batch_size=64, lr=1e-2, warmup=100, checkpoint_every=500, log_every=100,
                           seed=3),

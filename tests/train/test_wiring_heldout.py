@@ -19,9 +19,10 @@ import gradscope
 from gradscope.cli.app import app
 from gradscope.models import SeqModel
 from gradscope.tasks import make_task
+from tests.helpers.runs import DEFAULT_CORE
 
 ITERATIONS, BATCH = 30, 64
-COMMON = ["--core", "gru", "--hidden-size", "8", "--embed-size", "4", "--iterations", str(ITERATIONS), "--batch-size",
+COMMON = ["--core", DEFAULT_CORE, "--hidden-size", "8", "--embed-size", "4", "--iterations", str(ITERATIONS), "--batch-size",
           str(BATCH), "--checkpoint-every", "15", "--log-every", "15", "--seed", "3", "--quiet"]
 
 # Each task at a size whose sequences are few (n_patterns in brackets), so collisions are common.
