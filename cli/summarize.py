@@ -175,7 +175,7 @@ def _show(plan: _Plan, fields: tuple[str, ...], ci: float, method: str, unit: st
 
     entries = plan.entries
     console.print(summary_table([e for e in entries if e.metric in plan.shown], ci, method, unit, plan.kind))
-    if unit == "trial" and few_trials(entries):
+    if unit == "trial" and method != "t" and few_trials(entries):  # (with --interval t there is nothing to advise)
         console.print(f"[yellow]note: fewer than {FEW_TRIALS} trials per group. With 5 seeds there are only 126 "
                       f"distinct resamples, and percentile intervals covered ~86% (not 95%) in a simulation here; "
                       f"read them as rough, or use --interval t.[/]")

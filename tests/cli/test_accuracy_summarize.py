@@ -125,6 +125,9 @@ def test_three_seeds_to_a_ci_table(runner: CliRunner, seed_runs: dict, tmp_path:
     assert _run(runner, "summarize", *stores, "-o", again, "--resamples", "2000").exit_code == 0
     # bit for bit: the same process, code path and seeded bootstrap
     np.testing.assert_array_equal(read_store(again)["low"].values, ds["low"].values)
+    # the few-trials note advises --interval t: with it, there is nothing to advise (found in review)
+    t = _run(runner, "summarize", *stores, "--interval", "t", "-o", tmp_path / "t.zarr", "--resamples", "200")
+    assert t.exit_code == 0 and "fewer than 10 trials" not in t.stdout and "CI, t, unit = trial" in t.stdout
 
 
 def test_token_unit_and_t_method(runner: CliRunner, seed_runs: dict, tmp_path: Path) -> None:
