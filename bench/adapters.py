@@ -82,7 +82,7 @@ def main() -> None:
         probes[:, 2, 16:] = probes[:, 0, 16:]
         traj = torch.randint(0, 64, (2, 200), generator=g)
         jac_s = timed(lambda: gradscope.state_jacobian(wrapped, tokens, 16))
-        stab_s = timed(lambda: gradscope.stability(wrapped, probes, position=16))
+        stab_s = timed(lambda: gradscope.stability(wrapped, probes=probes, target_pos=16))
         dyn_s = timed(lambda: gradscope.dynamics(wrapped, tokens=tokens, trajectory_tokens=traj, steps=200,
                                                  trajectories=2))
         fast_s = timed(lambda: gradscope.dynamics(wrapped, tokens=tokens, trajectory_tokens=traj, steps=200,

@@ -107,6 +107,9 @@ def old_name(ctx: typer.Context, settings: dict[str, Any], value: Any, old: str,
         raise GradscopeError(f"{flag}: given twice, also as {old_flag} (its old name); give {flag} only")
     warn(f"{old_flag} is deprecated and will be removed; use {flag} ({why})")
     settings[new] = value
+    # the recorded command (command_line, a store's provenance) names the new flag, which will keep working
+    ctx.meta.setdefault(SETTINGS, {})[new] = value
+    ctx.params[old] = None
 
 
 def check_text_source(ctx: typer.Context, command: str, text: Path | None, model_factory: str | None,

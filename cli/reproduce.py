@@ -82,6 +82,7 @@ def reproduce_command(
             raise GradscopeError("--model-dir: given twice, also as --model (its old name); give --model-dir only")
         warn("--model is deprecated and will be removed; use --model-dir (--model names a model factory elsewhere)")
         model_dir = model
+        ctx.params.update(model_dir=model, model=None)  # the recorded command names the new flag
     study_fields = {f.name for f in dataclasses.fields(StudyOptions)}
     text_options = ["model_dir", "model", "model_factory",
                     *(f.name for f in dataclasses.fields(TextStudyOptions) if "help" in f.metadata)]

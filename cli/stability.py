@@ -84,7 +84,7 @@ def stability_command(
     budget_seconds: Annotated[Optional[float], Opt("--budget-seconds", hidden=True, help="Deprecated: the old name of --checkpoint-budget-seconds; it will be removed.")] = None,
 ) -> None:
     """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4).
-    The probe options (--target-freq … --budget-seconds) are StabilityOptions' fields."""
+    The probe options (--target-freq … --checkpoint-budget-seconds) are StabilityOptions' fields."""
     import warnings
 
     from gradscope.analysis.bootstrap import check_resamples

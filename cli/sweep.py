@@ -44,11 +44,12 @@ def _previous(out: Path, spec: SweepSpec) -> dict[str, dict[str, Any]]:
     """The points an earlier run of this sweep recorded, by name; refuses a sweep directory whose
     analyses differ from this spec's (their stores would mix settings)."""
     from gradscope.store.manifest import manifest_path, read_manifest
+    from gradscope.workflows.sweep import recorded_analyses
 
     if manifest_path(out) is None:
         return {}
     doc = read_manifest(out)
-    if doc.get("analyses") is not None and doc["analyses"] != spec.analyses.describe():
+    if doc.get("analyses") is not None and recorded_analyses(doc["analyses"]) != spec.analyses.describe():
         raise GradscopeError(f"--out: {out} holds a sweep whose analyses ([accuracy]/[stability]) differ from this "
                              f"spec's; its stores would mix settings. Choose another --out or restore the spec")
     return {e.get("name"): e for e in doc["points"]}

@@ -193,6 +193,8 @@ def train_command(
                                  f"--{new.replace('_', '-')} only")
         warn(f"--{name} is deprecated and will be removed; use --{new.replace('_', '-')}")
         options[new] = value
+        ctx.meta.setdefault(SETTINGS, {})[new] = value  # the recorded command names the new flag
+        ctx.params[name] = None
     options.update(beta1=beta1, beta2=beta2)
     if max_length is not None:
         if options.get("length") is not None and options["length"] != max_length:

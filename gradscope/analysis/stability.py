@@ -7,6 +7,8 @@ singular values are kept, so paper-size models (H = 512, 1024 triplets) fit in a
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -101,7 +103,7 @@ def step_flops(core: nn.Module) -> float:
 
 def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *, estimator: str = "auto",
                    units: int | None = None, checkpoint_budget_seconds: float = 600.0, element_size: int = 4,
-                   memory_bytes: int | None = None) -> StabilityPlan:
+                   memory_bytes: int | None = None, budget_seconds: float | None = None) -> StabilityPlan:
     """The one estimate of time and memory that decides exact or sketch, for ``sequences`` probe
     sequences of ``steps`` steps with z_p at ``position``: exact forms J (H × D) per sequence by H
     reverse products through the tail; a sketch runs ``columns`` forward products, never H × D.
@@ -111,6 +113,13 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     numbers exact, 3 · 8 · columns · D sketched. ``estimator="auto"``: exact when it fits
     ``checkpoint_budget_seconds`` and ``memory_bytes`` (default: the memory budget, :func:`gradscope.guard.memory_budget`),
     else the sketch with the most units in :data:`UNITS` that fits the time budget."""
+    if budget_seconds is not None:  # checkpoint_budget_seconds' name before issue #39 (as the flag's)
+        check(checkpoint_budget_seconds == 600.0 or checkpoint_budget_seconds == budget_seconds,
+              "checkpoint_budget_seconds: given twice, also as budget_seconds (its old name); give "
+              "checkpoint_budget_seconds only")
+        warnings.warn("plan_stability(budget_seconds=…) is now checkpoint_budget_seconds=…, as its flag",
+                      DeprecationWarning, stacklevel=2)
+        checkpoint_budget_seconds = budget_seconds
     check(estimator in ESTIMATORS, f"estimator: got {estimator!r}; valid values are {', '.join(ESTIMATORS)}")
     check(units is None or (isinstance(units, int) and not isinstance(units, bool) and 2 <= units <= 1024),
           f"sketch_units: got {units!r}; it must be an integer in [2, 1024]")

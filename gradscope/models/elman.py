@@ -44,7 +44,7 @@ def elman_terms(x: Tensor, h: Tensor, w: Weights, need_input: bool) -> dict[str,
     return {"h": elman_jacobian(x, h, w, need_input)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ElmanConfig(RNNConfig):
     """The Elman core has no settings of its own."""
 

@@ -78,7 +78,7 @@ def gru_terms(x: Tensor, h: Tensor, w: Weights, need_input: bool) -> dict[str, t
     return terms
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GRUConfig(RNNConfig):
     """The GRU core has no settings of its own."""
 

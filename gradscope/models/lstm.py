@@ -115,7 +115,7 @@ def lstm_terms(x: Tensor, s: Tensor, w: Weights, need_input: bool) -> dict[str, 
     return terms
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LSTMConfig(RNNConfig):
     """The LSTM core has no settings of its own."""
 

@@ -37,7 +37,7 @@ from gradscope.models.core import Core
 from gradscope.models.structure import JacobianStructure, StateBlock
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MambaConfig:
     """The selective SSM's own settings. Defaults are smaller than the Mamba paper's N = 16 and
     expand 2 (K = 4 is the paper's), so that the CPU-scale study trains on a laptop: at H = 128,

@@ -35,7 +35,7 @@ CellJacobian = Callable[[Tensor, Tensor, Weights, bool], "tuple[Tensor, Tensor |
 CellTerms = Callable[[Tensor, Tensor, Weights, bool], "dict[str, tuple[Tensor, Tensor | None]]"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RNNConfig:
     """Settings of an Elman, GRU or LSTM core beyond the shared sizes: none yet."""
 

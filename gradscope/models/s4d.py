@@ -24,7 +24,7 @@ from gradscope.models.core import Core, scaled_rows
 from gradscope.models.structure import JacobianStructure, StateBlock
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class S4DConfig:
     """S4D's own settings: state size N (N/2 complex modes per channel) and the range of the
     initial step sizes dt."""

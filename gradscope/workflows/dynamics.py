@@ -52,7 +52,7 @@ from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
 from gradscope.workflows.common import (MAX_COUNT, as_count, conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, warn_diverged)
-from gradscope.workflows.options import LADDERS, PARTS, QR_DTYPE_NAMES, RENAMED_DYNAMICS, DynamicsOptions, check_read, take_renamed  # declared there, torch-free
+from gradscope.workflows.options import LADDERS, PARTS, QR_DTYPE_NAMES, RENAMED_DYNAMICS, DynamicsOptions, check_read, set_options, take_renamed  # declared there, torch-free
 
 QR_DTYPES = dict(zip(QR_DTYPE_NAMES, (torch.float64, torch.float32)))
 OWNERS = {"flow": ("sequences",), "grid": ("grid_sequences",), "spectra": ("sequences",), "gates": ("sequences",),
@@ -586,9 +586,11 @@ def dynamics(source: Any, *, tokens: torch.Tensor | None = None, trajectory_toke
         disturbant = options.pop("disturbant_groups")
     take_renamed(options, RENAMED_DYNAMICS, "dynamics")
     opts = options.pop("opts", None)
+    if opts is not None:  # the options are opts' (others beside it would be dropped)
+        check(not options, f"{'/'.join(sorted(options))}: give them in opts=DynamicsOptions(…), or leave out opts")
     opts = opts if opts is not None else DynamicsOptions(**options)
-    check_read(opts.parts, {k for k, v in options.items() if v is not None}
-               | {k for k, v in (("target_freq", target_freq), ("disturbant", disturbant)) if v})
+    check_read(opts.parts, set_options(opts) | {k for k, v in (("target_freq", target_freq),
+                                                                ("disturbant", disturbant)) if v})
     if isinstance(source, nn.Module):
         check(tokens is not None, "tokens: give the probe sequences (n, T) to analyse an in-memory model")
         return run_model_dynamics(source, tokens, opts, trajectory_tokens=trajectory_tokens, counts=counts).to_xarray()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
-import warnings
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from gradscope.workflows.common import (conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
 from gradscope.tasks import make_task
 from gradscope.tasks.config import TaskConfig
-from gradscope.workflows.options import RENAMED_OPTIONS, StabilityOptions, take_renamed  # declared there, torch-free (--help)
+from gradscope.workflows.options import RENAMED_OPTIONS, StabilityOptions, deprecated, take_renamed  # declared there, torch-free (--help)
 
 
 
@@ -385,7 +384,8 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
     unknown = sorted(set(renamed) - set(RENAMED_OPTIONS))
     check(not unknown, f"{unknown[0] if unknown else ''}: not an option of stability")
     if "probes_file" in renamed:  # the old name of a probes path
-        warnings.warn("stability(probes_file=…) is now probes=…, as its flag", DeprecationWarning, stacklevel=2)
+        check(probes is None, "probes: given twice, also as probes_file (its old name); give probes only")
+        deprecated("stability(probes_file=…) is now probes=…, as its flag --probes")
         probes_path = Path(renamed["probes_file"])
     named = {"target_freq": target_freq, "disturbant": disturbant, "target_pos": target_pos, "batch_size": batch_size,
              "sv": sv, "checkpoint_budget_seconds": checkpoint_budget_seconds,

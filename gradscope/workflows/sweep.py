@@ -50,6 +50,7 @@ from gradscope.workflows.lock import point_lock
 from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, check_run_sizes, stability_step,
                                            train_step)
 from gradscope.workflows.common import conditions_for
+from gradscope.workflows.options import RENAMED_OPTIONS
 from gradscope.workflows.stability import StabilityOptions
 from gradscope.tasks.registry import probe_tasks
 
@@ -60,7 +61,8 @@ else:  # pragma: no cover - Python 3.10
 
 SPEC_KEYS = ("name", "preset", "settings", "axes", "accuracy", "stability")
 ACCURACY_KEYS = ("checkpoints", "bins", "device")
-STABILITY_KEYS = ("checkpoints", "target_freq", "disturbant", "triplets", "position", "seed", "device")
+# target_pos is --target-pos; position, its name before issue #24, is still read (one of the two)
+STABILITY_KEYS = ("checkpoints", "target_freq", "disturbant", "triplets", "target_pos", "position", "seed", "device")
 Checkpoints = str | tuple[int, ...]  # "all", "last" or iterations
 MAX_SPEC_BYTES = 1 << 20  # a spec is a few lines; more is a mistake (or an attack)
 MAX_POINTS = 10_000  # grid points of one sweep
@@ -86,6 +88,16 @@ class Analyses:
         described = {"accuracy": opts(self.accuracy), "accuracy_checkpoints": self.accuracy_checkpoints,
                      "stability": opts(self.stability), "stability_checkpoints": self.stability_checkpoints}
         return json.loads(json.dumps(described))  # as the manifest will hold it (tuples become lists)
+
+
+def recorded_analyses(described: Any) -> Any:
+    """A manifest's recorded analyses as :meth:`Analyses.describe` names them now: a stability option recorded
+    under its name before a rename (``budget_seconds`` before issue #39) is read under its new name, so a
+    sweep written before the rename resumes."""
+    if not isinstance(described, dict) or not isinstance(described.get("stability"), dict):
+        return described
+    stability = {RENAMED_OPTIONS.get(k, k): v for k, v in described["stability"].items()}
+    return {**described, "stability": stability}
 
 
 @dataclass(frozen=True)
@@ -183,13 +195,22 @@ def _analyses(doc: dict[str, Any]) -> Analyses:
             stab = StabilityOptions(target_freq=_groups("stability", "target_freq", table.get("target_freq", [])),
                                     disturbant=_groups("stability", "disturbant", table.get("disturbant", [])),
                                     triplets=_int("stability", "triplets", table.get("triplets", 16), 1),
-                                    target_pos=_int("stability", "position", table.get("position", 1), 1),
+                                    target_pos=_target_pos(table),
                                     seed=_int("stability", "seed", table.get("seed", 0), 0),
                                     device=_text("stability", "device", table.get("device", "auto")))
         except GradscopeError as exc:
             raise GradscopeError(str(exc) if str(exc).startswith("spec:") else f"spec: [stability] {exc}") from None
         stab_ckpt = _checkpoints("stability", table.get("checkpoints", "all"))
     return Analyses(acc, acc_ckpt, stab, stab_ckpt)
+
+
+def _target_pos(table: dict[str, Any]) -> int:
+    """[stability]'s target position: ``target_pos`` (the flag's name, --target-pos), or ``position`` (its name
+    before issue #24, still read); not both."""
+    check(not ("target_pos" in table and "position" in table),
+          "spec: [stability] target_pos: given twice, also as position (its old name); give target_pos only")
+    key = "position" if "position" in table else "target_pos"
+    return _int("stability", key, table.get(key, 1), 1)
 
 
 def parse_spec(text: str, source: str = "spec") -> SweepSpec:
@@ -275,7 +296,7 @@ def _check_point(point: SweepPoint, analyses: Analyses) -> None:
         except GradscopeError as exc:
             raise GradscopeError(f"spec: [stability] {name}: {exc}") from None
         check(1 <= analyses.stability.target_pos <= cfg.task.length,
-              f"spec: [stability] position: got {analyses.stability.target_pos}; {name} has positions 1…{cfg.task.length}")
+              f"spec: [stability] target_pos: got {analyses.stability.target_pos}; {name} has positions 1…{cfg.task.length}")
     chosen = analyses.stability_checkpoints
     try:
         check_run_sizes(point.run, analyses.stability, None if chosen == "all" else 1 if chosen == "last" else len(chosen))

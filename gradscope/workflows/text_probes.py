@@ -49,7 +49,7 @@ from gradscope.models.wrap import WrappedModel, wrap
 from gradscope.tasks.probes import GROUPS, Probes, frequency_groups
 from gradscope.workflows.common import MAX_COUNT, as_count
 from gradscope.workflows.dynamics import DynamicsOptions, DynamicsPlan, DynamicsRun, plan_core, run_model_dynamics
-from gradscope.workflows.options import RENAMED_DYNAMICS, RENAMED_OPTIONS, check_read, take_renamed
+from gradscope.workflows.options import RENAMED_DYNAMICS, RENAMED_OPTIONS, check_read, set_options, take_renamed
 from gradscope.workflows.study_options import PROBE_LENGTH
 from gradscope.workflows.stability import StabilityOptions, StabilityRun, result_bytes, run_model_stability
 from gradscope.workflows.text import TokenizedText, tokenize_text
@@ -343,7 +343,7 @@ def text_dynamics(model: Any, text: str | Path, *, counts_text: str | Path | Non
     :class:`~gradscope.workflows.dynamics.DynamicsOptions`."""
     take_renamed(options, RENAMED_DYNAMICS, "text_dynamics")
     opts = DynamicsOptions(**options)
-    check_read(opts.parts, {k for k, v in options.items() if v is not None})
+    check_read(opts.parts, set_options(opts))
     source = TextSource(str(text), None if counts_text is None else str(counts_text),
                         None if tokenizer is None else str(tokenizer), cache)
     return run_text_dynamics(model, opts, source, length=length, split=split,

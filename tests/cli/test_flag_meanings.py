@@ -144,6 +144,11 @@ def test_stability_budget_per_checkpoint_has_its_own_name(tmp_path: Path) -> Non
     assert old.stderr.splitlines() == ["warning: --budget-seconds is deprecated and will be removed; use "
                                        "--checkpoint-budget-seconds (dynamics' --budget-seconds is the whole "
                                        "command's)", *new.stderr.splitlines()]
+    done = runner.invoke(app, [*args, "--budget-seconds", "500", "-o", str(tmp_path / "c.zarr")])
+    assert done.exit_code == 0, done.stderr  # the store records the command with the flag that will keep working
+    from gradscope.store.io import read_store
+    assert "--checkpoint-budget-seconds 500.0" in read_store(tmp_path / "c.zarr").attrs["command"]
+    assert "--budget-seconds" not in read_store(tmp_path / "c.zarr").attrs["command"].replace("--checkpoint-budget", "")
     both = runner.invoke(app, [*args, "--budget-seconds", "5", "--checkpoint-budget-seconds", "5"])
     assert both.exit_code == 2 and both.stderr.splitlines()[-1] == ("error: --checkpoint-budget-seconds: given twice, "
                                                                     "also as --budget-seconds (its old name); give "

@@ -456,7 +456,7 @@ SETTING_KEYS = st.sampled_from(["hidden_size", "vocab_size", "iterations", "batc
                                 "core"])
 AXIS_KEYS = st.sampled_from(["seed", "pe", "core", "vocab_size", "hidden_size", "task", "bogus"])
 TABLE_KEYS = {"accuracy": ["checkpoints", "bins", "device", "bogus"],
-              "stability": ["checkpoints", "target_freq", "disturbant", "triplets", "position", "seed", "device"]}
+              "stability": ["checkpoints", "target_freq", "disturbant", "triplets", "target_pos", "position", "seed", "device"]}
 
 
 @st.composite

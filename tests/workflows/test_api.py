@@ -85,12 +85,27 @@ def test_old_option_names_still_work_with_a_warning() -> None:
     lambda: gradscope.summarize("nothing-*.zarr", method="t", interval="bca"),
     lambda: gradscope.dynamics(CKPT, warmup=3, lyap_warmup=4),
     lambda: gradscope.stability(CKPT, position=3, target_pos=5),
-    lambda: gradscope.stability(CKPT, budget_seconds=5, checkpoint_budget_seconds=6)])
+    lambda: gradscope.stability(CKPT, budget_seconds=5, checkpoint_budget_seconds=6),
+    lambda: gradscope.stability(CKPT, probes=ROOT / "new.npy", probes_file=ROOT / "old.npy")])
 def test_an_old_name_given_with_its_new_one_is_refused(make) -> None:  # noqa: ANN001
     """Found in review: given both ways, the old name silently won (the new one set to another value than its
     default; a dataclass cannot tell its default given from left out, a function's keywords can)."""
     with pytest.raises(gradscope.GradscopeError, match="given twice, also as"):
         make()
+
+
+def test_an_old_name_through_dataclasses_replace_warns_for_the_caller() -> None:
+    """The warning is attributed to the first frame outside gradscope and dataclasses (second review: through
+    dataclasses.replace it pointed into dataclasses.py, where Python's default filters hide it)."""
+    import dataclasses
+
+    for make in (lambda: dataclasses.replace(StabilityOptions(), budget_seconds=5.0),
+                 lambda: dataclasses.replace(DynamicsOptions(), warmup=3),
+                 lambda: SummarizeOptions(method="t")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            make()
+        assert [Path(w.filename).name for w in caught] == [Path(__file__).name], [w.filename for w in caught]
 
 
 def test_a_script_sees_the_deprecation_warning_of_an_old_keyword(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ on the same checkpoint, the Python API, bad input, and the report figures in hea
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -179,3 +181,11 @@ def test_short_runs_need_no_warmup_flag(trained_runs: dict, runner, tmp_path: Pa
                          ({"parts": "lyapunov", "sequences": 2, "target_freq": ("rare",)}, "sequences/target_freq")):
         with pytest.raises(gradscope.GradscopeError, match=f"^{names}: they set the "):
             gradscope.dynamics(ckpt, **given)
+    # the same through opts=, and an option at its default is not "given" (second review): a plan whose budget is
+    # too small is reached, so nothing was refused before it; opts= with other keywords would drop them
+    with pytest.raises(gradscope.GradscopeError, match="^lyap_warmup: they set the lyapunov part"):
+        gradscope.dynamics(ckpt, opts=DynamicsOptions(parts=("flow",), lyap_warmup=5))
+    with pytest.raises(gradscope.GradscopeError, match="^budget_seconds"):
+        gradscope.dynamics(ckpt, **dataclasses.asdict(DynamicsOptions(parts=("flow",), budget_seconds=1e-9)))
+    with pytest.raises(gradscope.GradscopeError, match="^budget_seconds/parts: give them in opts="):
+        gradscope.dynamics(ckpt, opts=DynamicsOptions(), parts="flow", budget_seconds=0.001)
