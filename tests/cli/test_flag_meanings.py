@@ -141,6 +141,7 @@ def test_stability_budget_per_checkpoint_has_its_own_name(tmp_path: Path) -> Non
     old = runner.invoke(app, [*args, "--budget-seconds", "0.001", "-o", str(tmp_path / "b.zarr")])
     assert new.exit_code == old.exit_code == 2, (new.stderr, old.stderr)
     assert new.stderr.startswith("error: --checkpoint-budget-seconds: exact J"), new.stderr
+    assert new.stdout == ""  # no bar was shown, so none of rich's empty line after the bars either
     assert old.stderr.splitlines() == ["warning: --budget-seconds is deprecated and will be removed; use "
                                        "--checkpoint-budget-seconds (dynamics' --budget-seconds is the whole "
                                        "command's)", *new.stderr.splitlines()]
