@@ -97,18 +97,22 @@ def warn(message: str) -> None:
     err_console.print(f"warning: {' '.join(message.split())}", markup=False)
 
 
-def old_name(ctx: typer.Context, settings: dict[str, Any], value: Any, old: str, new: str, why: str) -> None:
+def old_name(ctx: typer.Context, settings: dict[str, Any], value: Any, old: str, new: str,
+             why: str | None = None) -> None:
     """An option's old name (hidden, kept for one release): its ``value`` moves into ``settings[new]`` with one
-    warning line saying ``why`` it was renamed; given with its new name too, one error line."""
+    warning line (saying ``why`` it was renamed, if given); given with its new name too, one error line."""
     if value is None:
         return
     flag, old_flag = "--" + new.replace("_", "-"), "--" + old.replace("_", "-")
     if given(ctx, new):
         raise GradscopeError(f"{flag}: given twice, also as {old_flag} (its old name); give {flag} only")
-    warn(f"{old_flag} is deprecated and will be removed; use {flag} ({why})")
+    warn(f"{old_flag} is deprecated and will be removed; use {flag}" + (f" ({why})" if why else ""))
     settings[new] = value
     # the recorded command (command_line, a store's provenance) names the new flag, which will keep working
-    ctx.meta.setdefault(SETTINGS, {})[new] = value
+    if new in ctx.params:  # a written option
+        ctx.params[new] = value
+    else:  # a generated one
+        ctx.meta.setdefault(SETTINGS, {})[new] = value
     ctx.params[old] = None
 
 

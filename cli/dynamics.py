@@ -146,20 +146,17 @@ def dynamics_command(
 
     from gradscope.errors import GradscopeError
     from gradscope.store.io import write_store
-    from gradscope.workflows.dynamics import PARTS, run_dynamics, run_factory_dynamics
+    from gradscope.workflows.dynamics import run_dynamics, run_factory_dynamics
     from gradscope.workflows.common import DivergedWarning
 
     settings = dict(ctx.meta.get(SETTINGS, {}))
     old_name(ctx, settings, warmup, "warmup", "lyap_warmup", "train's --warmup is the learning-rate warm-up")
     opts = build_options(DynamicsOptions, settings)  # checked in its __post_init__
     # an option of a part left out would be recorded and ignored (the rule is the workflow's, unread_options)
-    typed = {n for n in (*PART_OPTIONS["lyapunov"], "warmup", *PART_OPTIONS["grid"], *PART_OPTIONS["spectra"],
-                         *PROBE_OPTIONS) if given(ctx, n)}
-    unread = unread_options(opts.parts, typed | ({"lyap_warmup"} if "warmup" in typed else set()))
-    if unread is not None:  # named as typed (--warmup, the old name, as itself)
-        names = [n for n in unread[0] if n in typed] + (["warmup"] if "lyap_warmup" in unread[0] and "warmup" in typed
-                                                        else [])
-        refuse_given(ctx, names, unread[1].replace("which parts", "which --parts"))
+    typed = {n for names in (*PART_OPTIONS.values(), PROBE_OPTIONS) for n in names if given(ctx, n)}
+    unread = unread_options(opts.parts, typed | ({"lyap_warmup"} if warmup is not None else set()), "--parts")
+    if unread is not None:  # refuse_given names those typed: --warmup, the old name, as itself
+        refuse_given(ctx, [*unread[0], *(["warmup"] if "lyap_warmup" in unread[0] else [])], unread[1])
     if model_factory is not None:
         refuse_given(ctx, ["target_freq", "disturbant", "corpus"], "a --model-factory model has no task groups or "
                      "corpus of its own (describe its tokens with --token-counts)")

@@ -12,7 +12,7 @@ from gradscope.errors import GradscopeError
 
 from gradscope.workflows.study_options import StudyOptions, TextStudyOptions  # torch-free: --help builds them
 
-from .common import SETTINGS, command_line, make_console, refuse_given, warn
+from .common import SETTINGS, command_line, make_console, old_name, refuse_given
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -77,12 +77,8 @@ def reproduce_command(
     The study's options (--study … --extend-iterations) are StudyOptions' fields, the text study's (--text …
     --budget-seconds) TextStudyOptions'."""
     settings = ctx.meta.get(SETTINGS, {})
-    if model is not None:
-        if model_dir is not None:
-            raise GradscopeError("--model-dir: given twice, also as --model (its old name); give --model-dir only")
-        warn("--model is deprecated and will be removed; use --model-dir (--model names a model factory elsewhere)")
-        model_dir = model
-        ctx.params.update(model_dir=model, model=None)  # the recorded command names the new flag
+    old_name(ctx, ctx.params, model, "model", "model_dir", "--model names a model factory elsewhere")
+    model_dir = ctx.params["model_dir"]
     study_fields = {f.name for f in dataclasses.fields(StudyOptions)}
     text_options = ["model_dir", "model", "model_factory",
                     *(f.name for f in dataclasses.fields(TextStudyOptions) if "help" in f.metadata)]

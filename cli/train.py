@@ -12,7 +12,7 @@ from typer.core import TyperCommand
 
 from gradscope.errors import GradscopeError
 
-from .common import SETTINGS, command_line, make_console, warn
+from .common import SETTINGS, command_line, make_console, old_name
 from .errors import user_errors
 from .progress import make_progress
 
@@ -185,16 +185,7 @@ def train_command(
     options: dict[str, Any] = dict(ctx.meta.get(SETTINGS, {}))
     old = {"model": model, "layers": layers, "embed": embed, "hidden": hidden, "vocab": vocab, "heldout": heldout}
     for name, value in old.items():
-        new = RENAMED_SETTINGS[name]
-        if value is None:
-            continue
-        if options.get(new) is not None:
-            raise GradscopeError(f"--{new.replace('_', '-')}: given twice, also as --{name} (its old name); give "
-                                 f"--{new.replace('_', '-')} only")
-        warn(f"--{name} is deprecated and will be removed; use --{new.replace('_', '-')}")
-        options[new] = value
-        ctx.meta.setdefault(SETTINGS, {})[new] = value  # the recorded command names the new flag
-        ctx.params[name] = None
+        old_name(ctx, options, value, name, RENAMED_SETTINGS[name])
     options.update(beta1=beta1, beta2=beta2)
     if max_length is not None:
         if options.get("length") is not None and options["length"] != max_length:

@@ -88,3 +88,9 @@ def as_count(value: Any, what: str, low: int = 1, high: int | None = None) -> in
 def as_seed(value: Any, what: str = "seed") -> int:
     """A seed from outside: an integer in 0 … 2**63 − 1 (what torch and numpy generators accept)."""
     return as_count(value, what, 0, MAX_SEED)
+
+
+def check_seconds(value: Any, what: str) -> None:
+    """A time budget from outside: a positive, finite number of seconds (not a bool)."""
+    check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf,
+          f"{what}: got {value!r}; it must be a positive number of seconds")

@@ -8,7 +8,6 @@ singular values are kept, so paper-size models (H = 512, 1024 triplets) fit in a
 from __future__ import annotations
 
 import warnings
-
 from dataclasses import dataclass
 from typing import Callable
 

@@ -59,16 +59,13 @@ class ReverseContinuous(Task):
     def objective(cls, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Trained to maximise the cosine similarity of point predictions (B, T, d) and targets (NaN where
         unscored): (mean 1 − cosine similarity, sum of cosine similarities, # scored)."""
-        scored = ~targets[..., 0].isnan()  # (B, T)
-        cos = torch.nn.functional.cosine_similarity(outputs[scored], targets[scored], dim=-1)
-        return (1 - cos).mean(), cos.detach().sum(), scored.sum()
+        cos, scored = _scored_cosines(outputs, targets)
+        return (1 - cos).mean(), cos.detach().sum(), scored
 
     @classmethod
     def heldout_scores(cls, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         """The mean cosine similarity of point predictions and targets over the scored positions."""
-        scored = ~targets[..., 0].isnan()
-        cos = torch.nn.functional.cosine_similarity(outputs[scored], targets[scored], dim=-1)
-        return {"cosine_similarity": float(cos.double().mean())}
+        return {"cosine_similarity": float(_scored_cosines(outputs, targets)[0].double().mean())}
 
     @classmethod
     def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:
@@ -144,6 +141,13 @@ class ReverseContinuous(Task):
 
     def sample(self, n: int, gen: torch.Generator) -> Batch:
         return self.format(sphere_points((n, self.cfg.length), self.cfg.dim, gen))
+
+
+def _scored_cosines(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cosine similarity of each scored point prediction (B, T, d) with its target (NaN where unscored), and
+    the number scored."""
+    scored = ~targets[..., 0].isnan()  # (B, T)
+    return torch.nn.functional.cosine_similarity(outputs[scored], targets[scored], dim=-1), scored.sum()
 
 
 def _mean_scored(cosine: np.ndarray) -> float:

@@ -52,7 +52,8 @@ from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
 from gradscope.workflows.common import (MAX_COUNT, as_count, conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, warn_diverged)
-from gradscope.workflows.options import LADDERS, PARTS, QR_DTYPE_NAMES, RENAMED_DYNAMICS, DynamicsOptions, check_read, set_options, take_renamed  # declared there, torch-free
+from gradscope.workflows.options import (LADDERS, PARTS, QR_DTYPE_NAMES, RENAMED_DYNAMICS, DynamicsOptions, check_read,
+                                         derived_warmup, set_options, take_renamed)  # declared there, torch-free
 
 QR_DTYPES = dict(zip(QR_DTYPE_NAMES, (torch.float64, torch.float32)))
 OWNERS = {"flow": ("sequences",), "grid": ("grid_sequences",), "spectra": ("sequences",), "gates": ("sequences",),
@@ -202,7 +203,7 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
         k = low
         sec = estimate()
     chosen = dataclasses.replace(opts, parts=tuple(parts), **values,
-                                 lyap_warmup=opts.lyap_warmup if opts.lyap_warmup is not None else min(100, values["steps"] // 10))
+                                 lyap_warmup=opts.lyap_warmup if opts.lyap_warmup is not None else derived_warmup(values["steps"]))
     changed = [f"{FLAGS[x]} {LADDERS[x][0]} → {values[x]}" for x in LADDERS if x in auto and values[x] != LADDERS[x][0]]
     if changed:
         lines.append(f"plan: {', '.join(changed)} to fit the {budget:g} s budget (give them, or --budget-seconds)")

@@ -7,7 +7,6 @@ flag (the CLI generates the flags from the fields, ``cli/generated.py``); the ch
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import warnings
 from dataclasses import InitVar, dataclass
@@ -16,7 +15,7 @@ from typing import Any
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import (DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT, MAX_RESAMPLES, MAX_SEED,
-                              as_count, as_int, as_seed, one_of, option)
+                              as_count, as_int, as_seed, check_seconds, one_of, option)
 
 # Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
 RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
@@ -34,25 +33,32 @@ PART_OPTIONS = {"lyapunov": ("trajectories", "steps", "lyap_warmup", "exponents"
 PROBE_PARTS, PROBE_OPTIONS = ("flow", "grid", "spectra", "gates"), ("sequences", "target_freq", "disturbant")
 
 
-def unread_options(parts: tuple[str, ...] | None, given: set[str]) -> tuple[list[str], str] | None:
+def unread_options(parts: tuple[str, ...] | None, given: set[str], parts_name: str = "parts",
+                   ) -> tuple[list[str], str] | None:
     """The options of ``given`` (names) that no part of ``parts`` reads (None: every part, nothing unread), and
-    why, the first such part's; None when every given option is read."""
+    why, the first such part's (``parts_name``: how the caller names the parts option); None when every given
+    option is read."""
     chosen = set(PARTS if parts is None else parts)
     for part, names in PART_OPTIONS.items():
         unread = [n for n in names if n in given]
         if part not in chosen and unread:
-            return unread, f"they set the {part} part, which parts leaves out"
+            return unread, f"they set the {part} part, which {parts_name} leaves out"
     unread = [n for n in PROBE_OPTIONS if n in given]
     if unread and not set(PROBE_PARTS) & chosen:
         return unread, "they set the probe sequences, which only the flow, grid, spectra and gates parts read"
     return None
 
 
+def derived_warmup(steps: int) -> int:
+    """The Lyapunov warm-up a trajectory of ``steps`` steps gets when none is given: a tenth, at most 100."""
+    return min(100, steps // 10)
+
+
 def set_options(opts: "DynamicsOptions") -> set[str]:
     """The dynamics options ``opts`` sets away from their defaults (a warm-up derived from the steps is the
     steps' own, not counted)."""
     changed = {f.name for f in dataclasses.fields(opts) if getattr(opts, f.name) != f.default}
-    if opts.steps is not None and opts.lyap_warmup == min(100, opts.steps // 10):
+    if opts.steps is not None and opts.lyap_warmup == derived_warmup(opts.steps):
         changed.discard("lyap_warmup")
     return changed - {"parts"}
 
@@ -63,6 +69,8 @@ def check_read(parts: tuple[str, ...] | None, given: set[str]) -> None:
     unread = unread_options(parts, given)
     if unread is not None:
         raise GradscopeError(f"{'/'.join(unread[0])}: {unread[1]}; remove {' and '.join(unread[0])}")
+
+
 QR_DTYPE_NAMES = ("float64", "float32")
 # What a dynamics option left out (None) may take, largest first: the plan (workflows.dynamics.plan_dynamics)
 # starts at the largest, the defaults before issue #37, and steps down the biggest part's options until
@@ -92,8 +100,7 @@ def renamed_field(obj: Any, old: str, value: Any, new: str) -> None:
     if value is None:
         return
     current, default = getattr(obj, new), obj.__dataclass_fields__[new].default
-    check(current == default or current == value, f"{new}: given twice, also as {old} (its old name); give {new} only")
-    deprecated(f"{type(obj).__name__}({old}=…) is now {new}=…, as its flag --{new.replace('_', '-')}")
+    _renamed(type(obj).__name__, old, new, clash=current not in (default, value))
     object.__setattr__(obj, new, value)
 
 
@@ -107,9 +114,15 @@ def take_renamed(options: dict[str, Any], renames: dict[str, str], where: str,
         if value is None:
             continue
         given = options.get(new) is not None if defaults is None else options.get(new) != defaults.get(new)
-        check(not given or options[new] == value, f"{new}: given twice, also as {old} (its old name); give {new} only")
-        deprecated(f"{where}({old}=…) is now {new}=…, as its flag --{new.replace('_', '-')}")
+        _renamed(where, old, new, clash=given and options[new] != value)
         options[new] = value
+
+
+def _renamed(where: str, old: str, new: str, *, clash: bool) -> None:
+    """An old name used in ``where``: one error when ``clash`` (its new name set to another value), else the
+    DeprecationWarning."""
+    check(not clash, f"{new}: given twice, also as {old} (its old name); give {new} only")
+    deprecated(f"{where}({old}=…) is now {new}=…, as its flag --{new.replace('_', '-')}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,9 +205,7 @@ class StabilityOptions:
             object.__setattr__(self, "sketch_units", as_count(self.sketch_units, "sketch_units", 2, 1024))
         check(self.estimator != "exact" or self.sketch_units is None,
               "sketch_units: it sizes a sketch; with estimator 'exact' leave it out")
-        check(isinstance(self.checkpoint_budget_seconds, (int, float)) and not isinstance(self.checkpoint_budget_seconds, bool)
-              and 0 < self.checkpoint_budget_seconds < float("inf"),
-              f"checkpoint_budget_seconds: got {self.checkpoint_budget_seconds!r}; it must be a positive number of seconds")
+        check_seconds(self.checkpoint_budget_seconds, "checkpoint_budget_seconds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,18 +260,16 @@ class DynamicsOptions:
             if getattr(self, name) is not None or name in ("sv", "reorth"):
                 object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
         if self.lyap_warmup is None and self.steps is not None:
-            object.__setattr__(self, "lyap_warmup", min(100, self.steps // 10))
+            object.__setattr__(self, "lyap_warmup", derived_warmup(self.steps))
         if self.lyap_warmup is not None:
             top = self.steps if self.steps is not None else LADDERS["steps"][0]
             check(not isinstance(self.lyap_warmup, bool) and isinstance(self.lyap_warmup, int) and 0 <= self.lyap_warmup < top,
                   f"lyap_warmup: got {self.lyap_warmup!r}; it must be an integer in [0, {top - 1}] (below steps = {top}; "
-                  f"leave it out for a tenth of the steps, here {min(100, top // 10)})")
+                  f"leave it out for a tenth of the steps, here {derived_warmup(top)})")
         if self.exponents is not None:
             object.__setattr__(self, "exponents", as_count(self.exponents, "exponents", 1, MAX_COUNT))
         check(self.qr_dtype in QR_DTYPE_NAMES, f"qr_dtype: got {self.qr_dtype!r}; valid values are {', '.join(QR_DTYPE_NAMES)}")
-        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
-              and 0 < self.budget_seconds < math.inf,
-              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
+        check_seconds(self.budget_seconds, "budget_seconds")
         object.__setattr__(self, "seed", as_seed(self.seed, "seed"))
         check(self.seed < 2**63 - 1, f"seed: got {self.seed}; it must be below {2**63 - 1} (trajectories use seed + 1)")
         check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")

@@ -61,7 +61,6 @@ class StudyResult:
     extension: str | None = None
 
 
-
 def seconds_per_step(run: PlannedRun) -> float:
     """Measured now: one warm-up and three timed training steps of this configuration on the CPU
     (the fastest counts; other processes on the machine can still inflate it)."""
@@ -80,6 +79,7 @@ def seconds_per_step(run: PlannedRun) -> float:
         opt.step()
         times.append(time.perf_counter() - tic)
     return min(times[1:])
+
 
 def plan_study(options: StudyOptions, out: Path) -> Study:
     """The study's runs, checked before anything runs (memory of every run's training and stability;

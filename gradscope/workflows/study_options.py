@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import MAX_COUNT, MAX_VOCAB, SCALES, as_count, as_seed, option
+from gradscope.fields import MAX_COUNT, MAX_VOCAB, SCALES, as_count, as_seed, check_seconds, option
 
 STATIC_FORMATS = ("png", "svg")  # what `gradscope report --static` writes beside the HTML
 
@@ -163,9 +163,7 @@ class TextStudyOptions:
 
     def __post_init__(self) -> None:
         # the study's key records every option: 20 from Python and 20.0 from the command line are one study
-        check(isinstance(self.budget_seconds, (int, float)) and not isinstance(self.budget_seconds, bool)
-              and 0 < self.budget_seconds < math.inf,
-              f"budget_seconds: got {self.budget_seconds!r}; it must be a positive number of seconds")
+        check_seconds(self.budget_seconds, "budget_seconds")
         object.__setattr__(self, "budget_seconds", float(self.budget_seconds))
 
 
