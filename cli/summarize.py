@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -18,8 +18,8 @@ from .errors import user_errors
 from .generated import build_options, generated_command
 
 if TYPE_CHECKING:
-    from gradscope.store.records import SummaryEntry, TrialRecord
-    from gradscope.workflows.summarize import Comparison
+    from gradscope.store.records import SummaryEntry, TrainingComparison
+    from gradscope.workflows.summarize import Comparison, SummaryPlan
     from rich.table import Table
 
 console = make_console()
@@ -81,6 +81,71 @@ def comparison_table(comparisons: list[Comparison], field: str) -> Table:
 SummarizeCommand = generated_command(SummarizeOptions)
 
 
+def training_tables(comparisons: list[TrainingComparison], field: str, confidence: float, method: str
+                    ) -> list[Table]:
+    """Per contrast and metric: the seed-level difference b − a at every checkpoint; then the test of
+    whether it opens, one row per contrast and metric."""
+    from rich.table import Table
+
+    from gradscope.analysis.trend import VERDICT_TEXT
+
+    tables = []
+    for c in comparisons:
+        table = Table(title=f"{c.metric}, {c.label}: {field} = {c.b} − {c.a} over training, seeds as trials "
+                            f"[{confidence:.0%} CI, {method}]", title_justify="left")
+        for col in ("iteration", "mean diff [CI]", "n", "per-seed differences"):
+            table.add_column(col, justify="right" if col in ("iteration", "n") else "left")
+        for point in c.points:
+            iv = point.interval
+            ci = f"[{_num(iv.low)}, {_num(iv.high)}]" if iv.n >= 2 else "[no CI]"
+            table.add_row(str(point.iteration), f"{iv.mean:+.3f} {ci}", str(iv.n),
+                          " ".join(f"{s}:{d:+.3f}" for s, d in zip(point.seeds, point.differences)))
+        tables.append(table)
+    for label in dict.fromkeys(c.label for c in comparisons):
+        tables.append(_test_table([c for c in comparisons if c.label == label], field))
+    return tables
+
+
+def _test_table(comparisons: list[TrainingComparison], field: str) -> Table:
+    """The test of whether the gap opens, for one group of the other fields: two rows per metric."""
+    from rich.table import Table
+
+    from gradscope.analysis.trend import VERDICT_TEXT
+
+    c0 = comparisons[0]
+    spans = sorted({(c.first, c.last) for c in comparisons if c.test is not None})
+    span = f" (iterations {', '.join(f'{a} → {b}' for a, b in spans)})" if spans else ""
+    names = [c.metric for c in comparisons]
+    prefix = os.path.commonprefix(names)
+    prefix = prefix[:prefix.rfind("/") + 1] if all(len(n) > len(prefix) for n in names) else ""
+    table = Table(title=f"does {field} = {c0.b} − {c0.a} open with training? {c0.label}{span}"
+                        f"{f', metrics {prefix}…' if prefix else ''}; seeds paired; the t-intervals decide, the "
+                        f"bootstrap and sign-flip test are shown beside", title_justify="left")
+    width = min(60, max(len(n) - len(prefix) for n in names))
+    table.add_column("metric", min_width=width, no_wrap=True)
+    for col in ("statistic", "mean [t CI]", "p (t)", "bootstrap CI", "p (sign)", "outcome"):
+        table.add_column(col, justify="right" if col.startswith("p ") else "left", no_wrap=True)
+    for c in comparisons:
+        if c.test is None:
+            table.add_row(escape(c.metric[len(prefix):]), "", "", "", "", "", escape(c.note))
+            continue
+        for name, stat in (("gap at last", c.test.gap), ("change", c.test.change)):
+            first = name == "gap at last"
+            table.add_row(escape(c.metric[len(prefix):]) if first else "", name,
+                          f"{stat.t.mean:+.3f} [{_num(stat.t.low)}, {_num(stat.t.high)}]", f"{stat.t_p:.4f}",
+                          f"[{_num(stat.bootstrap.low)}, {_num(stat.bootstrap.high)}]", f"{stat.sign_p:.4f}",
+                          VERDICT_TEXT[c.test.verdict] if first else "")
+    margin = next((c.test.margin for c in comparisons if c.test is not None), None)
+    notes = sorted({c.note for c in comparisons if c.note and c.test is not None})
+    if margin is not None:
+        table.caption = (f"gap: {c0.b} − {c0.a} at the last checkpoint tested; change: that gap minus the gap at the "
+                         f"first. Outcome: 'the gap opens' if both t-intervals lie above 0, 'the opposite' if both "
+                         f"lie below, 'no effect' if both lie inside ±{margin:g} (--margin), else 'not settled'"
+                         + "".join(f"; {n}" for n in notes))
+        table.caption_justify = "left"
+    return table
+
+
 @user_errors
 def summarize_command(
     ctx: typer.Context,
@@ -91,21 +156,19 @@ def summarize_command(
     # --interval's name before issue #39 (stability's --method is the Jacobian engine), hidden; it warns
     method: Annotated[Optional[str], Opt("--method", hidden=True, help="Deprecated: the old name of --interval; it will be removed.")] = None,
 ) -> None:
-    """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs."""
-    from gradscope.store.summary import expand_store_paths, trial_records
-    from gradscope.workflows.summarize import parse_by
+    """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs; with
+    --checkpoints all --compare FIELD, two arms over training with a seed-level test."""
+    from gradscope.store.summary import expand_store_paths, store_kinds
+    from gradscope.workflows.summarize import plan_summary
 
     settings = dict(ctx.meta.get(SETTINGS, {}))
     old_name(ctx, settings, method, "method", "interval", "stability's --method is the Jacobian engine")
     opts = build_options(SummarizeOptions, settings)  # every value checked in its __post_init__
-    kind, unit, resamples, ci, method = opts.kind, opts.unit, opts.resamples, opts.ci, opts.interval
-    metric, score, compare, seed = list(opts.metric) or None, opts.score, opts.compare, opts.seed
-    fields = parse_by(opts.by)
-    paths = expand_store_paths(stores, kind)
-    records = [r for p in paths for r in trial_records(p, score)]
-    kinds = list(dict.fromkeys(r.kind for r in records))
+    kinds = store_kinds(expand_store_paths(stores, opts.kind))
     if "stability" not in kinds:
         refuse_given(ctx, ["score"], "it chooses the stability score, and these stores hold no stability results")
+    if opts.compare is None:
+        refuse_given(ctx, ["margin"], "it is the margin of the test over training, which needs --compare")
     targets = {k: (_per_kind(out, k, kinds, "--out") if out is not None else None,
                    _per_kind(csv, k, kinds, "--csv") if csv is not None else None) for k in kinds}
     for store_path, csv_path in targets.values():  # refuse before any work; writing refuses again, atomically
@@ -116,19 +179,13 @@ def summarize_command(
                 raise GradscopeError(f"{flag}: directory {path.parent} does not exist")
             if flag == "--out" and path is not None and path.exists() and not path.is_dir():
                 raise GradscopeError(f"--out: {path} is a file; a store is a directory, choose another path")
-    if metric and "all" not in metric:
-        known = {m for r in records for m in r.metrics}
-        unknown = [m for m in metric if m not in known]
-        if unknown:
-            raise GradscopeError(f"--metric: got {unknown[0]!r}; available: {', '.join(sorted(known))}")
-    plans = [_plan([r for r in records if r.kind == k], k, fields, targets[k], unit=unit, method=method, ci=ci,
-                   resamples=resamples, metric=metric, compare=compare, seed=seed) for k in kinds]
+    plans = [plan_summary(stores, opts, kind=k) for k in kinds]
     for plan in plans:  # every kind computed before anything is shown or written
-        _show(plan, fields, ci, method, unit)
+        _show(plan, opts.ci, opts.interval, opts.unit)
     created: list[Path] = []
     try:
         for plan in plans:
-            _write(ctx, plan, fields, unit, method, ci, resamples, overwrite, created)
+            _write(ctx, plan, targets[plan.kind], opts, overwrite, created)
     except GradscopeError:
         for path in created:  # nothing half-done: what this run created goes again
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
@@ -142,34 +199,7 @@ def _per_kind(path: Path, kind: str, kinds: list[str], flag: str) -> Path:
     return path if len(kinds) == 1 else path.with_name(f"{path.stem}-{kind}{path.suffix}")
 
 
-@dataclass
-class _Plan:
-    """One kind's summary, computed: its trials, groups, entries, the metrics shown, the comparison."""
-
-    kind: str
-    records: list[TrialRecord]
-    entries: list[SummaryEntry]
-    shown: list[str]
-    comparisons: list[Comparison] | None
-    compare: str | None
-    target: tuple[Path | None, Path | None]
-
-
-def _plan(records: list[TrialRecord], kind: str, fields: tuple[str, ...], target: tuple[Path | None, Path | None], *,
-          unit: str, method: str, ci: float, resamples: int, metric: list[str] | None, compare: str | None,
-          seed: int) -> _Plan:
-    from gradscope.workflows.summarize import compare_groups, group_records, summarize_groups
-
-    groups = group_records(records, fields)
-    all_metrics = list(dict.fromkeys(m for r in records for m in r.metrics))
-    entries = summarize_groups(groups, fields, all_metrics, unit=unit, method=method, confidence=ci,
-                               resamples=resamples, seed=seed)
-    shown = [m for m in _select_metrics(all_metrics, metric, kind) if any(e.metric == m for e in entries)]
-    comparisons = compare_groups(groups, fields, compare, shown, seed) if compare is not None and shown else None
-    return _Plan(kind, records, entries, shown, comparisons, compare, target)
-
-
-def _show(plan: _Plan, fields: tuple[str, ...], ci: float, method: str, unit: str) -> None:
+def _show(plan: SummaryPlan, ci: float, method: str, unit: str) -> None:
     from gradscope.analysis.bootstrap import FEW_TRIALS
     from gradscope.workflows.summarize import few_trials, unmatched_fields
 
@@ -182,25 +212,28 @@ def _show(plan: _Plan, fields: tuple[str, ...], ci: float, method: str, unit: st
     nan = sum(e.nan_units for e in entries if e.metric in plan.shown)
     if nan:
         console.print(f"[yellow]note: {nan} NaN value(s) were left out of the means above; column n counts them.[/]")
-    differing = unmatched_fields(plan.records, fields)
+    differing = unmatched_fields(plan.records, plan.fields)
     if differing:
         console.print(f"[yellow]note: stores differ in {', '.join(differing)}, which --by does not group on.[/]")
     if plan.comparisons is not None and plan.compare is not None:
         console.print(comparison_table(plan.comparisons, plan.compare))
+    if plan.training is not None and plan.compare is not None:
+        for table in training_tables(plan.training, plan.compare, ci, method):
+            console.print(table)
 
 
-def _write(ctx: typer.Context, plan: _Plan, fields: tuple[str, ...], unit: str, method: str, ci: float,
-           resamples: int, overwrite: bool, created: list[Path]) -> None:
+def _write(ctx: typer.Context, plan: SummaryPlan, target: tuple[Path | None, Path | None], opts: SummarizeOptions,
+           overwrite: bool, created: list[Path]) -> None:
     """The summary store, then the CSV; each path this creates is appended to ``created``."""
     from gradscope.store.io import write_store
-    from gradscope.store.summary import summary_attrs, summary_dataset, write_csv
+    from gradscope.store.summary import summary_attrs, write_csv
 
-    store_path, csv_path = plan.target
+    store_path, csv_path = target
     out_path = store_path if store_path is not None else default_out("summary", Path(plan.kind))
-    attrs = summary_attrs(command_line(ctx), fields, unit, method, ci, resamples, [r.path for r in plan.records],
-                          plan.kind)
+    attrs = summary_attrs(command_line(ctx), plan.fields, opts.unit, opts.interval, opts.ci, opts.resamples,
+                          [r.path for r in plan.records], plan.kind)
     existed = out_path.exists()
-    write_store(summary_dataset(plan.entries, fields, attrs), out_path, overwrite=overwrite)
+    write_store(plan.dataset(attrs), out_path, overwrite=overwrite)
     if not existed:
         created.append(out_path)
     if csv_path is not None:
@@ -209,13 +242,3 @@ def _write(ctx: typer.Context, plan: _Plan, fields: tuple[str, ...], unit: str, 
         if not existed:
             created.append(csv_path)
     console.print(escape(f"wrote {out_path}" + (f" and {csv_path}" if csv_path is not None else "")))
-
-
-def _select_metrics(available: list[str], requested: list[str] | None, kind: str) -> list[str]:
-    if requested and "all" in requested:
-        return available
-    if requested:
-        return [m for m in requested if m in available]
-    if kind == "stability":
-        return [m for m in available if m.startswith("stability/same-target/")]
-    return [m for m in available if "/bin" not in m]

@@ -49,6 +49,8 @@ ESTIMATORS = ("auto", "exact", "sketch")  # exact stability Jacobians, or a sket
 DEFAULT_BINS = 4  # target positions are reported in quarters unless told otherwise
 MAX_RESAMPLES = 10_000_000  # beyond this a bootstrap takes hours and its CI no longer changes
 INTERVALS = ("percentile", "bca", "basic", "t")  # confidence-interval methods of the bootstrap (and Student t)
+CHECKPOINTS = ("last", "all")  # which checkpoints of a store `gradscope summarize` reads
+BANDS = ("seeds", "triplets")  # what the report's stability band is over when a configuration has several seeds
 SCALES = ("tiny", "paper")  # the presets' scales: CPU-sized, and the paper's (SPEC §3)
 MAX_VOCAB = 2**24  # corpus pieces; SentencePiece parses the size as a 32-bit int, and no corpus supports more
 

@@ -64,11 +64,18 @@ def build_sections(items: list[Input], opts: ReportOptions) -> list[Section]:
             out.append(Section(kind, headings[kind], f"From accuracy stores ({var} at the {where}; docs/experiments.md). "
                                                      "Lines: mean over seeds; bars: lowest to highest seed.", fig))
     if stability:
-        points = stability_curves(stability, opts.score, opts.resamples, opts.seed)
+        points = stability_curves(stability, opts.score, opts.resamples, opts.seed, opts.band)
+        units = {p.unit for p in points}
+        seeds_text = ("a configuration with stores of several seeds: the mean of the seeds' mean scores and the 95% "
+                      "Student t-interval over seeds (seeds are the trials; each seed's dotted line appears when its "
+                      "legend entry is clicked)")
+        triplets_text = (f"the mean score and 95% percentile-bootstrap CI ({opts.resamples} resamples, seed "
+                         f"{opts.seed}) over the triplets" + ("; stores of one configuration (seeds) are pooled"
+                                                              if opts.band == "triplets" else " of one seed"))
+        how = (seeds_text if units == {"seed"} else triplets_text if units == {"triplet"}
+               else f"{seeds_text}; a configuration of one seed: {triplets_text}")
         out.append(Section("stability", "Gradient stability over training",
-                           f"From {len(stability)} stability store(s). Per checkpoint and condition: mean score and "
-                           f"95% percentile-bootstrap CI ({opts.resamples} resamples, seed {opts.seed}) over the "
-                           f"triplets; stores of one configuration (seeds) are pooled.",
+                           f"From {len(stability)} stability store(s). Per checkpoint and condition: {how}.",
                            stability_figure(points, opts.score, palette=palette, details=details)))
         out.append(Section("distribution", "Stability distributions",
                            f"Per-triplet scores at the {where} of each store, same-target vs same-suffix pairs.",

@@ -30,8 +30,10 @@ def condition_text(condition: str) -> str:
 def stability_figure(points: list[StabilityPoint], score: str = "default", confidence: float = 0.95,
                      palette: dict[str, str] | None = None, details: dict[str, str] | None = None) -> go.Figure:
     """Figure 5 as the paper draws it: mean stability score vs training iteration, one panel per
-    condition (rows) and pair kind (columns), one line per configuration with its CI band, each
-    configuration in its own colour (``palette``: the report's). ``details``: label → full label
+    condition (rows) and pair kind (columns), one line per configuration with its CI band (over seeds
+    where a configuration has several, else over triplets: each point's ``unit``), each configuration
+    in its own colour (``palette``: the report's). A configuration of several seeds also has one thin
+    dotted line per seed, hidden until its legend entry is clicked. ``details``: label → full label
     for hover text."""
     labels = list(dict.fromkeys(p.label for p in points))
     pairs = list(dict.fromkeys(p.pair for p in points))
@@ -61,19 +63,43 @@ def stability_figure(points: list[StabilityPoint], score: str = "default", confi
                     x=x, y=finite_or_none(p.interval.mean for p in pts), mode="lines+markers", name=label,
                     legendgroup=label, showlegend=label not in shown, line=dict(color=color, width=2),
                     customdata=[[p.interval.low, p.interval.high, p.interval.n, p.stores,
-                                 f" (+{p.interval.nan} NaN, left out)" if p.interval.nan else ""] for p in pts],
+                                 f" (+{p.interval.nan} NaN, left out)" if p.interval.nan else "",
+                                 "seeds (t-interval over their means)" if p.unit == "seed" else "triplets"]
+                                for p in pts],
                     hovertemplate=(f"{details.get(label, label)}<br>{pair}, {condition_text(cond)}<br>"
                                    f"iteration %{{x}}<br>mean %{{y{NUM}}} [{confidence:.0%} CI "
                                    f"%{{customdata[0]{NUM}}}, %{{customdata[1]{NUM}}}]<br>n = %{{customdata[2]}} "
-                                   f"triplets%{{customdata[4]}} from %{{customdata[3]}} store(s)<extra></extra>")),
+                                   f"%{{customdata[5]}}%{{customdata[4]}} from %{{customdata[3]}} "
+                                   f"store(s)<extra></extra>")),
                     r, c)
+                _seed_lines(fig, pts, label, color, r, c, first=label not in shown)
                 shown.add(label)
             fig.update_yaxes(title_text=f"{score} score" if c == 1 else None, row=r, col=c)
             fig.update_xaxes(title_text="training iteration" if r == len(conditions) else None, row=r, col=c)
-    title = (f"Gradient stability over training ({score} score): mean over triplets, seeds pooled, "
-             f"with {confidence:.0%} bootstrap CI")
+    units = {p.unit for p in points}
+    over = ("seeds as trials: the mean of the seeds' means, with a Student t-interval over seeds"
+            if units == {"seed"} else "mean over triplets, seeds pooled, with a bootstrap CI"
+            if units == {"triplet"} else "bands over seeds where a configuration has several, else over triplets")
+    title = f"Gradient stability over training ({score} score): {over} ({confidence:.0%})"
     fig.update_layout(legend_traceorder="normal")
     return finish(fig, title, 140 + 300 * len(conditions), "configuration")
+
+
+def _seed_lines(fig: go.Figure, pts: list[StabilityPoint], label: str, color: str, row: int, col: int,
+                first: bool) -> None:
+    """One thin dotted line per seed of a several-seed configuration, hidden until its legend entry (one
+    per configuration and seed) is clicked."""
+    if not any(p.unit == "seed" for p in pts):
+        return
+    seeds = sorted({s for p in pts for s, _ in p.per_seed})
+    for s in seeds:
+        xs = [p.iteration for p in pts if any(k == s for k, _ in p.per_seed)]
+        ys = [next(v for k, v in p.per_seed if k == s) for p in pts if any(k == s for k, _ in p.per_seed)]
+        name = f"{label} · seed {s}"
+        fig.add_trace(go.Scatter(x=xs, y=finite_or_none(ys), mode="lines", name=name, legendgroup=name,
+                                 showlegend=first, visible="legendonly", line=dict(color=color, width=1, dash="dot"),
+                                 hovertemplate=(f"{label}, seed {s}<br>iteration %{{x}}<br>mean over triplets "
+                                                f"%{{y{NUM}}}<extra></extra>")), row, col)
 
 
 def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], score: str = "default",

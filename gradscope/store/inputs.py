@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from gradscope.analysis.bootstrap import Interval, bootstrap_mean
+from gradscope.analysis.bootstrap import Interval, bootstrap_mean, confidence_interval
+from gradscope.fields import BANDS
 from gradscope.errors import check
 from gradscope.store.io import attr_json, folder_entries, is_store, read_store, sha256_file
 from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
@@ -243,7 +244,10 @@ def configurations(items: list[Input]) -> dict[str, list[Input]]:
 
 @dataclass(frozen=True)
 class StabilityPoint:
-    """Mean score and CI of one configuration × pair × condition at one iteration (seeds pooled)."""
+    """Mean score and CI of one configuration × pair × condition at one iteration. ``unit``: what the
+    interval is over — ``triplet`` (every triplet of the configuration's stores pooled: one seed, or
+    ``band="triplets"``) or ``seed`` (the seeds' mean scores, a Student t-interval); ``per_seed``: each
+    store's (seed, mean score over its triplets) there."""
 
     label: str
     pair: str
@@ -251,6 +255,8 @@ class StabilityPoint:
     iteration: int
     interval: Interval
     stores: int  # stores (seeds) that contributed
+    unit: str = "triplet"
+    per_seed: tuple[tuple[int, float], ...] = ()
 
 
 def _score(ds: xr.Dataset, score: str, path: Path) -> xr.DataArray:
@@ -261,27 +267,38 @@ def _score(ds: xr.Dataset, score: str, path: Path) -> xr.DataArray:
 
 
 def stability_curves(stores: list[Input], score: str = "default", resamples: int = 10_000,
-                     seed: int = 0) -> list[StabilityPoint]:
-    """Per configuration, pair, condition and iteration: mean score and 95% percentile-bootstrap CI
-    over the triplets of every store (seed) of that configuration that has the iteration."""
+                     seed: int = 0, band: str = "seeds", confidence: float = 0.95) -> list[StabilityPoint]:
+    """Per configuration, pair, condition and iteration: the mean score and its CI. A configuration with
+    stores of two or more seeds there and ``band="seeds"``: the mean of the seeds' mean scores and the
+    Student t-interval over seeds (seeds are the trials); otherwise the mean over the triplets of every
+    store of that configuration that has the iteration, with a 95% percentile-bootstrap CI over them."""
+    check(band in BANDS, f"band: got {band!r}; valid values are {', '.join(BANDS)}")
     points = []
     for label, members in configurations(stores).items():
-        arrays = [(_score(m.ds, score, m.path), m.ds) for m in members]
-        iterations = sorted({int(i) for _, ds in arrays for i in ds["iteration"].values})
-        conditions = list(dict.fromkeys(str(c) for _, ds in arrays for c in ds["condition"].values))
-        pairs = list(dict.fromkeys(str(p) for _, ds in arrays for p in ds["pair"].values))
+        arrays = [(_score(m.ds, score, m.path), m.ds, m.seed) for m in members]
+        iterations = sorted({int(i) for _, ds, _ in arrays for i in ds["iteration"].values})
+        conditions = list(dict.fromkeys(str(c) for _, ds, _ in arrays for c in ds["condition"].values))
+        pairs = list(dict.fromkeys(str(p) for _, ds, _ in arrays for p in ds["pair"].values))
         for pair in pairs:
             for cond in conditions:
                 for it in iterations:
-                    values = []
-                    for da, ds in arrays:
+                    values, seeds = [], []
+                    for da, ds, member_seed in arrays:
                         at = np.flatnonzero(ds["iteration"].values == it)
                         mask = strings(ds["condition"]) == cond
                         if at.size and mask.any():
                             values.append(da.isel(checkpoint=int(at[-1])).sel(pair=pair).values[mask])
-                    if values:
+                            seeds.append(-1 if member_seed is None else int(member_seed))
+                    if not values:
+                        continue
+                    means = [float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for v in values]
+                    per_seed = tuple(zip(seeds, means))
+                    if band == "seeds" and len(set(seeds)) >= 2:
+                        iv = confidence_interval(np.array(means), method="t", confidence=confidence)
+                        points.append(StabilityPoint(label, pair, cond, it, iv, len(values), "seed", per_seed))
+                    else:
                         iv = bootstrap_mean(np.concatenate(values), resamples=resamples, seed=seed)
-                        points.append(StabilityPoint(label, pair, cond, it, iv, len(values)))
+                        points.append(StabilityPoint(label, pair, cond, it, iv, len(values), "triplet", per_seed))
     return points
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from gradscope.analysis.bootstrap import Interval
 from gradscope.analysis.stability import StabilityResult
+from gradscope.analysis.trend import TrendTest
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class FamilyResult:
 @dataclass(frozen=True)
 class TrialRecord:
     """One store = one trial: its config fields (as strings), seed, metric values, unit values and,
-    per metric, how many units were NaN (left out of the metric's value, counted here)."""
+    per metric, how many units were NaN (left out of the metric's value, counted here); ``iteration``:
+    the training iteration of the checkpoint the values come from (None where not recorded)."""
 
     path: Path
     kind: str
@@ -100,6 +102,7 @@ class TrialRecord:
     metrics: dict[str, float]
     units: dict[str, np.ndarray] = field(default_factory=dict)
     nan_units: dict[str, int] = field(default_factory=dict)
+    iteration: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,3 +120,32 @@ class SummaryEntry:
     nan_units: int = 0
 
 
+
+
+@dataclass(frozen=True)
+class TrainingPoint:
+    """One checkpoint of a comparison over training: the interval of the per-seed differences b − a at
+    ``iteration``, the seeds paired there and their differences."""
+
+    iteration: int
+    interval: Interval
+    seeds: tuple[int, ...]
+    differences: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class TrainingComparison:
+    """Two arms (``a``, ``b``: the values of the compared field) over training, within one group of the
+    other fields (``label``), for one metric: the seed-level difference at every checkpoint, and the
+    test of whether it opens between the ``first`` and ``last`` iteration every seed pair has
+    (``test`` is None where fewer than two such iterations exist; ``note`` says why)."""
+
+    label: str
+    metric: str
+    a: str
+    b: str
+    points: tuple[TrainingPoint, ...]
+    first: int | None
+    last: int | None
+    test: TrendTest | None
+    note: str = ""

@@ -82,7 +82,19 @@ LAYOUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                 "nan": (("group", "metric"), COUNT), "nan_units": (("group", "metric"), COUNT),
                 "values": (("group", "metric", "trial"), FLOAT), "seed": (("group", "trial"), INT),
                 "group": (("group",), INT), "metric": (("metric",), STR), "trial": (("trial",), INT),
-                "label": (("group",), STR)},
+                "label": (("group",), STR),
+                # two arms compared over training (summarize --checkpoints all --compare FIELD)
+                **{v: (("contrast", "contrast_metric", "iteration"), FLOAT) for v in ("diff_mean", "diff_low",
+                                                                                     "diff_high")},
+                "diff_n": (("contrast", "contrast_metric", "iteration"), COUNT),
+                "diff_values": (("contrast", "contrast_metric", "iteration", "contrast_seed"), FLOAT),
+                **{f"{stat}_{part}": (("contrast", "contrast_metric"), FLOAT) for stat in ("gap", "change")
+                   for part in ("mean", "low", "high", "p", "boot_low", "boot_high", "sign_p")},
+                "test_first": (("contrast", "contrast_metric"), INT), "test_last": (("contrast", "contrast_metric"), INT),
+                "verdict": (("contrast", "contrast_metric"), STR), "test_note": (("contrast", "contrast_metric"), STR),
+                "contrast": (("contrast",), STR), "contrast_metric": (("contrast_metric",), STR),
+                "iteration": (("iteration",), INT), "contrast_seed": (("contrast_seed",), INT),
+                "arm_a": (("contrast",), STR), "arm_b": (("contrast",), STR)},
 }
 # kind → dimension → the coordinates readers look it up by, required whenever the dimension exists
 NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -92,7 +104,8 @@ NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
                  "disturbant_group": ("disturbant_group",), "bin": ("bin", "bin_start", "bin_end")},
     "dynamics": {"checkpoint": ("iteration",), "sequence": ("condition",), "step": ("token_class",),
                  "gate": ("gate",), "block": ("block",), "lyap_step": ("lyap_step",)},
-    "summary": {"group": ("label",), "metric": ("metric",)},
+    "summary": {"group": ("label",), "metric": ("metric",), "contrast": ("contrast", "arm_a", "arm_b"),
+                "contrast_metric": ("contrast_metric",), "iteration": ("iteration",)},
 }
 REQUIRED = {"summary": ("mean", "low", "high", "n", "metric")}  # what every reader of the kind takes
 LABELS = ("pair", "member", "target_group", "disturbant_group", "gate", "block", "metric", "decoding", "item")  # unique values

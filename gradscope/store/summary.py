@@ -10,6 +10,7 @@ import numpy as np
 import xarray as xr
 
 from gradscope.errors import GradscopeError, check
+from gradscope.fields import CHECKPOINTS
 from gradscope.guard import as_int
 from gradscope.models import model_fields
 from gradscope.store.accuracy import family_values
@@ -17,7 +18,7 @@ from gradscope.store.io import attr_json, folder_entries, is_store, provenance, 
 from gradscope.store.manifest import manifest_outputs, manifest_path
 from gradscope.store.parts import config_parts
 from gradscope.files.io import atomic_write
-from gradscope.store.records import SummaryEntry, TrialRecord
+from gradscope.store.records import SummaryEntry, TrainingComparison, TrialRecord
 from gradscope.models.registry import core_options
 from gradscope.tasks.base import Task
 
@@ -61,6 +62,19 @@ def expand_store_paths(patterns: list[str], kind: str | None = None) -> list[Pat
     return out
 
 
+def store_kinds(paths: list[Path]) -> list[str]:
+    """The kinds (accuracy, stability) of the stores at ``paths``, in the order first met; a store that
+    is neither is refused."""
+    kinds = []
+    for path in paths:
+        kind = store_kind(path) if is_store(path) else None
+        if kind is None:
+            read_store(path)  # says in one line what is wrong with it
+        check(kind in SUMMARIZED, f"stores: {path} is a {kind} store; summarize reads accuracy and stability stores")
+        kinds.append(kind)
+    return list(dict.fromkeys(kinds))
+
+
 def _config(ds: xr.Dataset, path: Path, key: str) -> dict[str, Any]:
     if key not in ds.attrs:
         raise GradscopeError(f"store: {path} lacks its run configuration ({key}); re-create it")
@@ -90,17 +104,17 @@ def _right(p: Path, what: str, ok: bool) -> None:
         raise GradscopeError(f"store: {p}: {what}; re-create it")
 
 
-def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Metrics at the last checkpoint; units: 1/0 per scored token, per scored sequence (full match),
+def _accuracy_trial(ds: xr.Dataset, path: Path, at: int = -1) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Metrics at checkpoint index ``at`` (the last by default); units: 1/0 per scored token, per scored sequence (full match),
     the DL distance per sequence. Nothing scored gives NaN, never 0. A feedback model's store gives
     token accuracy per decoding; an extended vocabulary's, token accuracy on old and new target items;
     a task family's, the metrics it declares (a family whose store is its own part alone: those only)."""
-    family, values = family_values(ds)
+    family, values = family_values(ds, at)
     if family is not None and not family.token_part:
         return _family_metrics(path, family, values)
     _require(ds, path, ["token_accuracy", "sequence_accuracy", "dl_distance", "sequence_correct", "sequence_scored",
                         "sequence_dl"])
-    last = ds.isel(checkpoint=-1)
+    last = ds.isel(checkpoint=at)
     correct, scored = last["sequence_correct"].values, ds["sequence_scored"].values
     _right(path, "sequence_correct exceeds sequence_scored", bool((correct <= scored).all()))
     metrics = {m: float(last[m]) for m in ("token_accuracy", "sequence_accuracy", "dl_distance")}
@@ -137,20 +151,21 @@ def _accuracy_trial(ds: xr.Dataset, path: Path) -> tuple[dict[str, float], dict[
 
 def _family_metrics(path: Path, family: type[Task], values: dict[str, np.ndarray]
                     ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """The metrics (and units) a family declares, from its variables at the last checkpoint; a store
+    """The metrics (and units) a family declares, from its variables at one checkpoint; a store
     lacking one of its declared variables is refused."""
     missing = [n for n in family.layout if n not in values]
     _right(path, f"lacks the variable(s) {', '.join(missing)} of the {family.name} task", not missing)
     return family.summary_metrics(values)
 
 
-def _stability_trial(ds: xr.Dataset, path: Path, score: str) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Mean score per pair and condition at the last checkpoint over the triplets whose score is not
+def _stability_trial(ds: xr.Dataset, path: Path, score: str,
+                     at: int = -1) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Mean score per pair and condition at checkpoint index ``at`` (the last by default) over the triplets whose score is not
     NaN; units: every triplet's score, NaN included (summaries count them)."""
     name = f"score_{score}"
     valid = sorted(str(k)[6:] for k in ds.data_vars if str(k).startswith("score_"))
     check(name in ds, f"score: got {score!r}; {path} holds {', '.join(valid) or 'no scores'}")
-    last = ds[name].isel(checkpoint=-1)  # (pair, triplet)
+    last = ds[name].isel(checkpoint=at)  # (pair, triplet)
     conditions = np.array([str(c) for c in ds["condition"].values], dtype=object)
     metrics, units = {}, {}
     for pair in ds["pair"].values:
@@ -162,11 +177,13 @@ def _stability_trial(ds: xr.Dataset, path: Path, score: str) -> tuple[dict[str, 
     return metrics, units
 
 
-def trial_records(path: Path, score: str = "default") -> list[TrialRecord]:
+def trial_records(path: Path, score: str = "default", checkpoints: str = "last") -> list[TrialRecord]:
     """The trials in one store: one per configuration (and seed) of its checkpoints — a store of
     ``gradscope accuracy vanilla.pt pe.pt`` holds two (``store/parts.py``) — each with its config
     fields, seed, metrics at its last checkpoint, and how many of each metric's units (triplets,
-    sequences) were NaN and left out of it."""
+    sequences) were NaN and left out of it. ``checkpoints="all"``: one record per configuration and
+    checkpoint instead, each with its training ``iteration``."""
+    check(checkpoints in CHECKPOINTS, f"checkpoints: got {checkpoints!r}; valid values are {', '.join(CHECKPOINTS)}")
     ds = read_store(path)
     kind = ds.attrs["kind"]
     check(kind in SUMMARIZED, f"stores: {path} is a {kind} store; summarize reads accuracy and stability stores")
@@ -177,9 +194,13 @@ def trial_records(path: Path, score: str = "default") -> list[TrialRecord]:
         if "seed" not in train:
             raise GradscopeError(f"store: {path} lacks its run configuration (the training seed); re-create it")
         seed = as_int(train["seed"], f"store: {path}: train_config seed")
-        metrics, units = _accuracy_trial(part, path) if kind == "accuracy" else _stability_trial(part, path, score)
-        nan_units = {k: int(np.count_nonzero(np.isnan(v))) for k, v in units.items()}
-        records.append(TrialRecord(path, kind, fields, seed, metrics, units, nan_units))
+        iterations = [as_int(int(i), f"store: {path}: iteration") for i in part["iteration"].values]
+        for at in range(len(iterations)) if checkpoints == "all" else (-1,):
+            metrics, units = (_accuracy_trial(part, path, at) if kind == "accuracy"
+                              else _stability_trial(part, path, score, at))
+            nan_units = {k: int(np.count_nonzero(np.isnan(v))) for k, v in units.items()}
+            records.append(TrialRecord(path, kind, fields, seed, metrics, units, nan_units,
+                                       iterations[at] if iterations else None))
     return records
 
 
@@ -218,6 +239,62 @@ def summary_dataset(entries: list[SummaryEntry], by: tuple[str, ...], attrs: dic
     for i, name in enumerate(by):
         coords[name] = ("group", np.asarray([g[i] for g in groups], dtype=object))
     return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def training_dataset(comparisons: list[TrainingComparison], field_name: str) -> xr.Dataset:
+    """Comparisons over training as summary-store variables (docs/stores.md): per ``contrast`` (a group of
+    the other fields), ``contrast_metric`` and ``iteration``, the seed-level difference b − a (``diff_mean``,
+    ``diff_low``, ``diff_high``, ``diff_n``; per seed ``diff_values`` with ``diff_seed``), and per contrast
+    and metric the test of whether it opens (``gap_*``: at the last tested iteration; ``change_*``: its
+    change from the first; ``*_low``/``*_high``: t-interval, ``*_p``: t-test, ``*_boot_low``/``*_boot_high``:
+    bootstrap over seeds, ``*_sign_p``: sign-flip test; ``verdict``; ``test_first``/``test_last``)."""
+    contrasts = list(dict.fromkeys(c.label for c in comparisons))
+    metrics = list(dict.fromkeys(c.metric for c in comparisons))
+    iterations = sorted({p.iteration for c in comparisons for p in c.points})
+    seeds = sorted({s for c in comparisons for p in c.points for s in p.seeds})
+    shape, tshape = (len(contrasts), len(metrics), len(iterations)), (len(contrasts), len(metrics))
+    grid = {name: np.full(shape, np.nan) for name in ("diff_mean", "diff_low", "diff_high")}
+    diff_n = np.zeros(shape, dtype=np.int64)
+    values = np.full((*shape, len(seeds)), np.nan)
+    test = {f"{stat}_{part}": np.full(tshape, np.nan) for stat in ("gap", "change")
+            for part in ("mean", "low", "high", "p", "boot_low", "boot_high", "sign_p")}
+    bounds = {name: np.full(tshape, -1, dtype=np.int64) for name in ("test_first", "test_last")}
+    verdicts = np.full(tshape, "", dtype=object)
+    notes = np.full(tshape, "", dtype=object)
+    arms = {}
+    for c in comparisons:
+        i, m = contrasts.index(c.label), metrics.index(c.metric)
+        arms[c.label] = (c.a, c.b)
+        for point in c.points:
+            k = iterations.index(point.iteration)
+            for name in grid:
+                grid[name][i, m, k] = getattr(point.interval, name.split("_")[1])
+            diff_n[i, m, k] = point.interval.n
+            for s, d in zip(point.seeds, point.differences):
+                values[i, m, k, seeds.index(s)] = d
+        notes[i, m] = c.note
+        if c.test is None:
+            verdicts[i, m] = "not settled"
+            continue
+        verdicts[i, m] = c.test.verdict
+        bounds["test_first"][i, m], bounds["test_last"][i, m] = c.first, c.last
+        for stat in ("gap", "change"):
+            st = getattr(c.test, stat)
+            for part, value in (("mean", st.t.mean), ("low", st.t.low), ("high", st.t.high), ("p", st.t_p),
+                                ("boot_low", st.bootstrap.low), ("boot_high", st.bootstrap.high),
+                                ("sign_p", st.sign_p)):
+                test[f"{stat}_{part}"][i, m] = value
+    dims, tdims = ("contrast", "contrast_metric", "iteration"), ("contrast", "contrast_metric")
+    data = {**{k: (dims, v) for k, v in grid.items()}, "diff_n": (dims, diff_n),
+            "diff_values": ((*dims, "contrast_seed"), values),
+            **{k: (tdims, v) for k, v in {**test, **bounds}.items()}, "verdict": (tdims, verdicts),
+            "test_note": (tdims, notes)}
+    coords = {"contrast": np.asarray(contrasts, dtype=object), "contrast_metric": np.asarray(metrics, dtype=object),
+              "iteration": np.asarray(iterations, dtype=np.int64), "contrast_seed": np.asarray(seeds, dtype=np.int64),
+              "arm_a": ("contrast", np.asarray([arms[c][0] for c in contrasts], dtype=object)),
+              "arm_b": ("contrast", np.asarray([arms[c][1] for c in contrasts], dtype=object))}
+    margin = next((c.test.margin for c in comparisons if c.test is not None), float("nan"))
+    return xr.Dataset(data, coords=coords, attrs={"compare": field_name, "margin": margin})
 
 
 def summary_attrs(command: str, by: tuple[str, ...], unit: str, method: str, confidence: float, resamples: int,

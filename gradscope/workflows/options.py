@@ -7,6 +7,7 @@ flag (the CLI generates the flags from the fields, ``cli/generated.py``); the ch
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import warnings
 from dataclasses import InitVar, dataclass
@@ -14,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import (DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT, MAX_RESAMPLES, MAX_SEED,
-                              as_count, as_int, as_seed, check_seconds, one_of, option)
+from gradscope.fields import (CHECKPOINTS, DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT,
+                              MAX_RESAMPLES, MAX_SEED, as_count, as_int, as_seed, check_seconds, one_of, option)
 
 # Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
 RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
@@ -378,6 +379,11 @@ class SummarizeOptions:
     score: str = option("default", "Stability stores: which score to summarize (default, frobenius, l1).")
     compare: str | None = option(None, "A --by field with two values (e.g. pe): paired permutation test between "
                                        "them, by seed.")
+    checkpoints: str = option("last", "Which checkpoints of each store: last, or all (with --compare: the seed-level "
+                                      "interval of the difference at every training iteration, and the test of "
+                                      "whether it opens from the first to the last; docs/cli.md).")
+    margin: float = option(0.05, "With --checkpoints all and --compare: the equivalence margin of the test's 'no "
+                                 "effect' (both t-intervals inside ±margin).", low=0)
     seed: int = option(0, "Seed of the bootstrap and permutation resampling.")
     method: InitVar[str | None] = None  # interval's name before issue #39 (a keyword only; read interval)
 
@@ -400,4 +406,9 @@ class SummarizeOptions:
               f"metric: got {self.metric!r}; expected metric names")
         object.__setattr__(self, "metric", tuple(self.metric))
         check(isinstance(self.score, str), f"score: got {self.score!r}; expected default, frobenius or l1")
+        one_of("checkpoints", self.checkpoints, CHECKPOINTS)
+        check(isinstance(self.margin, (int, float)) and not isinstance(self.margin, bool)
+              and math.isfinite(self.margin) and self.margin >= 0,
+              f"margin: got {self.margin!r}; it must be a finite number ≥ 0")
+        object.__setattr__(self, "margin", float(self.margin))
         object.__setattr__(self, "seed", as_seed(self.seed))

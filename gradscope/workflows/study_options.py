@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import MAX_COUNT, MAX_VOCAB, SCALES, as_count, as_seed, check_seconds, option
+from gradscope.fields import BANDS, MAX_COUNT, MAX_VOCAB, SCALES, as_count, as_seed, check_seconds, one_of, option
 
 STATIC_FORMATS = ("png", "svg")  # what `gradscope report --static` writes beside the HTML
 
@@ -34,6 +34,9 @@ class ReportOptions:
                                          "grid. Default: each store's last.")
     resamples: int = option(10_000, "Bootstrap resamples for the stability CIs.")
     seed: int = option(0, "Seed of the stability bootstrap.")
+    band: str = option("seeds", "Stability over training, for a configuration with stores of several seeds: the band "
+                                "over seeds (the seeds' mean scores, a Student t-interval; each seed's line one click "
+                                "away in the legend) or over triplets (all seeds' triplets pooled, a bootstrap CI).")
     title: str = option("gradscope report", "Title of the report.")
     command: str = ""
 
@@ -44,6 +47,7 @@ class ReportOptions:
         check(not isinstance(self.resamples, bool) and isinstance(self.resamples, int) and self.resamples >= 1,
               f"resamples: got {self.resamples}; it must be positive")
         object.__setattr__(self, "seed", as_seed(self.seed))
+        one_of("band", self.band, BANDS)
 
 
 def _items(value: object, name: str, example: str) -> tuple[str, ...]:

@@ -17,10 +17,12 @@ import xarray as xr
 
 from gradscope.analysis.bootstrap import (FEW_TRIALS, PermutationResult, confidence_interval,
                                           paired_permutation_test)
+from gradscope.analysis.trend import trend_test
 from gradscope.errors import GradscopeError, check
 from gradscope.models.registry import core_options
-from gradscope.store.records import SummaryEntry, TrialRecord
-from gradscope.store.summary import expand_store_paths, summary_attrs, summary_dataset, trial_records
+from gradscope.store.records import SummaryEntry, TrainingComparison, TrainingPoint, TrialRecord
+from gradscope.store.summary import (expand_store_paths, summary_attrs, summary_dataset, training_dataset,
+                                     trial_records)
 from gradscope.workflows.options import SummarizeOptions, take_renamed
 
 # `--by` names of the shared fields; the registered cores' own settings add theirs (field_aliases)
@@ -114,10 +116,10 @@ def summarize_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple
     return entries
 
 
-def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[str, ...], field_name: str,
-                   metrics: list[str], seed: int = 0) -> list[Comparison]:
-    """Paired permutation tests between the two values of ``field_name`` (e.g. pe: none vs sinusoidal),
-    within each combination of the other grouping fields, pairing trials by seed. Effect = b − a."""
+def _arms(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[str, ...],
+          field_name: str) -> tuple[str, tuple[str, str], list[tuple[str, dict[int, tuple[TrialRecord, TrialRecord]]]]]:
+    """The compared field (resolved), its two values (a, b; vanilla ``none`` first) and, per combination of
+    the other grouping fields, its label and the trials of a and b paired by seed."""
     field_name = field_aliases().get(field_name, field_name)
     check(field_name in by, f"compare: got {field_name!r}; it must be one of the by (--by) fields ({', '.join(by)})")
     index = by.index(field_name)
@@ -132,18 +134,96 @@ def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[s
             continue
         a = {m.seed: m for m in groups[key_a]}
         b = {m.seed: m for m in groups[key_b]}
-        common = sorted(set(a) & set(b))
-        if len(common) < 2:
+        out.append((label_of(rest, other), {s: (a[s], b[s]) for s in sorted(set(a) & set(b))}))
+    return field_name, (values[0], values[1]), out
+
+
+def compare_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[str, ...], field_name: str,
+                   metrics: list[str], seed: int = 0) -> list[Comparison]:
+    """Paired permutation tests between the two values of ``field_name`` (e.g. pe: none vs sinusoidal),
+    within each combination of the other grouping fields, pairing trials by seed. Effect = b − a."""
+    field_name, (va, vb), paired = _arms(groups, by, field_name)
+    out = []
+    for label, pairs in paired:
+        if len(pairs) < 2:
             continue
         for metric in metrics:
-            xa = np.array([a[s].metrics.get(metric, np.nan) for s in common])
-            xb = np.array([b[s].metrics.get(metric, np.nan) for s in common])
-            out.append(Comparison(label_of(rest, other), metric, values[0], values[1],
-                                  paired_permutation_test(xb, xa, seed=seed)))
+            xa = np.array([a.metrics.get(metric, np.nan) for a, _ in pairs.values()])
+            xb = np.array([b.metrics.get(metric, np.nan) for _, b in pairs.values()])
+            out.append(Comparison(label, metric, va, vb, paired_permutation_test(xb, xa, seed=seed)))
     if not out:
         raise GradscopeError(f"compare: no pair of groups shares at least two seeds across {field_name}="
-                             f"{values[0]} and {values[1]}")
+                             f"{va} and {vb}")
     return out
+
+
+def _differences(pairs: dict[int, tuple[TrialRecord, TrialRecord]], metric: str,
+                 seeds: list[int] | None = None) -> np.ndarray:
+    """b − a of ``metric`` for each paired seed (``seeds``: these, in this order), float64; NaN where missing."""
+    chosen = [pairs[s] for s in seeds] if seeds is not None else list(pairs.values())
+    return np.array([b.metrics.get(metric, np.nan) - a.metrics.get(metric, np.nan) for a, b in chosen],
+                    dtype=np.float64)
+
+
+def compare_over_training(records: list[TrialRecord], by: tuple[str, ...], field_name: str, metrics: list[str], *,
+                          method: str = "percentile", confidence: float = 0.95, resamples: int = 10_000,
+                          seed: int = 0, margin: float = 0.05) -> list[TrainingComparison]:
+    """Two arms over seeds and training checkpoints (records of every checkpoint: ``trial_records(...,
+    checkpoints="all")``). Within each combination of the other ``by`` fields and for each metric: at every
+    iteration, the interval (``method``) of the per-seed differences b − a over the seeds both arms have
+    there; then :func:`gradscope.analysis.trend.trend_test` between the first and the last iteration that
+    every paired seed has (the seed-level test of whether the gap opens; ``margin``: its equivalence margin)."""
+    check(bool(records), "stores: nothing to summarize")
+    check(all(r.iteration is not None for r in records),
+          "stores: a store records no training iterations; compare over training needs them")
+    at: dict[int, list[TrialRecord]] = {}
+    for r in records:
+        at.setdefault(int(r.iteration), []).append(r)  # type: ignore[arg-type]
+    per_iteration = {it: _arms(group_records(rs, by), by, field_name) for it, rs in sorted(at.items())}
+    field_name, (va, vb) = next(iter(per_iteration.values()))[:2]
+    labels = list(dict.fromkeys(label for _, _, paired in per_iteration.values() for label, _ in paired))
+    out = []
+    for label in labels:
+        pairs_at = {it: dict(paired).get(label, {}) for it, (_, _, paired) in per_iteration.items()}
+        seeds = sorted({s for pairs in pairs_at.values() for s in pairs})
+        shared = [it for it, pairs in pairs_at.items() if seeds and all(s in pairs for s in seeds)]
+        for metric in metrics:
+            points = []
+            for it, pairs in pairs_at.items():
+                if not pairs:
+                    continue
+                diffs = _differences(pairs, metric)
+                interval = confidence_interval(diffs, method=method, confidence=confidence, resamples=resamples,
+                                               seed=seed)
+                points.append(TrainingPoint(it, interval, tuple(pairs), tuple(float(d) for d in diffs)))
+            if len(shared) < 2 or len(seeds) < 2:
+                note = (f"no test: only {len(seeds)} seed(s) have both arms" if len(seeds) < 2 else
+                        "no test: the paired seeds share fewer than two checkpoints")
+                out.append(TrainingComparison(label, metric, va, vb, tuple(points), None, None, None, note))
+                continue
+            first, last = shared[0], shared[-1]
+            test = trend_test(_differences(pairs_at[first], metric, seeds), _differences(pairs_at[last], metric, seeds),
+                              margin=margin, confidence=confidence, resamples=resamples,
+                              seed=seed)
+            later = [it for it, pairs in pairs_at.items() if it > last and pairs]
+            note = (f"tested at iterations {first} and {last}, the last every seed pair has; some stores go on to "
+                    f"{later[-1]}" if later else "")
+            out.append(TrainingComparison(label, metric, va, vb, tuple(points), first, last, test, note))
+    if not out:
+        raise GradscopeError(f"compare: no pair of groups shares a seed across {field_name}={va} and {vb}")
+    return out
+
+
+def select_metrics(available: list[str], requested: list[str] | tuple[str, ...] | None, kind: str) -> list[str]:
+    """The metrics shown: ``requested`` (``all``: every one), else the main ones of the kind (stability: the
+    same-target scores; accuracy: all but the per-bin grid values)."""
+    if requested and "all" in requested:
+        return available
+    if requested:
+        return [m for m in requested if m in available]
+    if kind == "stability":
+        return [m for m in available if m.startswith("stability/same-target/")]
+    return [m for m in available if "/bin" not in m]
 
 
 def few_trials(entries: list[SummaryEntry]) -> bool:
@@ -152,7 +232,9 @@ def few_trials(entries: list[SummaryEntry]) -> bool:
 
 def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...] = "core,pe,vocab_size",
               unit: str = "trial", resamples: int = 10_000, ci: float = 0.95, interval: str = "percentile",
-              score: str = "default", seed: int = 0, method: str | None = None) -> xr.Dataset:
+              metric: tuple[str, ...] = (), score: str = "default", compare: str | None = None,
+              checkpoints: str = "last", margin: float = 0.05, seed: int = 0,
+              method: str | None = None) -> xr.Dataset:
     """Seeds as trials: the mean and confidence interval of every metric per group of stores, as the
     summary store's Dataset: ``mean``, ``low``, ``high``, ``n``, ``nan`` over (group, metric), the
     per-seed ``values`` and ``seed``, and a ``label`` and one coordinate per ``by`` field on ``group``.
@@ -164,21 +246,82 @@ def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...]
     by: config fields to group by (comma-separated or a tuple), named as gradscope train's settings (core, pe,
     vocab_size, hidden_size, …) or by their short names (model, vocab, hidden, …).
     interval: the interval method (percentile, bca, basic, t); ``method`` is its name before issue #39 (it warns).
+    compare with checkpoints="all": two arms (e.g. ``compare="pe"``) over seeds and training checkpoints, for
+    the ``metric`` chosen (default: the main ones): the dataset also holds, per contrast, metric and
+    iteration, the seed-level interval of the difference (``diff_mean``, ``diff_low``, ``diff_high``,
+    ``diff_n``, ``diff_values``), and per contrast and metric the test of whether it opens (``gap_*``,
+    ``change_*``, ``verdict``; :func:`gradscope.analysis.trend.trend_test`). The main table is at each
+    store's last checkpoint either way.
     """
     named = {"interval": interval, "method": method}
     take_renamed(named, {"method": "interval"}, "summarize", {"interval": "percentile"})
     opts = SummarizeOptions(kind=kind, by=by, unit=unit, resamples=resamples, ci=ci, interval=named["interval"],
-                            score=score, seed=seed)  # every value checked there, as for the command
+                            metric=metric, score=score, compare=compare, checkpoints=checkpoints, margin=margin,
+                            seed=seed)  # every value checked there, as for the command
+    plan = plan_summary(source, opts)
+    attrs = summary_attrs("", plan.fields, opts.unit, opts.interval, opts.ci, opts.resamples,
+                          [r.path for r in plan.records], plan.kind)
+    return plan.dataset(attrs)
+
+
+@dataclass(frozen=True)
+class SummaryPlan:
+    """One kind's summary, computed: its trials, grouping fields, entries (at each store's last
+    checkpoint), the metrics shown, and the comparison asked for (between groups at the last checkpoint,
+    or over training)."""
+
+    kind: str
+    fields: tuple[str, ...]
+    records: list[TrialRecord]
+    entries: list[SummaryEntry]
+    shown: list[str]
+    compare: str | None
+    comparisons: list[Comparison] | None
+    training: list[TrainingComparison] | None
+
+    def dataset(self, attrs: dict[str, Any]) -> xr.Dataset:
+        """The summary store's dataset (with the comparison over training, when there is one)."""
+        ds = summary_dataset(self.entries, self.fields, attrs)
+        if self.training:
+            extra = training_dataset(self.training, str(self.compare))
+            ds = xr.merge([ds, extra], combine_attrs="drop_conflicts")
+            ds.attrs.update({"compare": str(self.compare), "margin": extra.attrs["margin"]})
+        return ds
+
+
+def plan_summary(source: Any, opts: SummarizeOptions, *, kind: str | None = None) -> SummaryPlan:
+    """Read the stores of ``source`` (of ``kind``, when several kinds are there) and compute ``opts``'
+    summary, without writing anything."""
     fields = parse_by(opts.by)
     patterns = [str(source)] if isinstance(source, (str, Path)) else [str(s) for s in source]
-    paths = expand_store_paths(patterns, opts.kind)
-    records = [r for p in paths for r in trial_records(p, opts.score)]
+    kind = kind or opts.kind
+    paths = expand_store_paths(patterns, kind)
+    every = opts.checkpoints == "all"
+    records = [r for p in paths for r in trial_records(p, opts.score, opts.checkpoints)
+               if kind is None or r.kind == kind]
+    check(bool(records), f"stores: none of them is a {kind} store")
+    if every:  # the main table stays at each store's last checkpoint
+        last = {}
+        for r in records:
+            last[(r.path, r.seed, tuple(sorted(r.fields.items())))] = r
+        all_records, records = records, list(last.values())
     kinds = sorted({r.kind for r in records})
     check(len(kinds) == 1, f"kind: the stores are of kinds {' and '.join(kinds)}; pass kind= to summarize one")
     groups = group_records(records, fields)
     metrics = list(dict.fromkeys(m for r in records for m in r.metrics))
     entries = summarize_groups(groups, fields, metrics, unit=opts.unit, method=opts.interval, confidence=opts.ci,
                                resamples=opts.resamples, seed=opts.seed)
-    attrs = summary_attrs("", fields, opts.unit, opts.interval, opts.ci, opts.resamples, [r.path for r in records],
-                          kinds[0])
-    return summary_dataset(entries, fields, attrs)
+    requested = list(opts.metric) or None
+    if requested and "all" not in requested:
+        unknown = [m for m in requested if m not in metrics]
+        check(not unknown, f"metric: got {unknown[0] if unknown else ''!r}; available: {', '.join(sorted(metrics))}")
+    shown = [m for m in select_metrics(metrics, requested, kinds[0]) if any(e.metric == m for e in entries)]
+    comparisons = training = None
+    if opts.compare is not None and shown:
+        if every:
+            training = compare_over_training(all_records, fields, opts.compare, shown, method=opts.interval,
+                                             confidence=opts.ci, resamples=opts.resamples, seed=opts.seed,
+                                             margin=opts.margin)
+        else:
+            comparisons = compare_groups(groups, fields, opts.compare, shown, opts.seed)
+    return SummaryPlan(kinds[0], fields, records, entries, shown, opts.compare, comparisons, training)

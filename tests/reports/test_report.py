@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 import pytest
 import xarray as xr
 from typer.testing import CliRunner
@@ -286,7 +287,8 @@ def test_grid_figure_from_accuracy_stores_has_no_ci(tmp_path: Path) -> None:
 
 
 def test_stability_bands_are_bootstrap_cis_over_pooled_seeds(report_inputs: dict, tmp_path: Path) -> None:
-    """A second seed of the same configuration is pooled: CIs over the triplets of both stores."""
+    """With band="triplets", a second seed of the same configuration is pooled: CIs over the triplets of
+    both stores."""
     ds = read_store(report_inputs["stability"])
     twin = ds.copy(deep=True)
     twin["score_default"] = twin["score_default"] * 0.5  # different numbers, same layout
@@ -295,7 +297,7 @@ def test_stability_bands_are_bootstrap_cis_over_pooled_seeds(report_inputs: dict
     write_store(twin, tmp_path / "twin.zarr")
     items = load_inputs([report_inputs["stability"], tmp_path / "twin.zarr"])
     assert len({i.label for i in items}) == 1
-    points = stability_curves(items, resamples=300, seed=3)
+    points = stability_curves(items, resamples=300, seed=3, band="triplets")
     conditions = sorted(set(map(str, ds["condition"].values)))
     assert len(points) == 2 * len(conditions) * ds.sizes["checkpoint"]
     fig = stability_figure(points)
@@ -325,6 +327,67 @@ def test_stability_bands_are_bootstrap_cis_over_pooled_seeds(report_inputs: dict
         assert list(lowers[0].y) == pytest.approx([p.interval.low for p in mine])
     assert len(lines) == 2 * len(conditions) and sum(bool(t.showlegend) for t in lines) == 1
     assert {t.name for t in lines} == {"GRU vanilla"}
+
+
+def _seeds(report_inputs: dict, tmp_path: Path, factors: tuple[float, ...] = (1.0, 0.8, 0.6)) -> list[Path]:
+    """The stability store as seeds of one configuration: seed k's scores are factors[k] × the store's."""
+    ds = read_store(report_inputs["stability"])
+    train = json.loads(ds.attrs["train_config"])
+    paths = []
+    for k, factor in enumerate(factors):
+        twin = ds.copy(deep=True)
+        twin["score_default"] = twin["score_default"] * factor
+        twin.attrs["train_config"] = json.dumps({**train, "seed": 100 + k})
+        write_store(twin, tmp_path / f"seed{k}.zarr")
+        paths.append(tmp_path / f"seed{k}.zarr")
+    return paths
+
+
+def test_stability_band_over_seeds_is_a_t_interval_of_seed_means(report_inputs: dict, tmp_path: Path) -> None:
+    """Several seeds of one configuration (the default band): the line is the mean of the seeds' mean
+    scores, the band the Student t-interval over them, and each seed has its own hidden line."""
+    factors = (1.0, 0.8, 0.6)
+    paths = _seeds(report_inputs, tmp_path, factors)
+    ds = read_store(paths[0])
+    points = stability_curves(load_inputs(paths), resamples=300, seed=3)
+    assert points and {p.unit for p in points} == {"seed"}
+    for p in points:
+        at = int(np.flatnonzero(ds["iteration"].values == p.iteration)[0])
+        one = ds["score_default"].isel(checkpoint=at).sel(pair=p.pair)
+        values = one.where(one["condition"] == p.condition, drop=True).values
+        means = np.array([np.nanmean(values * f) for f in factors])
+        half = stats.t.ppf(0.975, len(factors) - 1) * means.std(ddof=1) / np.sqrt(len(factors))
+        assert (p.interval.mean, p.interval.low, p.interval.high, p.interval.n) == \
+            pytest.approx((means.mean(), means.mean() - half, means.mean() + half, len(factors)), abs=1e-12)
+        assert [s for s, _ in p.per_seed] == [100, 101, 102]
+        assert [m for _, m in p.per_seed] == pytest.approx(list(means), abs=1e-12)
+    fig = stability_figure(points)
+    seeds = [t for t in fig.data if " · seed " in t.name]
+    panels = len({(p.pair, p.condition) for p in points})
+    assert len(seeds) == 3 * panels and all(t.visible == "legendonly" for t in seeds)
+    assert sum(bool(t.showlegend) for t in seeds) == 3  # one legend entry per seed
+    assert "seeds" in fig.layout.title.text and "t-interval" in fig.layout.title.text
+
+
+def test_report_with_seed_band_renders_in_headless_chromium(runner: CliRunner, report_inputs: dict,
+                                                            tmp_path: Path) -> None:
+    paths = _seeds(report_inputs, tmp_path)
+    html = tmp_path / "seeds.html"
+    result = runner.invoke(app, ["report", *map(str, paths), "-o", str(html), "--resamples", "200"])
+    assert result.exit_code == 0, result.stderr
+    page = html.read_text()
+    assert "Student t-interval over seeds" in page and "seed 101" in page
+    plots, console = _render(html, tmp_path)
+    assert not console, console
+    layers, traces = plots["plot-stability"]
+    assert layers >= 2 and traces >= 3
+    pooled = tmp_path / "pooled.html"
+    result = runner.invoke(app, ["report", *map(str, paths), "-o", str(pooled), "--band", "triplets",
+                                 "--resamples", "200"])
+    assert result.exit_code == 0, result.stderr
+    assert "seeds) are pooled" in pooled.read_text() and "seed 101" not in pooled.read_text()
+    bad = runner.invoke(app, ["report", *map(str, paths), "-o", str(tmp_path / "x.html"), "--band", "runs"])
+    assert bad.exit_code == 2 and "band" in bad.stderr
 
 
 def test_distributions_and_spectra_are_the_store_numbers(report_inputs: dict) -> None:
