@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from gradscope.analysis.jacobian import rows_vjp, state_readout
 from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum  # noqa: F401 - re-exported
+from gradscope.analysis.reduce import fro64, gram64, norm64
 from gradscope.analysis.scores import finite_only
 from gradscope.analysis.tape import StateTape, state_at
 from gradscope.errors import GradscopeError, check
@@ -98,7 +99,7 @@ def _spectral_norm(G: Tensor) -> Tensor:
     if G.shape[-1] <= 2 * G.shape[-2]:
         return finite_only(lambda g: torch.linalg.matrix_norm(g, ord=2), G)
 
-    gram = (G @ G.mT).double()  # non-finite G gives a non-finite Gram: checked there, H × H, not on G
+    gram = gram64(G)  # float64 sums over D; non-finite G gives a non-finite Gram: checked there, H × H, not on G
     return finite_only(lambda m: torch.linalg.eigvalsh(m)[..., -1].clamp_min(0).sqrt(), gram).to(G.dtype)
 
 
@@ -160,7 +161,7 @@ def _flow_chain(core: nn.Module, x: Tensor, method: str) -> tuple[Tensor, Tensor
     spectral = x.new_full((B, T), math.nan)
 
     def record(k: int, G: Tensor) -> None:  # G = ∂y_T/∂z_k (B, H, D)
-        fro[:, k - 1] = torch.linalg.matrix_norm(G)
+        fro[:, k - 1] = fro64(G)
         spectral[:, k - 1] = _spectral_norm(G)
 
     z_T = step_at(core, x[:, T - 1], prev[T - 1], T - 1)[1]
@@ -226,10 +227,10 @@ def _diagonal_svdvals(form: str, d: Tensor) -> Tensor:
 def _diagonal_fro2(form: str, P: Tensor) -> Tensor:
     """‖·‖_F² of (block-)diagonal matrices from their compact diagonals P (..., n) or (..., h, s, s)."""
     if form == "complex_diagonal":
-        return 2 * P.abs().square().sum(-1)
+        return 2 * norm64(P).square()
     if form == "diagonal":
-        return P.square().sum(-1)
-    return P.square().sum((-3, -2, -1))
+        return norm64(P).square()
+    return norm64(P, (-3, -2, -1)).square()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +278,7 @@ def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tenso
                 torch.matmul(J[:, None], P[:, :n], out=spare[:, :n])
                 P, spare = spare, P
             P[:, n] = J  # start t = end−1: P = J_end
-            grid[:, :end - 1, end - 1] = torch.linalg.matrix_norm(P[:, :end - 1])
+            grid[:, :end - 1, end - 1] = fro64(P[:, :end - 1])
     return grid
 
 
@@ -373,7 +374,7 @@ def gate_norms(core: nn.Module, x: Tensor) -> tuple[tuple[str, ...], Tensor]:
     for t in range(x.shape[1]):
         terms = gate_terms(core, x[:, t], z_prev[t], t)
         names = tuple(terms)
-        rows.append(torch.stack([torch.linalg.matrix_norm(v) for v in terms.values()], dim=-1))  # (B, G)
+        rows.append(torch.stack([fro64(v) for v in terms.values()], dim=-1).to(x.dtype))  # (B, G)
     return names, torch.stack(rows, dim=1)
 
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from gradscope.analysis.reduce import fro64
 from gradscope.errors import check
 from gradscope.models.core import Core, diagonal_blocks, initial_state, step_and_blocks, step_at, step_jacobian
 from gradscope.models.structure import JacobianStructure, structure_of
@@ -173,7 +174,7 @@ class _Accumulator:
         """One counted QR over ``steps`` steps of batch ``block``, from geqrf's output a (..., n, k): R is
         its upper triangle."""
         r = a.diagonal(dim1=-2, dim2=-1).abs().double()  # (..., k)
-        scale = torch.linalg.matrix_norm(a[..., :r.shape[-1], :].triu()).double()[..., None]  # ‖R‖_F
+        scale = fro64(a[..., :r.shape[-1], :].triu())[..., None]  # ‖R‖_F, float64 sums
         self.add_logs(r.log(), block, steps)
         self.small |= r <= self.tol * scale
 

@@ -5,7 +5,8 @@ respect to the D_in state values. Leading batch dims (e.g. one per probe triplet
 whose denominator is 0 (an all-zero Jacobian, say) is NaN, never 0, so it cannot be averaged in
 silently. A Jacobian with a NaN or Inf entry (a diverged model) gives NaN statistics, never an
 exception (see `finite_only`). Complex states (S4D) are handled through their real view; see `real_view_columns` and
-`wirtinger`.
+`wirtinger`. Every sum over a row or a Jacobian accumulates in float64 (:mod:`gradscope.analysis.reduce`),
+whatever the Jacobians' dtype; results come back in the inputs' (promoted) dtype.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from gradscope.analysis.reduce import dot64, fro64, norm64
 from gradscope.errors import check
 
 NAN = float("nan")
@@ -64,8 +66,16 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
 
 
 def _rows(ja: Tensor, jb: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(row dot products, row norms of A, row norms of B), each (..., D_out)."""
-    return (ja * jb).sum(-1), torch.linalg.vector_norm(ja, dim=-1), torch.linalg.vector_norm(jb, dim=-1)
+    """(row dot products, row norms of A, row norms of B), each (..., D_out), accumulated in float64."""
+    return dot64(ja, jb), norm64(ja), norm64(jb)
+
+
+def _like(x: Tensor, *inputs: Tensor) -> Tensor:
+    """A float64 result in the inputs' promoted dtype (float64 inputs: unchanged)."""
+    dtype = inputs[0].dtype
+    for t in inputs[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return x.to(dtype)
 
 
 def default_score(ja: Tensor, jb: Tensor) -> Tensor:
@@ -75,13 +85,13 @@ def default_score(ja: Tensor, jb: Tensor) -> Tensor:
     Jacobian add 0 to both sums; NaN when no row is non-zero in both.
     """
     dots, na, nb = _rows(ja, jb)
-    return _ratio(dots.sum(-1), (na * nb).sum(-1))
+    return _like(_ratio(dots.sum(-1), (na * nb).sum(-1)), ja, jb)
 
 
 def frobenius_score(ja: Tensor, jb: Tensor) -> Tensor:
     """S = ⟨J^A, J^B⟩_F / (‖J^A‖_F ‖J^B‖_F), i.e. weights α_i = ‖g_i‖ / sqrt(Σ_k ‖g_k‖²). (...)"""
-    num = (ja * jb).sum((-2, -1))
-    return _ratio(num, torch.linalg.matrix_norm(ja) * torch.linalg.matrix_norm(jb))
+    num = dot64(ja, jb, (-2, -1))
+    return _like(_ratio(num, fro64(ja) * fro64(jb)), ja, jb)
 
 
 def l1_score(ja: Tensor, jb: Tensor) -> Tensor:
@@ -90,7 +100,7 @@ def l1_score(ja: Tensor, jb: Tensor) -> Tensor:
     Not 1 at A = B (it is Σ‖g_i‖² / (Σ‖g_k‖)² ≤ 1). By Cauchy–Schwarz |default| ≥ |frobenius| ≥ |l1|.
     """
     dots, na, nb = _rows(ja, jb)
-    return _ratio(dots.sum(-1), na.sum(-1) * nb.sum(-1))
+    return _like(_ratio(dots.sum(-1), na.sum(-1) * nb.sum(-1)), ja, jb)
 
 
 SCORES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
@@ -111,7 +121,7 @@ def row_cosines(ja: Tensor, jb: Tensor) -> Tensor:
     """Cosine of each row pair ⟨g_i^A, g_i^B⟩ / (‖g_i^A‖‖g_i^B‖): (..., D_out), NaN where a row is zero."""
     _check_pair(ja, jb)
     dots, na, nb = _rows(ja, jb)
-    return _ratio(dots, na * nb)
+    return _like(_ratio(dots, na * nb), ja, jb)
 
 
 def singular_values(j: Tensor) -> Tensor:
@@ -125,9 +135,10 @@ def effective_rank(sigma: Tensor) -> Tensor:
 
     Roy & Vetterli (2007): between 1 (rank one) and R (all σ equal); 0 log 0 = 0; NaN if all σ = 0.
     """
-    p = _ratio(sigma, sigma.sum(-1, keepdim=True))
+    wide = sigma.double()
+    p = _ratio(wide, wide.sum(-1, keepdim=True))
     plogp = torch.where(p > 0, p * torch.log(p.where(p > 0, 1.0)), 0.0)
-    return torch.exp(-plogp.sum(-1)).where(~p.isnan().any(-1), NAN)
+    return torch.exp(-plogp.sum(-1)).where(~p.isnan().any(-1), NAN).to(sigma.dtype)
 
 
 def subspace_similarity(ja: Tensor, jb: Tensor, k: int | None = None,
@@ -149,9 +160,9 @@ def subspace_similarity(ja: Tensor, jb: Tensor, k: int | None = None,
     k = max(1, limit // 2) if k is None else min(k, limit)
     ua, sa = svd_a if svd_a is not None else svd_or_nan(ja)
     ub, sb = svd_b if svd_b is not None else svd_or_nan(jb)
-    overlap = ua[..., :k].transpose(-2, -1) @ ub[..., :k]  # (..., k, k)
+    overlap = ua[..., :k].double().transpose(-2, -1) @ ub[..., :k].double()  # (..., k, k), float64 sums
     sim = overlap.square().sum((-2, -1)) / k
-    return sim.where((sa[..., k - 1] > 0) & (sb[..., k - 1] > 0), NAN)
+    return _like(sim.where((sa[..., k - 1] > 0) & (sb[..., k - 1] > 0), NAN), ja, jb)
 
 
 def _nan_extreme(x: Tensor, largest: bool) -> Tensor:
@@ -183,9 +194,9 @@ def companion_stats(ja: Tensor, jb: Tensor, ya: Tensor, yb: Tensor, k: int | Non
         "cos_mean": torch.nanmean(cos, dim=-1),
         "cos_min": _nan_extreme(cos, largest=False),
         "cos_max": _nan_extreme(cos, largest=True),
-        "fro_a": torch.linalg.matrix_norm(ja),
-        "fro_b": torch.linalg.matrix_norm(jb),
-        "fro_diff": torch.linalg.matrix_norm(ja - jb),
+        "fro_a": _like(fro64(ja), ja),
+        "fro_b": _like(fro64(jb), jb),
+        "fro_diff": _like(fro64(ja - jb), ja, jb),
         "spectral_a": sa[..., 0],
         "spectral_b": sb[..., 0],
         "eff_rank_a": effective_rank(sa),
@@ -198,7 +209,7 @@ def companion_stats(ja: Tensor, jb: Tensor, ya: Tensor, yb: Tensor, k: int | Non
 def forward_similarity(ya: Tensor, yb: Tensor) -> Tensor:
     """Cosine of the outputs ya, yb (..., D_out) → (...); NaN where either is zero."""
     dot, na, nb = _rows(ya, yb)
-    return _ratio(dot, na * nb)
+    return _like(_ratio(dot, na * nb), ya, yb)
 
 
 def real_view_columns(jc: Tensor) -> Tensor:
@@ -229,6 +240,7 @@ def complex_similarity(ga: Tensor, gb: Tensor) -> Tensor:
     Its real part equals the cosine of the real views (view_as_real, flattened), so the real-view
     score is Re of the complex one and perfect alignment (b = a) scores 1.
     """
-    den = torch.linalg.vector_norm(ga, dim=-1) * torch.linalg.vector_norm(gb, dim=-1)
-    num = (ga * gb.conj()).sum(-1)
-    return torch.where(den > 0, num / den.where(den > 0, 1.0), torch.full_like(num, complex(NAN, NAN)))
+    den = norm64(ga) * norm64(gb)
+    num = dot64(ga, gb.conj())
+    out = torch.where(den > 0, num / den.where(den > 0, 1.0), torch.full_like(num, complex(NAN, NAN)))
+    return out.to(torch.promote_types(ga.dtype, gb.dtype))

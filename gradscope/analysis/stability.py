@@ -17,6 +17,7 @@ from torch import nn
 from gradscope.analysis.cost import MODULE_CALL, ROW_VJP, SKETCH_FLOPS, VJP_MODULE, products_seconds
 from gradscope.analysis.jacobian import jvp_products, state_jacobian
 from gradscope.analysis.lyapunov import analytic_jacobian
+from gradscope.analysis.reduce import dot64, norm64
 from gradscope.analysis.scores import (SCORES, companion_stats, finite_matrices, forward_similarity, svd_or_nan,
                                        wirtinger)
 from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tangents
@@ -64,9 +65,10 @@ class StabilityResult:
 def wirtinger_score(ja: torch.Tensor, jb: torch.Tensor) -> torch.Tensor:
     """Complex default score of conjugate-Wirtinger Jacobians (..., D_out, M):
     Σ_i ⟨a_i, b_i⟩ / Σ_i ‖a_i‖‖b_i‖ with ⟨a, b⟩ = Σ_m a_m conj(b_m). Its real part is the real-view score."""
-    num = (ja * jb.conj()).sum((-2, -1))
-    den = (torch.linalg.vector_norm(ja, dim=-1) * torch.linalg.vector_norm(jb, dim=-1)).sum(-1)
-    return torch.where(den > 0, num / den.where(den > 0, 1.0), torch.full_like(num, complex(float("nan"), 0.0)))
+    num = dot64(ja, jb.conj(), (-2, -1))  # sums in float64 (complex128)
+    den = (norm64(ja) * norm64(jb)).sum(-1)
+    out = torch.where(den > 0, num / den.where(den > 0, 1.0), torch.full_like(num, complex(float("nan"), 0.0)))
+    return out.to(torch.promote_types(ja.dtype, jb.dtype))
 
 
 def triplets_per_chunk(model: nn.Module, requested: int, budget_bytes: int, steps: int = 0) -> int:
