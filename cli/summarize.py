@@ -117,7 +117,9 @@ def _test_table(comparisons: list[TrainingComparison], field: str) -> Table:
     span = f" (iterations {', '.join(f'{a} → {b}' for a, b in spans)})" if spans else ""
     names = [c.metric for c in comparisons]
     prefix = os.path.commonprefix(names)
-    prefix = prefix[:prefix.rfind("/") + 1] if all(len(n) > len(prefix) for n in names) else ""
+    if not all(len(n) > len(prefix) for n in names):  # one metric: keep its last two parts (rare/rare)
+        prefix = prefix[:prefix.rfind("/", 0, prefix.rfind("/")) + 1]
+    prefix = prefix[:prefix.rfind("/") + 1]
     table = Table(title=f"does {field} = {c0.b} − {c0.a} open with training? {c0.label}{span}"
                         f"{f', metrics {prefix}…' if prefix else ''}; seeds paired; the t-intervals decide, the "
                         f"bootstrap and sign-flip test are shown beside", title_justify="left")
