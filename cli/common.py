@@ -130,3 +130,16 @@ def check_text_source(ctx: typer.Context, command: str, text: Path | None, model
         raise GradscopeError(f"--text: it needs a model with its own tokenizer: gradscope {command} DIR --model hf "
                              "--text FILE (gradscope lm checkpoints draw their probes from their corpus)")
     refuse_given(ctx, refused, why)
+
+
+def share_cores() -> None:
+    """Use the cores no other process wants (gradscope.threads), saying so on stderr when that is
+    fewer than the machine's: small products slow down many times over when a thread shares its core."""
+    from gradscope.threads import use_free_cores
+
+    threads, cores = use_free_cores()
+    if threads < cores:
+        from .errors import err_console
+
+        err_console.print(f"note: other processes are running on this machine; using {threads} of {cores} cores "
+                          "(set OMP_NUM_THREADS to choose)", markup=False, highlight=False)
