@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -12,7 +13,7 @@ from typer.core import TyperCommand
 
 from gradscope.errors import GradscopeError
 
-from .common import SETTINGS, command_line, make_console, old_name
+from .common import SETTINGS, command_line, make_console, old_name, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -180,7 +181,7 @@ def train_command(
     (--core, --hidden-size, --vocab-size, …) is named as its config field, as in sweep specs."""
     from gradscope.guard import as_int
     from gradscope.presets import PRESETS, RENAMED_SETTINGS, build_config
-    from gradscope.train.loop import is_run_dir, read_run_config, train
+    from gradscope.train.loop import UnstartedRunWarning, is_run_dir, read_run_config, train
 
     options: dict[str, Any] = dict(ctx.meta.get(SETTINGS, {}))
     old = {"model": model, "layers": layers, "embed": embed, "hidden": hidden, "vocab": vocab, "heldout": heldout}
@@ -223,8 +224,15 @@ def train_command(
             else:
                 progress.update(bar, completed=iteration, loss=f"{log['loss']:.3f}", acc=f"{log['accuracy']:.3f}")
 
-        result = train(cfg, run_dir, resume=resume is not None, stop_after=stop_after, on_step=on_step, command=command,
-                       extend_from=extend_from if resume is None else None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UnstartedRunWarning)
+            result = train(cfg, run_dir, resume=resume is not None, stop_after=stop_after, on_step=on_step,
+                           command=command, extend_from=extend_from if resume is None else None)
+        for w in caught:
+            if issubclass(w.category, UnstartedRunWarning):
+                warn(str(w.message))
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if result:
         print_result(result, run_dir)
     else:

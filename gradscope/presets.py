@@ -96,6 +96,28 @@ RENAMED_SETTINGS = {"model": "core", "layers": "num_layers", "embed": "embed_siz
 BETAS = ("beta1", "beta2")  # TrainConfig.betas, one setting per value
 
 
+def registered_choices() -> dict[str, str]:
+    """The names each registry holds now, for help texts: placeholder → "a, b and c"."""
+    from gradscope.models.pe import PE_TYPES
+    from gradscope.models.registry import CORES
+    from gradscope.tasks.registry import TASKS
+
+    def listed(names: list[str]) -> str:
+        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+    return {"{tasks}": listed(list(TASKS)), "{cores}": listed(list(CORES)), "{pes}": listed(list(PE_TYPES))}
+
+
+def with_choices(text: str) -> str:
+    """A help text with its registry placeholders ({tasks}, {cores}, {pes}) replaced by the names
+    registered now, so no list of choices is written by hand."""
+    if "{" not in text:
+        return text
+    for placeholder, names in registered_choices().items():
+        text = text.replace(placeholder, names)
+    return text
+
+
 def settings() -> dict[str, Setting]:
     """Every setting, by name: the fields of the config sections declared with
     :func:`gradscope.fields.option`, then every registered core's own options (section "core").
@@ -114,8 +136,8 @@ def settings() -> dict[str, Setting]:
         for f in dataclasses.fields(cls):
             if "help" in f.metadata:
                 low, high = f.metadata.get("range", (None, None))
-                add(Setting(f.metadata.get("flag") or f.name, section, f.name, type(f.default), f.metadata["help"],
-                            low, high))
+                add(Setting(f.metadata.get("flag") or f.name, section, f.name, type(f.default),
+                            with_choices(f.metadata["help"]), low, high))
     for name, o in core_options().items():
         add(Setting(name, "core", name, o.kind, o.help, o.low, o.high, o.cores))
     return out

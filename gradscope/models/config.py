@@ -66,14 +66,13 @@ class ModelConfig:
     """
 
     # option(...): a setting of `gradscope train --<field>` and of sweep specs (help: its --help text)
-    core: str = option("gru", "Core: a name in gradscope's core registry (an unknown name lists them all). A core's "
-                              "own settings follow the training settings.")
+    core: str = option("gru", "Core: a name in gradscope's core registry ({cores}). A core's own settings follow "
+                              "the training settings.")
     vocab_size: int = 64  # K output classes; the embedding has K + 1 rows (sized to the task, not a setting)
     embed_size: int = option(512, "Embedding size E.")
     hidden_size: int = option(512, "Hidden size H.")
     num_layers: int = option(1, "Number of layers (RNN) or S4D blocks.")
-    pe: str = option("none", "Positional encoding: a kind in gradscope's PE registry (none, sinusoidal, learnable, "
-                             "random and dummy are built in; an unknown name lists them all).")
+    pe: str = option("none", "Positional encoding: a kind in gradscope's PE registry ({pes}).")
     pe_combine: str = option("concat", "How PE meets the embedding: concat or add.")
     # positions a learnable/random PE covers (>= total sequence length)
     max_len: int = option(128, "Positions covered by a learnable/random PE (default: the task's length).")

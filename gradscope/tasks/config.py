@@ -20,9 +20,7 @@ class TaskConfig:
     number of tokens to remember for ``copy``)."""
 
     # option(...): a setting of `gradscope train --<field>` (``name`` is --task) and of sweep specs
-    name: str = option("reverse", "Task: a name in gradscope's task registry (reverse, reverse-variable, sort, "
-                                  "delayed-sum, predecessor and copy are built in; an unknown name lists them all).",
-                       flag="task")
+    name: str = option("reverse", "Task: a name in gradscope's task registry ({tasks}).", flag="task")
     vocab_size: int = option(64, "Vocabulary size K (copy: data tokens; blank and delimiter are added).")
     length: int = option(64, "Sequence length L (reverse-variable: the maximum).")
     min_length: int = option(32, "reverse-variable: the minimum L.")

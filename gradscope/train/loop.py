@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable
@@ -65,6 +66,10 @@ class TrainState:
     def trainable(self) -> list[torch.nn.Parameter]:
         """What the optimizer holds: the new rows of an extension run, else every parameter."""
         return list((self.rows if self.rows is not None else self.model).parameters())
+
+
+class UnstartedRunWarning(UserWarning):
+    """A resumed run had no checkpoint yet, so it starts again from iteration 0 (nothing is lost)."""
 
 
 def resumable(run_dir: Path) -> bool:
@@ -201,6 +206,18 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, stop_after: in
     with run_lock(run_dir):
         if run_dir.is_dir():
             remove_stale_temporaries(run_dir)  # what a killed run of this directory left half-written
+        if resume and not resumable(run_dir):  # killed before its first checkpoint: nothing to lose
+            check(read_run_config(run_dir) == cfg,
+                  f"resume: {run_dir / CONFIG_FILE} does not hold this run's configuration")
+            command = str(json.loads((run_dir / CONFIG_FILE).read_text()).get("command", "")) or command
+            others = sorted(p.name for p in run_dir.iterdir() if p.name not in (CONFIG_FILE, METRICS_FILE))
+            check(not others, f"resume: {run_dir} has no checkpoint to resume from but holds {', '.join(others)}; "
+                              f"move it away to start the run again")
+            warnings.warn(f"resume: {run_dir} has no checkpoint yet (it stopped before its first); starting it from "
+                          f"iteration 0 with its recorded configuration", UnstartedRunWarning, stacklevel=2)
+            for name in (CONFIG_FILE, METRICS_FILE):
+                (run_dir / name).unlink(missing_ok=True)
+            resume = False
         if resume:
             state, log = _resumed_state(cfg, run_dir, device)
             atomic_write_text(run_dir / METRICS_FILE, log, what="resume")  # the redone iterations' lines go

@@ -97,3 +97,47 @@ def test_installed_distribution_has_no_bare_generic_modules() -> None:
     import gradscope.cli.app
     import gradscope.reports
     assert gradscope.cli.app.__name__ == "gradscope.cli.app" and gradscope.reports.__name__ == "gradscope.reports"
+
+
+def test_help_lists_every_registered_task_core_and_pe(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choices in `gradscope train --help` come from the registries (a name registered at run time
+    appears too); none is written by hand."""
+    from gradscope.models.pe import PE_TYPES
+    from gradscope.models.registry import CORES
+    from gradscope.tasks.registry import TASKS
+
+    monkeypatch.setitem(TASKS, "echo-test-task", TASKS["reverse"])
+    result = runner.invoke(app, ["train", "--help"], terminal_width=400)
+    assert result.exit_code == 0, result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip().startswith("--")}
+    for flag, names in (("--task", TASKS), ("--core", CORES), ("--pe", PE_TYPES)):
+        for name in names:
+            assert name in lines[flag], (flag, name, lines[flag])
+    assert "{" not in lines["--task"] and "echo-test-task" in result.stdout
+
+
+def test_resume_before_the_first_checkpoint_starts_afresh(runner: CliRunner, tmp_path: Path) -> None:
+    """A run killed before its first checkpoint (a config and a few log lines) resumes by starting again
+    from iteration 0 with its recorded configuration, saying so, and ends as an uninterrupted run does."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert runner.invoke(app, ["train", "-o", str(whole), *SMALL]).exit_code == 0
+    assert runner.invoke(app, ["train", "-o", str(killed), *SMALL, "--stop-after", "10"]).exit_code == 0
+    for p in killed.glob("step-*.pt"):
+        p.unlink()  # as if killed before its first checkpoint: its config and a log line are left
+    recorded = json.loads((killed / "config.json").read_text())["command"]
+    result = runner.invoke(app, ["train", "--resume", str(killed), "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert "warning: resume:" in result.stderr and "iteration 0" in result.stderr
+    assert json.loads((killed / "config.json").read_text())["command"] == recorded
+    import torch
+    a = torch.load(whole / "step-0000030.pt", weights_only=True)["model"]
+    b = torch.load(killed / "step-0000030.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-7) for k in a)
+    assert json.loads((killed / "eval.json").read_text())["iteration"] == 30
+    stray = tmp_path / "stray"
+    assert runner.invoke(app, ["train", "-o", str(stray), *SMALL, "--stop-after", "10"]).exit_code == 0
+    for p in stray.glob("step-*.pt"):
+        p.unlink()
+    (stray / "notes.txt").write_text("mine")
+    refused = runner.invoke(app, ["train", "--resume", str(stray), "-q"])
+    assert refused.exit_code == 2 and "notes.txt" in refused.stderr and (stray / "notes.txt").exists()
