@@ -52,8 +52,8 @@ from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
 from gradscope.workflows.common import (MAX_COUNT, as_count, conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, warn_diverged)
-from gradscope.workflows.options import (LADDERS, PARTS, QR_DTYPE_NAMES, RENAMED_DYNAMICS, DynamicsOptions, check_read,
-                                         derived_warmup, set_options, take_renamed)  # declared there, torch-free
+from gradscope.workflows.options import (LADDERS, PARTS, QR_DTYPE_NAMES, RENAMED_DYNAMICS, DynamicsOptions,
+                                         applied_options, check_read, derived_warmup, set_options, take_renamed)  # declared there, torch-free
 
 QR_DTYPES = dict(zip(QR_DTYPE_NAMES, (torch.float64, torch.float32)))
 OWNERS = {"flow": ("sequences",), "grid": ("grid_sequences",), "spectra": ("sequences",), "gates": ("sequences",),
@@ -309,7 +309,7 @@ class DynamicsRun:
         ds = dynamics_dataset(self.results, tokens=np.concatenate([tokens, query], axis=1),
                               token_class=self.token_class, condition=np.asarray(self.probes.conditions),
                               gate_names=self.gate_names, lyapunov_steps=self.lyapunov_steps,
-                              options=dataclasses.asdict(self.options), config=self.config,
+                              options=applied_options(self.options), config=self.config,
                               command=self.command, device=self.device)
         ds.attrs["nonfinite_values"] = json.dumps(self.nonfinite)
         if self.plan is not None:

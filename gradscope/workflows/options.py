@@ -50,6 +50,21 @@ def unread_options(parts: tuple[str, ...] | None, given: set[str], parts_name: s
     return None
 
 
+def applied_options(opts: "DynamicsOptions") -> dict[str, Any]:
+    """What a dynamics store records of ``opts`` (as planned): every option but those of parts it leaves out
+    (a part the plan dropped, say, takes its options with it), so nothing that was not applied reaches a store."""
+    out = dataclasses.asdict(opts)
+    chosen = set(PARTS if opts.parts is None else opts.parts)
+    for part, names in PART_OPTIONS.items():
+        if part not in chosen:
+            for name in names:
+                out.pop(name, None)
+    if not set(PROBE_PARTS) & chosen:
+        for name in PROBE_OPTIONS:
+            out.pop(name, None)
+    return out
+
+
 def derived_warmup(steps: int) -> int:
     """The Lyapunov warm-up a trajectory of ``steps`` steps gets when none is given: a tenth, at most 100."""
     return min(100, steps // 10)

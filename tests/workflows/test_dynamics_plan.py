@@ -150,3 +150,26 @@ def test_a_real_size_structure_is_described_in_one_readable_line() -> None:
     assert _mamba130m().describe() == "lower-triangular over 48 blocks: 24 layers × (conv block_diagonal(3), ssm diagonal)"
     mixed = JacobianStructure((StateBlock("l0/conv", 0, 3, "block_diagonal", 3), StateBlock("l1/ssm", 3, 5, "diagonal")))
     assert mixed.describe() == "lower-triangular over 2 blocks: l0/conv block_diagonal(3), l1/ssm diagonal"
+
+
+def test_options_of_a_part_the_plan_drops_do_not_reach_the_store(tmp_path: Path) -> None:
+    """--sv 4 with a budget that leaves the spectra out: the store records no sv (nothing that was not
+    applied reaches a store); the parts kept keep theirs."""
+    from gradscope.store import read_store
+    from gradscope.workflows.options import applied_options
+
+    kept = applied_options(DynamicsOptions(parts=("flow", "lyapunov"), sv=4, lyap_warmup=3, steps=30))
+    assert "sv" not in kept and "grid_sequences" not in kept and kept["lyap_warmup"] == 3
+    assert "sequences" in kept
+    gone = applied_options(DynamicsOptions(parts=("lyapunov",), sv=4, steps=30))
+    assert not {"sv", "sequences", "target_freq", "disturbant"} & set(gone)
+    plans = []
+    run = run_dynamics([SAMPLES / "gru-none-s1" / "step-0006000.pt"],
+                       DynamicsOptions(sv=4, sequences=1, grid_sequences=1, trajectories=1, steps=20, lyap_warmup=2,
+                                       parts=("flow", "lyapunov")), on_plan=plans.append)
+    out = tmp_path / "d.zarr"
+    from gradscope.store import write_store
+    write_store(run.to_xarray(), out)
+    import json
+    options = json.loads(read_store(out).attrs["options"])
+    assert "sv" not in options and options["lyap_warmup"] == 2 and plans[0].options.parts == ("flow", "lyapunov")
