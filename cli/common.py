@@ -133,13 +133,8 @@ def check_text_source(ctx: typer.Context, command: str, text: Path | None, model
 
 
 def share_cores() -> None:
-    """Use the cores no other process wants (gradscope.threads), saying so on stderr when that is
-    fewer than the machine's: small products slow down many times over when a thread shares its core."""
+    """Use the cores no other process wants (gradscope.threads): small products slow down many times over
+    when a thread shares its core. Silent, so that an error stays one line; the stores record the count."""
     from gradscope.threads import use_free_cores
 
-    threads, cores = use_free_cores()
-    if threads < cores:
-        from .errors import err_console
-
-        err_console.print(f"note: other processes are running on this machine; using {threads} of {cores} cores "
-                          "(set OMP_NUM_THREADS to choose)", markup=False, highlight=False)
+    use_free_cores()

@@ -41,7 +41,7 @@ def provenance(kind: str, command: str, device: str, extra: dict[str, Any] | Non
     """Attributes every store carries. Nested values are JSON strings (portable zarr attributes)."""
     attrs: dict[str, Any] = {
         "kind": kind, "gradscope_version": __version__, "torch_version": str(torch.__version__),
-        "device": device, "host": platform.node(), "command": command,
+        "device": device, "host": platform.node(), "command": command, "threads": torch.get_num_threads(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     for key, value in (extra or {}).items():

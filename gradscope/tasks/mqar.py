@@ -11,7 +11,9 @@ Keys are P distinct tokens drawn without replacement from the task's vocabulary 
 the upper half of the ids is rare, ``rarity`` being the chance that one draw is rare), values are
 uniform over the K tokens, and the queries ask every key once, in a random order. Accuracy is
 conditioned on the key's frequency group and on the distance between a pair and its query (the
-query key's position minus the pair key's: 2 … 2L − 2), in at most four bins of equal width.
+query key's position minus the pair key's: 2 … 2L − 2), in at most four bins of equal width. A uniform
+vocabulary has no frequency groups: its keys are split into the lower and upper half of the ids, and the
+groups are named so (``lower-ids``, ``upper-ids``), never "frequent" and "rare".
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from gradscope.tasks.config import TaskConfig
 
 MAX_BINS = 4
+# a uniform vocabulary has no frequency groups: its keys are split by id, and named for it
+UNIFORM_GROUPS = ("lower-ids", "upper-ids")
 
 
 def distance_bins(length: int) -> list[tuple[int, int]]:
@@ -51,7 +55,7 @@ class MQAR(Task):
                                     help="accuracy of the recalled value by the key's group and the pair–query distance"),
         "recall_n": Variable(dims=("key_group", "distance"), kind=COUNT, help="queries per cell"),
         "key_accuracy": Variable(dims=("checkpoint", "key_group"), kind=FLOAT, help="accuracy by the key's group"),
-        "key_group": Variable(dims=("key_group",), kind=STR, help="frequent, rare"),
+        "key_group": Variable(dims=("key_group",), kind=STR, help="frequent, rare (a uniform vocabulary: lower-ids, upper-ids)"),
         "distance": Variable(dims=("distance",), kind=STR, help="the distance bin, as first–last"),
         "distance_start": Variable(dims=("distance",), kind=INT, help="first distance of the bin"),
         "distance_end": Variable(dims=("distance",), kind=INT, help="last distance of the bin"),
@@ -106,9 +110,10 @@ class MQAR(Task):
             + torch.bucketize(distance, low, right=True) - 1
         right = preds[:, length::2] == batch.targets[:, length::2]
         size = len(GROUP_NAMES) * len(bins)
+        groups = GROUP_NAMES if self.cfg.distribution == "dual" else UNIFORM_GROUPS
         return {"correct": torch.bincount(cell[right], minlength=size).reshape(len(GROUP_NAMES), -1).numpy(),
                 "total": torch.bincount(cell.flatten(), minlength=size).reshape(len(GROUP_NAMES), -1).numpy(),
-                "edges": np.array(bins)}
+                "edges": np.array(bins), "groups": np.asarray(groups, dtype=object)}
 
     @classmethod
     def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:
@@ -117,7 +122,7 @@ class MQAR(Task):
         return ({"recall_accuracy": (("checkpoint", "key_group", "distance"), ratio(correct, total)),
                  "recall_n": (("key_group", "distance"), total[0]),
                  "key_accuracy": (("checkpoint", "key_group"), ratio(correct.sum(-1), total.sum(-1)))},
-                {"key_group": np.asarray(GROUP_NAMES, dtype=object),
+                {"key_group": np.asarray(counts[0].get("groups", GROUP_NAMES), dtype=object),
                  "distance": np.asarray([f"{a}–{b}" for a, b in edges], dtype=object),
                  "distance_start": ("distance", edges[:, 0].copy()), "distance_end": ("distance", edges[:, 1].copy())})
 

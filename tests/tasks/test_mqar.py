@@ -71,6 +71,20 @@ def test_counts_equal_a_plain_loop_over_queries() -> None:
     assert [tuple(e) for e in got["edges"]] == bins == [(2, 4), (6, 8), (10, 12), (14, 14)]
 
 
+def test_a_uniform_vocabulary_names_its_key_groups_by_id_not_frequency() -> None:
+    """A uniform vocabulary has no rare keys: its two halves of the ids are named lower-ids and upper-ids
+    in the counts and the stored part (they were reported as "frequent" and "rare")."""
+    from gradscope.tasks.mqar import MQAR
+
+    for distribution, names in (("uniform", ["lower-ids", "upper-ids"]), ("dual", ["frequent", "rare"])):
+        t = task(distribution=distribution)
+        b = t.sample(50, torch.Generator().manual_seed(4))
+        counts = t.score(b, b.targets.clamp(min=0))
+        assert list(counts["groups"]) == names
+        _, coords = MQAR.accuracy_part([counts])
+        assert list(coords["key_group"]) == names
+
+
 @pytest.mark.parametrize("settings, flag", [({"length": 7}, "length"), ({"length": 40}, "length")])
 def test_settings_it_cannot_run_are_refused_naming_the_setting(settings: dict, flag: str) -> None:
     with pytest.raises(GradscopeError, match=f"^{flag}: "):
