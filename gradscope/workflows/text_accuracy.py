@@ -178,11 +178,11 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
     net = net.to(device).eval()
     forward = _forward(net)
     start = text.start
-    with torch.no_grad():
-        vocab = int(forward(torch.tensor([[start if start is not None else 0]], device=device)).shape[-1])
+    with torch.no_grad():  # the vocabulary from token 0: the start token may lie beyond it (checked next)
+        vocab = int(forward(torch.tensor([[0]], device=device)).shape[-1])
+    check(start is None or start < vocab, f"tokenizer: its start token {start} is beyond the model's vocabulary of {vocab}")
     counts = (counts_text if counts_text is not None else text).counts(vocab)
     text.counts(vocab)  # every id of the scored text within the model's vocabulary
-    check(start is None or start < vocab, f"tokenizer: its start token {start} is beyond the model's vocabulary of {vocab}")
     bins = text_bins(counts)  # (13, V)
     lengths = text.lengths + (1 if start is not None else 0)  # sequence lengths
     longest = int(text.lengths.max())

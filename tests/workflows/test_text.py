@@ -306,3 +306,21 @@ def test_without_a_start_token_the_first_token_is_context_only(saved, tmp_path: 
     assert int(ds["pos_n"].values[0]) == 0 and int(ds["pos_n"].sum()) == len(losses)
     assert float(ds["perplexity"].values[0]) == pytest.approx(math.exp(sum(losses) / len(losses)), rel=1e-5)
     assert ds.attrs["options"].count('"start_token": null') == 1
+
+
+def test_a_start_token_beyond_the_models_vocabulary_is_one_line(saved, runner, tmp_path: Path) -> None:  # noqa: ANN001
+    """The text's words lie within the model's vocabulary, but the tokenizer's start token does not: one
+    line naming it (it was an IndexError traceback from the embedding)."""
+    model_dir, text = saved
+    vocab = transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True).__len__()
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    ids = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(WORDS)}, "<s>": vocab + 500}
+    assert len(WORDS) + 1 < vocab
+    tok = Tokenizer(models.WordLevel(ids, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    far = tmp_path / "far"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>").save_pretrained(far)
+    refused(runner.invoke(app, ["accuracy", str(model_dir), "--model", "hf", "--text", str(text), "--tokenizer",
+                                str(far), "-q", "-o", str(tmp_path / "a.zarr")]), "start token", "vocabulary")
+    assert not (tmp_path / "a.zarr").exists()
