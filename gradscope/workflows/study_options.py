@@ -169,6 +169,14 @@ class TextStudyOptions:
         # the study's key records every option: 20 from Python and 20.0 from the command line are one study
         check_seconds(self.budget_seconds, "budget_seconds")
         object.__setattr__(self, "budget_seconds", float(self.budget_seconds))
+        # the probes' own rules, named as the study's options, before any work (the stability and dynamics steps
+        # would name theirs, length and target_pos, only after the accuracy store is written)
+        object.__setattr__(self, "triplets", as_count(self.triplets, "triplets", 1))
+        object.__setattr__(self, "probe_length", as_count(self.probe_length, "probe_length", 2))
+        object.__setattr__(self, "target_pos", as_count(self.target_pos, "target_pos", 1))
+        check(self.target_pos <= self.probe_length - 1,
+              f"target_pos: got {self.target_pos}; a probe row of probe_length {self.probe_length} holds paragraph "
+              f"tokens 1…{self.probe_length - 1} before its last (give a smaller target_pos or a larger probe_length)")
 
 
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")  # dask's network transports

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import xarray as xr
 
-from gradscope.errors import check
+from gradscope.errors import GradscopeError, check
 from gradscope.files.io import sha256_file
 from gradscope.store.io import read_store, write_store
 from gradscope.workflows.dynamics import DynamicsOptions
@@ -64,6 +64,34 @@ def _finished(path: Path, kind: str, key: str) -> bool:
           f"out: {path} is the {kind} store of another study (another model, text or option); choose another "
           f"--out, or remove it")
     return True
+
+
+class _Planned(Exception):
+    """Raised from a step's on_plan: its plan is made, no work is done."""
+
+
+def _stop(plan: Any) -> None:
+    raise _Planned
+
+
+def _plans_fit(folder: Path, stab_opts: StabilityOptions, dyn_opts: DynamicsOptions, source: TextSource,
+               probe_length: int, model_factory: str, todo: list[str]) -> None:
+    """The stability and dynamics steps planned (model, tokens and probes made, no work done) before the
+    first store is written, so an option they would refuse is refused now, named as the study's option."""
+    planners = {"stability": lambda: run_text_stability(folder, stab_opts, source, model_factory=model_factory,
+                                                        on_plan=_stop),
+                "dynamics": lambda: run_text_dynamics(folder, dyn_opts, source, length=probe_length,
+                                                      model_factory=model_factory, on_plan=_stop)}
+    for step in (s for s in ("stability", "dynamics") if s in todo):
+        try:
+            planners[step]()
+        except _Planned:
+            continue
+        except GradscopeError as exc:
+            text = str(exc)
+            if text.startswith("checkpoint_budget_seconds:"):  # the study gives stability ten times its budget
+                text = "budget_seconds: stability's budget is ten times it;" + text[len("checkpoint_budget_seconds:"):]
+            raise GradscopeError(text) from None
 
 
 def reproduce_text(model_dir: str | Path | None = None, text: str | Path | None = None, *, out: str | Path,
@@ -111,10 +139,16 @@ def reproduce_text(model_dir: str | Path | None = None, text: str | Path | None 
     todo = [step for step in STEPS if not _finished(stores[step], step, key)]
     if todo:  # the text's own limits before any work (tokenised once: the steps read the cache)
         tokens = tokenize_text(opts.text, Path(opts.tokenizer) if opts.tokenizer is not None else folder, what="text")
-        need = probe_length - (1 if tokens.start is not None else 0)
+        shift = 1 if tokens.start is not None else 0
+        need = probe_length - shift
         longest = int(tokens.lengths.max())
         check(longest >= need, f"probe_length: got {probe_length}; no paragraph of {opts.text} has the {need} tokens "
                                f"a row of {probe_length} needs (its longest has {longest}); give a smaller one")
+        check(target_pos <= probe_length - shift - 1,
+              f"target_pos: got {target_pos}; a probe row of probe_length {probe_length} holds paragraph tokens "
+              f"1…{probe_length - shift - 1}{' after the start token' if shift else ''}, before its last (give a smaller "
+              f"target_pos or a larger probe_length)")
+        _plans_fit(folder, stab_opts, dyn_opts, source, probe_length, model_factory, todo)
     for step in STEPS:
         if step not in todo:
             if on_step is not None:

@@ -241,3 +241,22 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
     assert study.ran == () and sorted(study.stores) == ["accuracy", "dynamics", "stability"]
     with pytest.raises(gradscope.GradscopeError, match="^model_dir: given twice"):
         gradscope.reproduce_text(model_dir, text, out=out, model=model_dir)
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--probe-length", "8"], ("--target-pos", "probe_length 8")),          # the default target position, 16
+    (["--target-pos", "40", "--probe-length", "10"], ("--target-pos",)),
+    (["--probe-length", "1"], ("--probe-length",)),                         # it named `length`
+    (["--budget-seconds", "1e-3"], ("--budget-seconds",)),                  # it named checkpoint_budget_seconds
+])
+def test_reproduce_text_option_errors_come_before_any_store(saved, runner, tmp_path: Path, extra: list[str],  # noqa: ANN001
+                                                            words: tuple[str, ...]) -> None:
+    """Each was refused only after accuracy.zarr was written, and some named another command's option."""
+    model_dir, text = saved
+    out = tmp_path / "study"
+    result = runner.invoke(app, ["reproduce", "--model-dir", str(model_dir), "--text", str(text), "-o", str(out),
+                                 "--triplets", "3", *extra])
+    refused(result, *words)
+    import re
+    assert "checkpoint_budget_seconds" not in result.stderr and not re.search(r"(?<![-_])length:", result.stderr)
+    assert not out.exists()
