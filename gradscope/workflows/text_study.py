@@ -23,10 +23,12 @@ import xarray as xr
 
 from gradscope.errors import GradscopeError, check
 from gradscope.files.io import sha256_file
+from gradscope.guard import check_bytes
+from gradscope.models.adapters.tokenizer import tokenizer_files, tokenizer_sha256
 from gradscope.store.io import read_store, write_store
 from gradscope.workflows.dynamics import DynamicsOptions
 from gradscope.workflows.stability import StabilityOptions
-from gradscope.workflows.text import tokenize_text
+from gradscope.workflows.text import BYTES_PER_TEXT_BYTE, tokenize_text
 from gradscope.workflows.text_accuracy import TextAccuracyOptions, run_text_accuracy
 from gradscope.workflows.study_options import PROBE_TARGET_POS, TextStudyOptions  # declared torch-free (reproduce --help)
 from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text_dynamics, run_text_stability
@@ -43,15 +45,39 @@ class TextStudy:
     ran: tuple[str, ...]
 
 
+MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".json")  # weights and configuration
+
+
+def model_files(model: Path) -> list[Path]:
+    """The files that make the model: a weights file itself, or a folder's weights (``.safetensors``,
+    ``.bin``, ``.pt``, …) and JSON configuration; other files in the folder (notes, logs, a stray large file)
+    are not the model and are not read."""
+    if not model.is_dir():
+        return [model]
+    return sorted(p for p in model.iterdir() if p.is_file() and p.suffix in MODEL_SUFFIXES)
+
+
 def study_key(model: Path, opts: TextStudyOptions, model_factory: str) -> dict[str, Any]:
-    """What makes two runs the same study: the model's folder and files, the texts and every option."""
-    files = sorted(p for p in model.iterdir() if p.is_file()) if model.is_dir() else [model]
-    key = {**dataclasses.asdict(opts), "model": str(model.resolve()), "model_factory": model_factory,
-           "model_sha256": {p.name: sha256_file(p) for p in files},
-           "text_sha256": sha256_file(Path(opts.text))}
-    if opts.counts_text is not None:
-        key["counts_sha256"] = sha256_file(Path(opts.counts_text))
-    key.pop("device")  # the same numbers on any device, within float tolerance
+    """What makes two runs the same study, by content, never by path: the sha256 of the model's weights and
+    configuration (:func:`model_files`), of the text, the counts text and the tokenizer's files, and every
+    other option. Every size is checked (against the memory budget, as tokenising would) before anything is
+    hashed, so a 64 GiB text is refused at once."""
+    texts = {"text": Path(opts.text), **({"counts_text": Path(opts.counts_text)} if opts.counts_text else {})}
+    for what, path in texts.items():
+        check(path.is_file(), f"{what}: {path} is not a file")
+        check_bytes(BYTES_PER_TEXT_BYTE * path.stat().st_size, f"{what}: tokenising {path} "
+                                                               f"({path.stat().st_size} bytes)")
+    tok_files = tokenizer_files(Path(opts.tokenizer) if opts.tokenizer is not None else model,
+                                "tokenizer" if opts.tokenizer is not None else "model_dir")
+    files = model_files(model)
+    check(bool(files), f"model_dir: {model} holds no weights or configuration files")
+    for f in files:
+        check_bytes(f.stat().st_size, f"model_dir: {f}")  # read whole when loaded
+    key = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("text", "counts_text", "tokenizer", "device")}
+    key.update({"model_factory": model_factory, "model_sha256": {p.name: sha256_file(p) for p in files},
+                "text_sha256": sha256_file(texts["text"]), "tokenizer_sha256": tokenizer_sha256(tok_files)})
+    if "counts_text" in texts:
+        key["counts_sha256"] = sha256_file(texts["counts_text"])
     return key
 
 

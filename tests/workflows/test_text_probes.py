@@ -5,6 +5,7 @@ the tokenizer encodes them here, independently of gradscope's tokenising and cac
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -260,3 +261,41 @@ def test_reproduce_text_option_errors_come_before_any_store(saved, runner, tmp_p
     import re
     assert "checkpoint_budget_seconds" not in result.stderr and not re.search(r"(?<![-_])length:", result.stderr)
     assert not out.exists()
+
+
+def test_a_text_study_is_keyed_by_content_never_by_path(saved, runner, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The same text by a relative path is the same study; a tokenizer replaced in place is another; a huge
+    text is refused before anything is hashed, and a stray large file beside the model is not read."""
+    import shutil
+
+    import gradscope
+    from gradscope.workflows.study_options import TextStudyOptions
+    from gradscope.workflows.text_study import study_key
+
+    model_dir, text = saved
+    local = tmp_path / "model"
+    shutil.copytree(model_dir, local)
+    opts = TextStudyOptions(text=str(text))
+    monkeypatch.chdir(text.parent)
+    assert study_key(local, TextStudyOptions(text=text.name), "hf") == study_key(local, opts, "hf")
+    with open(local / "stray.bin.partial", "wb") as fh:  # sparse: 64 GiB on paper; not a model file
+        fh.truncate(64 << 30)
+    assert study_key(local, opts, "hf") == study_key(model_dir, opts, "hf")
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as fh:
+        fh.truncate(64 << 30)
+    with pytest.raises(gradscope.GradscopeError, match="^text: tokenising .* memory"):
+        study_key(local, TextStudyOptions(text=str(huge)), "hf")
+    out = tmp_path / "study"
+    args = ["reproduce", "--model-dir", str(local), "--text", text.name, "-o", str(out), "--triplets", "3",
+            "--target-pos", str(POS), "--probe-length", str(LENGTH), "--max-length", "64", "--resamples", "50",
+            "--budget-seconds", "20"]
+    assert runner.invoke(app, args).exit_code == 0
+    again = runner.invoke(app, [*args[:4], str(text), *args[5:]])  # the absolute path: the same study
+    assert again.exit_code == 0 and again.stdout.count("skipped") == 3, again.stdout
+    tok = json.loads((local / "tokenizer.json").read_text())  # the same tokenizer with its ids permuted
+    vocab = tok["model"]["vocab"]
+    ids = sorted(vocab.values())
+    tok["model"]["vocab"] = dict(zip(vocab, ids[1:] + ids[:1]))
+    (local / "tokenizer.json").write_text(json.dumps(tok))
+    refused(runner.invoke(app, args), "another study")
