@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,7 +12,7 @@ from rich.markup import escape
 
 from gradscope.workflows.study_options import CorpusOptions  # torch-free: --help builds the options from it
 
-from .common import SETTINGS, make_console, refuse_given
+from .common import SETTINGS, make_console, refuse_given, warn
 from .errors import user_errors
 from .generated import build_options, generated_command
 
@@ -38,20 +39,27 @@ def prepare_command(
     """Strip headings and blank lines, train a SentencePiece tokenizer on the train split, and write
     the splits as memory-mapped token arrays with counts and a manifest. The settings (--vocab-size …
     --split-seed) are CorpusOptions' fields."""
-    from gradscope.workflows.corpus import prepare_corpus
+    from gradscope.workflows.corpus import SplitLeakWarning, prepare_corpus
 
     settings = build_options(CorpusOptions, ctx.meta.get(SETTINGS, {}))  # every value checked in its __post_init__
     if valid_file is not None or test_file is not None:  # the split files are the held-out splits
         refuse_given(ctx, ["valid", "test", "split_seed"], "they split one file's paragraphs; with --valid-file "
                      "and --test-file the held-out splits are those files")
-    if quiet:
-        corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file)
-    else:  # a spinner with the stage and its elapsed time (tokenizer training on WikiText-103 takes minutes)
-        with console.status("preparing the corpus") as status:
-            clock = time.perf_counter()
-            corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file,
-                                    on_stage=lambda text: (status.update(text + " …"), console.print(
-                                        f"{time.perf_counter() - clock:7.1f} s  {text}", markup=False)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SplitLeakWarning)
+        if quiet:
+            corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file)
+        else:  # a spinner with the stage and its elapsed time (tokenizer training on WikiText-103 takes minutes)
+            with console.status("preparing the corpus") as status:
+                clock = time.perf_counter()
+                corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file,
+                                        on_stage=lambda text: (status.update(text + " …"), console.print(
+                                            f"{time.perf_counter() - clock:7.1f} s  {text}", markup=False)))
+    for w in caught:
+        if issubclass(w.category, SplitLeakWarning):
+            warn(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     for name, info in corpus.manifest["splits"].items():
         console.print(f"{name}: {info['paragraphs']} paragraphs, {info['tokens']} tokens")
     seen = int((corpus.counts > 0).sum())

@@ -10,6 +10,8 @@ written to a temporary directory beside ``out`` and renamed into place when comp
 
 from __future__ import annotations
 
+import warnings
+
 import io
 import json
 import os
@@ -131,6 +133,41 @@ def _save(path: Path, arr: np.ndarray) -> None:
         np.save(fh, arr, allow_pickle=False)
 
 
+LEAK_REFUSED = 0.5  # a held-out split with this share of its paragraphs in an earlier split is that split again
+
+
+class SplitLeakWarning(UserWarning):
+    """Some paragraphs of a held-out split also occur in the training (or valid) split."""
+
+
+def _normalised(paragraph: str) -> str:
+    """A paragraph compared across splits: whitespace runs (spaces, tabs, CR of CRLF line ends) as one space."""
+    return " ".join(paragraph.split())
+
+
+def check_leakage(paras: dict[str, list[str]], named: dict[str, str]) -> None:
+    """Paragraphs of the valid and test splits that also occur in an earlier split (train; for test, valid
+    too), compared after normalising whitespace and line ends, in any order: a split holding
+    :data:`LEAK_REFUSED` or more of them is refused in one line (it is the other split again, reordered or
+    re-spaced); a smaller share is a :class:`SplitLeakWarning` naming it (real corpora repeat some lines)."""
+    seen: set[str] = set()
+    order = [k for k in ("train", "valid", "test") if k in paras]
+    for i, k in enumerate(order):
+        mine = [_normalised(x) for x in paras[k]]
+        if i:
+            shared = sum(x in seen for x in mine)
+            share = shared / len(mine) if mine else 0.0
+            earlier = " and ".join(order[:i])
+            check(share < LEAK_REFUSED,
+                  f"{named[k]}: {share:.0%} of its paragraphs ({shared:,} of {len(mine):,}) also occur in the {earlier} "
+                  f"split (compared after normalising whitespace and line ends); each split needs its own text")
+            if shared:
+                warnings.warn(f"{named[k]}: {shared:,} of its {len(mine):,} paragraphs ({share:.1%}) also occur in the "
+                              f"{earlier} split (compared after normalising whitespace and line ends); they are "
+                              f"scored on text the model trained on", SplitLeakWarning, stacklevel=3)
+        seen.update(mine)
+
+
 def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusOptions = CorpusOptions(), *,
                    valid_file: Path | str | None = None, test_file: Path | str | None = None,
                    on_stage: Callable[[str], None] | None = None) -> Corpus:
@@ -171,6 +208,8 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusOptions = C
         if same is not None:
             raise GradscopeError(f"{names[k]}: {p} holds the same text as the {same} split ({sources[same]}); each split "
                                  f"needs its own (a split scored on what another holds gives a meaningless number)")
+    if valid_file is not None:
+        check_leakage(paras, {k: f"{names[k]}: {sources[k]}" for k in sources})
     if valid_file is None:
         all_paras = paras["train"]
         check(len(all_paras) >= 3, f"raw: {sources['train']} has {len(all_paras)} paragraph(s) after removing "
