@@ -202,6 +202,11 @@ def test_the_tokens_are_cached_beside_the_text_and_verified(saved, tmp_path: Pat
         np.savez_compressed(fh, tokens=np.zeros(50_000_000, np.int32), offsets=data["offsets"], meta=data["meta"])
     with pytest.warns(TokenCacheWarning, match="does not verify"):
         assert not tokenize_text(copy, model_dir).from_cache
+    with open(first.cache, "wb") as fh:  # a cache of 137 GB claimed size (sparse): stale, never read, replaced
+        fh.truncate(137 << 30)
+    with pytest.warns(TokenCacheWarning, match="does not verify"):
+        assert not tokenize_text(copy, model_dir).from_cache
+    assert first.cache.stat().st_size < 1 << 20 and tokenize_text(copy, model_dir).from_cache
     copy.write_text(copy.read_text() + "the cat\n")  # another text: another key
     assert not tokenize_text(copy, model_dir).from_cache
 
