@@ -78,8 +78,12 @@ class LibraryCore(Core):
                                                   e.form, e.size) for e in self.entries))
 
     def unpack(self, z: Tensor) -> dict[str, Tensor]:
-        """z (B, D) → entry name → (B, *shape) (views where possible)."""
-        return {e.name: z[:, self._slices[e.name]].reshape(z.shape[0], *e.shape) for e in self.entries}
+        """z (B, D) → entry name → (B, *shape) (views where possible). One ``torch.split``, not a slice per
+        entry: a slice's backward writes its gradient into zeros of z's full width, so a reverse product
+        through every entry made one (B, D) zero tensor per entry and cotangent row; split's backward
+        joins the pieces' gradients once."""
+        pieces = torch.split(z, [e.width for e in self.entries], dim=1)
+        return {e.name: p.reshape(z.shape[0], *e.shape) for e, p in zip(self.entries, pieces)}
 
     def pack(self, parts: dict[str, Tensor]) -> Tensor:
         """entry name → (B, *shape) → z (B, D), in the entries' order."""

@@ -257,3 +257,24 @@ def test_hand_derived_step_cotangents_equal_torch_func(falcon: bool, monkeypatch
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13, equal_nan=True)
     assert torch.isfinite(ours[0][:, :-1]).all()
+
+
+def test_unpacking_the_state_joins_its_gradients_once(mamba) -> None:  # noqa: ANN001
+    """A reverse product through the adapter's state makes one gradient of z's width, not one per entry:
+    unpack is one split (its backward joins the pieces), never a slice per entry (whose backward writes each
+    piece's gradient into zeros of the full width: 5.4 GB at D = 58,368 in a user's run; bench/vjp_memory.py)."""
+    core = mamba[1].core
+    z = torch.randn(2, core.state_dim, requires_grad=True)
+    parts = core.unpack(z)
+    assert len(parts) == len(core.entries) >= 2
+    roots = set()
+    for part in parts.values():
+        fn = part.grad_fn
+        while fn is not None and "Split" not in type(fn).__name__ and fn.next_functions:
+            fn = fn.next_functions[0][0]
+        roots.add(type(fn).__name__)
+    assert len(roots) == 1 and "Split" in roots.pop()
+    grads = torch.autograd.grad(sum(p.sum() * (k + 1) for k, p in enumerate(parts.values())), z)[0]
+    widths = [e.width for e in core.entries]
+    expected = torch.cat([torch.full((2, w), float(k + 1)) for k, w in enumerate(widths)], dim=1)
+    torch.testing.assert_close(grads, expected, rtol=0, atol=0)  # exact: sums of small integers
