@@ -102,6 +102,11 @@ def _flow_method(structure: JacobianStructure, D: int, H: int) -> str:
     return "structured" if structure.is_diagonal else "jacobian" if D <= dyn.JACOBIAN_MAX_RATIO * H else "vjp"
 
 
+def _secs(seconds: float) -> str:
+    """Seconds for a message: whole seconds from 10 on, two significant digits below (never "~0 s")."""
+    return f"{seconds:,.0f}" if seconds >= 10 else f"{seconds:.2g}"
+
+
 def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structure: JacobianStructure, gates: int,
                   steps: int | None = None, trajectories: int | None = None, *, conditions: int = 0,
                   shape: CoreShape | None = None, checkpoints: int = 1) -> DynamicsPlan:
@@ -189,8 +194,8 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
         if not progressed:
             worst = max(sec, key=sec.get)
             hint = ", ".join(FLAGS[x] for x in OWNERS[worst]) + (", --exponents" if worst == "lyapunov" else "")
-            raise GradscopeError(f"budget_seconds: the asked work would take ~{total:,.0f} s on this workplace's CPU "
-                                 f"(estimated before any work; {worst} ~{sec[worst] * checkpoints:,.0f} s) over "
+            raise GradscopeError(f"budget_seconds: the asked work would take ~{_secs(total)} s on this workplace's CPU "
+                                 f"(estimated before any work; {worst} ~{_secs(sec[worst] * checkpoints)} s) over "
                                  f"{checkpoints} checkpoint(s), above the {budget:g} s budget; raise --budget-seconds, "
                                  f"leave {worst} out with --parts, or ask for less ({hint})")
     if dense_k and "lyapunov" in parts and k < D:  # the largest k that fits: bisect between k and 2k
