@@ -10,6 +10,7 @@ Training outlives a session, so the runs live in this repository and resume exac
     python experiments/fig5_cpu.py pack      # before a session ends: strip all but each run's latest checkpoint
     python experiments/fig5_cpu.py status
     python experiments/fig5_cpu.py plot OUT.png STORE...  # curves with CIs from stability stores
+    python experiments/fig5_cpu.py analyse [DIR]  # every finished run's stores, the pre-registered test, the median seed
     python experiments/fig5_cpu.py sample 1  # ship a finished pair as sample_checkpoints/gru60k-*-s1
 
 ``pack`` keeps every checkpoint for the analysis but drops the optimizer state of all except the
@@ -160,6 +161,43 @@ def plot(out: str, *stores: str) -> None:
     fig.write_image(out)
 
 
+def analyse(stores: str = "fig5-stores") -> None:
+    """The pre-registered analysis (docs/fig5-at-scale.md) of every finished run: each run's stability store
+    (every checkpoint; the command of seeds 1–2, one thread each, a store already there is kept), the
+    accuracy store at 60,000, then ``gradscope summarize`` over training with the pre-registered test, and
+    the median seed by G (the shipped pair's rule). Stores go to ``stores`` (outside git)."""
+    out = Path(stores)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    finished = {key: run for key, run in RUNS.items() if (run / "eval.json").exists()}
+    for (pe, seed), run in finished.items():
+        store = out / f"stab-{pe}-s{seed}.zarr"
+        if not store.exists():
+            subprocess.run([GRADSCOPE, "stability", str(run), "-o", str(store), "-q"], check=True, env=env)
+        acc = out / f"acc-{pe}-s{seed}.zarr"
+        if not acc.exists():
+            subprocess.run([GRADSCOPE, "accuracy", str(run / "step-0060000.pt"), "-o", str(acc), "-q"], check=True,
+                           env=env)
+    pairs = sorted({seed for (_, seed) in finished if ("none", seed) in finished and ("sinusoidal", seed) in finished})
+    print(f"seeds with both arms finished: {pairs}")
+    stab = [str(out / f"stab-{pe}-s{seed}.zarr") for seed in pairs for pe in ("none", "sinusoidal")]
+    summary = out / "fig5-summary.zarr"
+    subprocess.run([GRADSCOPE, "summarize", *stab, "--checkpoints", "all", "--compare", "pe", "--interval", "t",
+                    "-o", str(summary), "--overwrite"], check=True, env=env)
+    from gradscope.store.io import read_store
+
+    ds = read_store(summary).sel(contrast_metric="stability/same-target/rare/rare").isel(contrast=0)
+    last = int(ds["test_last"])
+    gaps = ds["diff_values"].sel(iteration=last).values
+    seeds = [int(s) for s in ds["contrast_seed"].values]
+    order = sorted(zip(gaps, seeds))
+    median = order[(len(order) - 1) // 2]  # the lower median for an even count
+    print(f"G per seed at {last}: " + ", ".join(f"seed {s}: {g:+.3f}" for g, s in order))
+    print(f"the median seed by G (the shipped pair's rule): seed {median[1]} (G = {median[0]:+.3f})"
+          + (" — not all five seeds yet" if len(order) < 5 else ""))
+    print(f"outcome: {ds['verdict'].values}")
+
+
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "status"
     if command == "train":
@@ -168,5 +206,7 @@ if __name__ == "__main__":
         sample(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     elif command == "plot":
         plot(sys.argv[2], *sys.argv[3:])
+    elif command == "analyse":
+        analyse(*sys.argv[2:3])
     else:
         {"pack": pack, "status": status}[command]()
