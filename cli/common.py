@@ -133,8 +133,8 @@ def check_text_source(ctx: typer.Context, command: str, text: Path | None, model
 
 
 def share_cores() -> None:
-    """Use the cores no other process wants (gradscope.threads): small products slow down many times over
+    """Use the cores no other process wants (gradscope.guard.use_free_cores): small products slow down many times over
     when a thread shares its core. Silent, so that an error stays one line; the stores record the count."""
-    from gradscope.threads import use_free_cores
+    from gradscope.guard import use_free_cores
 
     use_free_cores()

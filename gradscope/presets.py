@@ -97,11 +97,7 @@ BETAS = ("beta1", "beta2")  # TrainConfig.betas, one setting per value
 
 
 def registered_choices() -> dict[str, str]:
-    """The names each registry holds now, for help texts: placeholder → "a, b and c"."""
-    from gradscope.models.pe import PE_TYPES
-    from gradscope.models.registry import CORES
-    from gradscope.tasks.registry import TASKS
-
+    """The names each registry holds now, for help texts: placeholder → "a, b or c"."""
     def listed(names: list[str]) -> str:
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 

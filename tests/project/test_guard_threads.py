@@ -1,4 +1,4 @@
-"""gradscope.threads: an analysis uses the cores no other runnable process wants (a fake /proc/stat)."""
+"""gradscope.guard.use_free_cores: an analysis uses the cores no other runnable process wants (a fake /proc/stat)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gradscope import threads
+from gradscope import guard as threads
 
 
 def _stat(tmp_path: Path, running: int) -> Path:
