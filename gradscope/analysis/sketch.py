@@ -11,8 +11,9 @@ since E[S Sᵀ] = m I. Every score and the Frobenius statistics are smooth funct
 the m i.i.d. columns of these per-column quantities, so the delete-one-column jackknife gives a
 standard error for each (Efron & Stein 1981), and its bias correction removes the O(1/m) bias of the
 square roots in the row norms (a per-row bias that does not average out over the H rows). What is
-stored is the bias-corrected value and its jackknife standard error; a 95% interval is value ± t_{U−1}
-· se with U the number of independent units (:func:`interval_factor`). The tests check that these
+stored is the bias-corrected value and its jackknife standard error; a 95% interval is value ± 1.25 ·
+t_{U−1} · se with U the number of independent units (:func:`interval_factor`; the jackknife alone
+under-covered, see :data:`SE_INFLATION`). The tests check that these
 intervals cover the exact values at their nominal rate on small GRU, S4D and Mamba models over many
 seeds (tests/test_stability_sketch.py).
 
@@ -72,12 +73,19 @@ def _statistics(num: Tensor, qa: Tensor, qb: Tensor, diff: Tensor, imag: Tensor 
     return out
 
 
+# The delete-one-unit jackknife underestimates the spread of a ratio of sketched sums: on the shipped GRU,
+# LSTM and S4D samples (1,536 pairs each at 4 and at 16 units; bench/sketch_coverage.py, 2026-11-28) the 95%
+# t-intervals covered the exact default score 0.90–0.92 of the time (z-scores of sd 1.19 at 16 units), below
+# the 0.93 the project holds them to; the intervals are widened by this factor.
+SE_INFLATION = 1.25
+
+
 def interval_factor(units: int, level: float = 0.95) -> float:
-    """t_{units−1} quantile: value ± factor · se is a ``level`` interval of a jackknife estimate from
-    ``units`` independent sketch units."""
+    """:data:`SE_INFLATION` × the t_{units−1} quantile: value ± factor · se is a ``level`` interval of a
+    jackknife estimate from ``units`` independent sketch units."""
     from scipy.stats import t
 
-    return float(t.ppf(0.5 + level / 2, units - 1))
+    return SE_INFLATION * float(t.ppf(0.5 + level / 2, units - 1))
 
 
 def sketch_scores(pa: Tensor, pb: Tensor, *, complex_pairs: bool = False) -> dict[str, tuple[Tensor, Tensor]]:
