@@ -11,7 +11,7 @@ from rich.markup import escape  # paths are text, never markup
 from gradscope.errors import GradscopeError
 from gradscope.workflows.options import AccuracyOptions  # torch-free: --help builds the options from it
 
-from .common import SETTINGS, check_out, command_line, default_out, given, make_console, refuse_given, share_cores
+from .common import SETTINGS, check_out, command_line, default_out, given, make_console, refuse_given
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -110,7 +110,6 @@ def accuracy_command(
     opts = build_options(AccuracyOptions, settings)  # every value checked in AccuracyOptions.__post_init__
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
-    share_cores()
     with make_progress(console) as progress:
         bar = progress.add_task("evaluating", total=None, visible=not quiet)
         run = run_accuracy(checkpoints, opts, on_start=lambda n: progress.update(bar, total=n),
@@ -175,7 +174,6 @@ def text_command(ctx: typer.Context, checkpoints: list[Path], out: Optional[Path
                                device=settings.get("device", "auto"))
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
-    share_cores()
     with make_progress(console) as progress:
         bar = progress.add_task("scoring", total=None, visible=not quiet)
         run = run_text_accuracy(checkpoints[0], opts, model_factory=model_factory,

@@ -78,5 +78,19 @@ def _root() -> None:
     """gradscope: why do sequence models train well or badly?"""
 
 
+ANALYSES = ("stability", "dynamics", "accuracy", "reproduce")  # commands whose small products share the cores
+
+
 def main() -> None:
+    """The console script. An analysis started from it uses the cores no other process wants
+    (:func:`gradscope.guard.use_free_cores`; a second thread on a busy core slows small products many times
+    over): here, once, in a fresh interpreter, never from a process that embeds the app (a notebook, a test
+    runner, a forked child), whose thread pool is not its own to resize."""
+    import sys
+
+    argv = sys.argv[1:]
+    if argv and argv[0] in ANALYSES and not {"--help", "-h"} & set(argv):
+        from gradscope.guard import use_free_cores
+
+        use_free_cores()
     app()

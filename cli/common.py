@@ -130,11 +130,3 @@ def check_text_source(ctx: typer.Context, command: str, text: Path | None, model
         raise GradscopeError(f"--text: it needs a model with its own tokenizer: gradscope {command} DIR --model hf "
                              "--text FILE (gradscope lm checkpoints draw their probes from their corpus)")
     refuse_given(ctx, refused, why)
-
-
-def share_cores() -> None:
-    """Use the cores no other process wants (gradscope.guard.use_free_cores): small products slow down many times over
-    when a thread shares its core. Silent, so that an error stays one line; the stores record the count."""
-    from gradscope.guard import use_free_cores
-
-    use_free_cores()

@@ -10,7 +10,7 @@ import typer
 from gradscope.workflows.options import PART_OPTIONS, PROBE_OPTIONS, DynamicsOptions, unread_options  # torch-free: --help builds the options from it
 
 from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, given, make_console,
-                     old_name, refuse_given, share_cores, warn)
+                     old_name, refuse_given, warn)
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -167,7 +167,6 @@ def dynamics_command(
                              "a gradscope checkpoint draws its probes from its task")
     out_path = out if out is not None else default_out("dynamics", checkpoints[0] if checkpoints else Path("x"))
     check_out(out_path, overwrite)
-    share_cores()
     with make_progress(console) as progress, warnings.catch_warnings():
         warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
         bar = progress.add_task("checkpoints", total=None, visible=not quiet)

@@ -12,7 +12,7 @@ from gradscope.errors import GradscopeError
 
 from gradscope.workflows.study_options import StudyOptions, TextStudyOptions  # torch-free: --help builds them
 
-from .common import SETTINGS, command_line, make_console, old_name, refuse_given, share_cores
+from .common import SETTINGS, command_line, make_console, old_name, refuse_given
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -106,7 +106,6 @@ def reproduce_command(
         console.print(plan_table(planned.runs, measure))
         return
     runs, command = planned.runs, command_line(ctx)
-    share_cores()
     with make_progress(console, "step") as progress:
         overall = progress.add_task("study", total=3 * len(runs), step="", visible=not quiet)
         bars = {}

@@ -11,7 +11,7 @@ from gradscope.errors import GradscopeError
 from gradscope.workflows.options import StabilityOptions  # torch-free: --help builds the options from it
 
 from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
-                     old_name, refuse_given, share_cores, warn)
+                     old_name, refuse_given, warn)
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -108,7 +108,6 @@ def stability_command(
         refuse_given(ctx, ["corpus"], "it names an lm checkpoint's corpus; a --model-factory model has none")
     out_path = out if out is not None else default_out("stability", checkpoints[0] if checkpoints else Path("x"))
     check_out(out_path, overwrite)
-    share_cores()
     with make_progress(console) as progress, warnings.catch_warnings():
         warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
         bar = progress.add_task("jacobians", total=None, visible=False)  # shown once the plan accepts the work
