@@ -11,6 +11,8 @@
 - **Weights:** :func:`nonfinite_tensors` names a model's parameters and buffers that hold NaN or Inf;
   :func:`warn_nonfinite` says so in a :class:`NonFiniteWeightsWarning` (every path that loads or wraps
   a model calls it, before any work).
+- **Threads:** :func:`use_free_cores` sets torch's threads to the cores no other runnable process wants
+  (the console script calls it for the analysis commands).
 
 Temporaries, publication and every other write to disk live in :mod:`gradscope.files`.
 """

@@ -21,6 +21,7 @@ from gradscope.analysis.trend import trend_test
 from gradscope.errors import GradscopeError, check
 from gradscope.models.registry import core_options
 from gradscope.store.records import SummaryEntry, TrainingComparison, TrainingPoint, TrialRecord
+from gradscope.store.io import store_kind
 from gradscope.store.summary import (expand_store_paths, summary_attrs, summary_dataset, training_dataset,
                                      trial_records)
 from gradscope.workflows.options import SummarizeOptions, take_renamed
@@ -296,6 +297,8 @@ def plan_summary(source: Any, opts: SummarizeOptions, *, kind: str | None = None
     patterns = [str(source)] if isinstance(source, (str, Path)) else [str(s) for s in source]
     kind = kind or opts.kind
     paths = expand_store_paths(patterns, kind)
+    if kind is not None:  # stores of the other kind are not read (their metadata says which; unreadable: read)
+        paths = [p for p in paths if store_kind(p) in (kind, None)]
     every = opts.checkpoints == "all"
     records = [r for p in paths for r in trial_records(p, opts.score, opts.checkpoints)
                if kind is None or r.kind == kind]
