@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from typer.testing import CliRunner
 from tests.helpers.runs import COMPLEX_CORE, DEFAULT_CORE, OTHER_CORE, small_run
 
 torch.set_num_threads(1)  # the suite shares 2 cores with whatever else runs; 1 thread is faster here
+# plans priced at the reference CPU's rates, never this machine's of the moment (gradscope.rates): the same
+# plan on every machine and under any load, so the tests of plans and budgets are deterministic
+os.environ["GRADSCOPE_RATES"] = "reference"
 
 
 @pytest.fixture(autouse=True, scope="module")

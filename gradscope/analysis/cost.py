@@ -13,6 +13,52 @@ these with measured runs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from gradscope.errors import GradscopeWarning
+
+
+@dataclass(frozen=True)
+class Rates:
+    """How the machine that plans compares with the CPU the constants below were fitted on (issue #47):
+    ``compute`` multiplies every time per flop or per number (BLAS, LAPACK, elementwise work), ``dispatch``
+    every time per call (Python and torch dispatch), ``load`` both (other processes sharing the cores).
+    1.0 everywhere is the reference CPU, idle (:data:`REFERENCE`); :mod:`gradscope.rates` measures them."""
+
+    compute: float = 1.0
+    dispatch: float = 1.0
+    load: float = 1.0
+    source: str = "reference"  # how they were found: reference, measured (cached), pinned (GRADSCOPE_RATES)
+
+    @property
+    def flop(self) -> float:
+        """The factor on a time per flop or per number."""
+        return self.compute * self.load
+
+    @property
+    def call(self) -> float:
+        """The factor on a time per call."""
+        return self.dispatch * self.load
+
+    def describe(self) -> str:
+        """One line for a plan: how this machine's rates compare with the reference."""
+        if (self.compute, self.dispatch, self.load) == (1.0, 1.0, 1.0) and self.source == "reference":
+            return "the reference CPU's rates"
+        load = f", load ×{self.load:.2g}" if self.load != 1.0 else ""
+        return f"this machine's rates ({self.source}: compute ×{self.compute:.2g}, calls ×{self.dispatch:.2g}{load})"
+
+    def scaled(self, factor: float) -> "Rates":
+        """These rates with every time ``factor`` times longer (a run that measured itself slower)."""
+        return Rates(self.compute * factor, self.dispatch * factor, self.load, f"{self.source}, corrected ×{factor:.2g}")
+
+
+REFERENCE = Rates()
+OVERRUN = 1.2  # a command may pass its time budget by at most this factor (issue #47): the run-time watches'
+
+
+class PlanWarning(GradscopeWarning):
+    """The plan changed while running: the work measured slower than its estimate (another CPU, a busy one)."""
+
 JVP_MODULE, VJP_MODULE = 2.5e-4, 6e-5  # s per submodule of the core, per call
 JVP_WEIGHT, VJP_WEIGHT = 9e-10, 4e-10  # s per parameter, per call
 JVP_COLUMN = (6.5e-11, 6e-9, 1e-5)  # s per (step flop, state number, column) of each column
@@ -33,15 +79,17 @@ SKETCH_FLOPS = 1e11
 
 
 def products_seconds(kind: str, calls: int, columns: int, *, D: int, modules: int, params: float,
-                     step_flops: float, own: bool = False) -> float:
+                     step_flops: float, own: bool = False, rates: Rates = REFERENCE) -> float:
     """``calls`` batched JVPs (kind "jvp") or VJPs ("vjp") through a step with ``columns`` columns (rows)
     each, every sequence of the batch together: the fixed part per call (per chunk of rows for a VJP)
-    plus the part per column. ``own``: the core derives these products by hand (:data:`OWN_FACTOR`)."""
+    plus the part per column. ``own``: the core derives these products by hand (:data:`OWN_FACTOR`).
+    ``rates``: the machine's (:class:`Rates`; per call: the module and column terms, per flop: the rest)."""
+    c, d = rates.flop, rates.call
     if kind == "jvp":
-        fixed, (flop, elem, col) = JVP_MODULE * modules + JVP_WEIGHT * params, JVP_COLUMN
+        fixed, (flop, elem, col) = JVP_MODULE * modules * d + JVP_WEIGHT * params * c, JVP_COLUMN
         chunks = 1
     else:
-        fixed, (flop, elem, col) = VJP_MODULE * modules + VJP_WEIGHT * params, VJP_COLUMN
+        fixed, (flop, elem, col) = VJP_MODULE * modules * d + VJP_WEIGHT * params * c, VJP_COLUMN
         chunks = 1 if own else -(-columns * D // VJP_CHUNK)
-    seconds = calls * (max(1, chunks) * fixed + columns * (flop * step_flops + elem * D + col))
+    seconds = calls * (max(1, chunks) * fixed + columns * ((flop * step_flops + elem * D) * c + col * d))
     return seconds * OWN_FACTOR[kind] if own else seconds

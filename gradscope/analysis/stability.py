@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gradscope.analysis.cost import MODULE_CALL, ROW_VJP, SKETCH_FLOPS, VJP_MODULE, products_seconds
+from gradscope.analysis.cost import MODULE_CALL, REFERENCE, ROW_VJP, SKETCH_FLOPS, VJP_MODULE, Rates, products_seconds
 from gradscope.analysis.jacobian import jvp_products, state_jacobian
 from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.analysis.reduce import dot64, norm64
@@ -104,7 +104,8 @@ def step_flops(core: nn.Module) -> float:
 
 def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *, estimator: str = "auto",
                    units: int | None = None, checkpoint_budget_seconds: float = 600.0, element_size: int = 4,
-                   memory_bytes: int | None = None, budget_seconds: float | None = None) -> StabilityPlan:
+                   memory_bytes: int | None = None, budget_seconds: float | None = None,
+                   rates: Rates = REFERENCE) -> StabilityPlan:
     """The one estimate of time and memory that decides exact or sketch, for ``sequences`` probe
     sequences of ``steps`` steps with z_p at ``position``: exact forms J (H × D) per sequence by H
     reverse products through the tail; a sketch runs ``columns`` forward products, never H × D.
@@ -113,7 +114,8 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     cost (:mod:`gradscope.analysis.cost`; chunks of :data:`CHUNK` triplets); memory for one triplet: J, its products and the scan, 3 · (2H + T) · D
     numbers exact, 3 · 8 · columns · D sketched. ``estimator="auto"``: exact when it fits
     ``checkpoint_budget_seconds`` and ``memory_bytes`` (default: the memory budget, :func:`gradscope.guard.memory_budget`),
-    else the sketch with the most units in :data:`UNITS` that fits the time budget."""
+    else the sketch with the most units in :data:`UNITS` that fits the time budget. ``rates``: the machine's
+    against the constants' CPU (:class:`~gradscope.analysis.cost.Rates`; :func:`gradscope.rates.machine_rates`)."""
     if budget_seconds is not None:  # checkpoint_budget_seconds' name before issue #39 (as the flag's)
         check(checkpoint_budget_seconds == 600.0 or checkpoint_budget_seconds == budget_seconds,
               "checkpoint_budget_seconds: given twice, also as budget_seconds (its old name); give "
@@ -134,10 +136,12 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     modules = sum(1 for _ in core.modules())
     batch = min(sequences, 3 * CHUNK)
     chunks = -(-sequences // batch)
-    scan_s = chunks * steps * modules * MODULE_CALL
-    exact_s = sequences * (steps * f + tail * H * f) / rate + scan_s
+    c, d = rates.flop, rates.call
+    at = "" if rates == REFERENCE else f" at {rates.describe()}"
+    scan_s = chunks * steps * modules * MODULE_CALL * d
+    exact_s = sequences * (steps * f + tail * H * f) / rate * c + scan_s
     if not analytic_jacobian(core):  # the reverse chain: a vmapped pullback of the H rows per step
-        exact_s += chunks * tail * (modules * VJP_MODULE + batch * H * ROW_VJP)
+        exact_s += chunks * tail * (modules * VJP_MODULE + batch * H * ROW_VJP) * d
     exact_b = 3 * (2 * H + steps) * D * element_size
 
     def columns(u: int) -> int:
@@ -146,16 +150,16 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     def sketch(u: int) -> tuple[float, int]:
         products = products_seconds("jvp", chunks * tail, batch * columns(u), D=D, modules=modules,
                                     params=weight_count(core), step_flops=0.0,  # the flops are counted at rate
-                                    own="jvp" in own_products(core))
+                                    own="jvp" in own_products(core), rates=rates)
         sketch_rate = SKETCH_FLOPS * (1 if element_size <= 4 else 0.5)
-        return (sequences * (steps * f + tail * columns(u) * f) / sketch_rate + scan_s + products,
+        return (sequences * (steps * f + tail * columns(u) * f) / sketch_rate * c + scan_s + products,
                 3 * 8 * columns(u) * D * element_size)
 
     def sketched(u: int, why: str) -> StabilityPlan:
         secs, nbytes = sketch(u)
         return StabilityPlan("sketch", u, columns(u), secs, nbytes,
                              f"stability: estimated from a sketch of {columns(u)} Jacobian–vector products per "
-                             f"sequence ({u} jackknife units; ~{secs:,.0f} s, {nbytes / 1e9:.2f} GB), standard "
+                             f"sequence ({u} jackknife units; ~{secs:,.0f} s{at}, {nbytes / 1e9:.2f} GB), standard "
                              f"errors stored beside each score: {why}")
 
     exact_why = f"exact J = ∂y_T/∂z_p ({H} × {D}) would take ~{exact_s:,.0f} s and {exact_b / 1e9:.2f} GB per triplet"
@@ -163,7 +167,7 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
                                 and exact_b <= memory):
         why = "asked for" if estimator == "exact" else f"it fits the {checkpoint_budget_seconds:g} s budget and memory"
         return StabilityPlan("exact", 0, 0, exact_s, exact_b,
-                             f"stability: exact Jacobians ({H} × {D} per sequence; ~{exact_s:,.0f} s, "
+                             f"stability: exact Jacobians ({H} × {D} per sequence; ~{exact_s:,.0f} s{at}, "
                              f"{exact_b / 1e9:.2f} GB per triplet): {why}")
     if units is not None:
         return sketched(units, "asked for" if estimator == "sketch" else exact_why)

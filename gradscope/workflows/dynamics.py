@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.analysis import estimators as est
 from gradscope.analysis.estimators import ITERATIONS, PROBES
 from gradscope.analysis.tape import StateTape
+from gradscope.analysis.cost import OVERRUN, REFERENCE, PlanWarning, Rates
+from gradscope.rates import current_rates
 from gradscope.workflows.dynamics_cost import CoreShape, estimator_seconds, part_bytes, part_seconds
 from gradscope.store.dynamics import DynamicsResult, dynamics_dataset
 from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_counts_file
@@ -67,14 +70,14 @@ ESTIMATES = {"flow": f"‖∂y_T/∂z_k‖_F by Hutchinson ({PROBES} probes, sta
              "gates": f"‖J_t‖_F by Hutchinson ({PROBES} probes, standard error in gate_norm_se)"}
 
 
-def core_shape(core: nn.Module, width: int) -> CoreShape:
+def core_shape(core: nn.Module, width: int, rates: Rates = REFERENCE) -> CoreShape:
     """:class:`~gradscope.workflows.dynamics_cost.CoreShape` of a protocol core: a step's flops are two per
-    parameter (its products) plus the state's elementwise work."""
+    parameter (its products) plus the state's elementwise work; priced at ``rates``."""
     params = weight_count(core)  # not a library backbone's token embedding: a step never multiplies by it
     return CoreShape(core.state_dim, core.out_dim, width, len(getattr(core, "gate_names", ("step",))),
                      structure_of(core), 2.0 * params + 20.0 * core.state_dim, analytic_jacobian(core),
                      sum(1 for _ in core.modules()), params, callable(getattr(core, "step_and_blocks", None)),
-                     own_products(core))
+                     own_products(core), rates)
 
 
 @dataclass(frozen=True)
@@ -194,8 +197,8 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
         if not progressed:
             worst = max(sec, key=sec.get)
             hint = ", ".join(FLAGS[x] for x in OWNERS[worst]) + (", --exponents" if worst == "lyapunov" else "")
-            raise GradscopeError(f"budget_seconds: the asked work would take ~{_secs(total)} s on this workplace's CPU "
-                                 f"(estimated before any work; {worst} ~{_secs(sec[worst] * checkpoints)} s) over "
+            raise GradscopeError(f"budget_seconds: the asked work would take ~{_secs(total)} s here "
+                                 f"(estimated before any work at {shape.rates.describe()}; {worst} ~{_secs(sec[worst] * checkpoints)} s) over "
                                  f"{checkpoints} checkpoint(s), above the {budget:g} s budget; raise --budget-seconds, "
                                  f"leave {worst} out with --parts, or ask for less ({hint})")
     if dense_k and "lyapunov" in parts and k < D:  # the largest k that fits: bisect between k and 2k
@@ -231,8 +234,8 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
     total = sum(sec.values()) * checkpoints
     estimated = [p for p in parts if methods.get(p) == "estimate"]
     lines.append("plan: " + ", ".join(f"{p} ~{sec[p] * checkpoints:,.1f} s" for p in parts)
-                 + f" (total ~{total:,.0f} s for {checkpoints} checkpoint(s), estimated at this workplace's "
-                   f"measured CPU rates; budget {budget:g} s)")
+                 + f" (total ~{total:,.0f} s for {checkpoints} checkpoint(s), estimated at "
+                   f"{shape.rates.describe()}; budget {budget:g} s)")
     if estimated:
         lines.append(f"plan: {', '.join(estimated)} estimated matrix-free (J_t never formed; exact would take "
                      f"~{sum(smallest[p] for p in estimated) * checkpoints:,.0f} s at the smallest sizes): "
@@ -247,9 +250,11 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
 
 def plan_core(core: nn.Module, opts: DynamicsOptions, n: int, T: int, *, width: int | None = None,
               conditions: int = 0, checkpoints: int = 1, steps: int | None = None,
-              trajectories: int | None = None) -> DynamicsPlan:
-    """:func:`plan_dynamics` for a protocol core."""
-    shape = core_shape(core, width if width is not None else core.state_dim)
+              trajectories: int | None = None, rates: Rates | None = None) -> DynamicsPlan:
+    """:func:`plan_dynamics` for a protocol core, at ``rates`` (None: this machine's now,
+    :func:`gradscope.rates.current_rates`)."""
+    shape = core_shape(core, width if width is not None else core.state_dim,
+                       current_rates() if rates is None else rates)
     return plan_dynamics(opts, n, T, core.state_dim, core.out_dim, shape.structure, shape.gates, steps, trajectories,
                          conditions=conditions, shape=shape, checkpoints=checkpoints)
 
@@ -268,6 +273,69 @@ def plan_bytes(plan: DynamicsPlan, n: int, T: int, shape: CoreShape) -> int:
 def check_plan_bytes(plan: DynamicsPlan, n: int, T: int, shape: CoreShape, what: str) -> None:
     """Refuse the plan if its memory (:func:`plan_bytes`) exceeds what the machine has."""
     check_bytes(plan_bytes(plan, n, T, shape), what)
+
+
+@dataclass
+class PartWatch:
+    """The run-time half of the budget rule, for the first checkpoint's parts (:func:`analyse_model`'s
+    ``gate``): before each part, the parts so far give measured ÷ estimated seconds (``ratio``); if the rest
+    of the plan at that ratio (this part on, and every part of the later checkpoints) would end past
+    :data:`OVERRUN` × the budget, the part is left out (for every checkpoint, so the store stays whole) with
+    a :class:`PlanWarning`, when the plan chose the parts (``may_drop``: no --parts given). The first part
+    always runs: it is the measurement."""
+
+    plan: DynamicsPlan
+    may_drop: bool
+    start: float = field(default_factory=lambda: time.perf_counter())
+    done: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    ratio: float = 1.0
+    lines: list[str] = field(default_factory=list)
+
+    def __call__(self, part: str) -> bool:
+        elapsed = time.perf_counter() - self.start
+        estimated = sum(self.plan.seconds.get(p, 0.0) for p in self.done)
+        if estimated > 0:
+            self.ratio = elapsed / estimated
+        if not part:
+            return True
+        budget = self.plan.options.budget_seconds if self.plan.options is not None else math.inf
+        est = self.plan.seconds
+        kept = [p for p in (self.plan.options.parts if self.plan.options is not None else ()) if p not in self.dropped]
+
+        def projected(parts: list[str]) -> float:  # the end, at the ratio so far, running ``parts`` from now
+            ahead = [p for p in parts if p not in self.done]
+            return elapsed + self.ratio * (sum(est.get(p, 0.0) for p in ahead)
+                                           + (self.plan.checkpoints - 1) * sum(est.get(p, 0.0) for p in parts))
+
+        if self.done and self.may_drop and projected(kept) > OVERRUN * budget:
+            # leave out the biggest parts still ahead until the rest fits; this one only if it is among them
+            ahead = sorted((p for p in kept if p not in self.done), key=lambda p: est.get(p, 0.0), reverse=True)
+            left = list(kept)
+            for p in ahead:
+                if projected(left) <= OVERRUN * budget:
+                    break
+                left.remove(p)
+            if part not in left:
+                self.dropped.append(part)
+                line = (f"plan: {part} left out while running: the parts so far took {self.ratio:.2g}× their "
+                        f"estimate here, so the plan would end ~{_secs(projected(kept))} s into the {budget:g} s "
+                        f"budget (ask for it with --parts, or raise --budget-seconds)")
+                self.lines.append(line)
+                warnings.warn(line, PlanWarning, stacklevel=2)
+                return False
+        self.done.append(part)
+        return True
+
+    def applied(self, plan: DynamicsPlan) -> DynamicsPlan:
+        """``plan`` without the parts left out, its lines saying so."""
+        if not self.dropped or plan.options is None:
+            return plan
+        parts = tuple(p for p in plan.options.parts if p not in self.dropped)
+        return dataclasses.replace(plan, options=dataclasses.replace(plan.options, parts=parts),
+                                   seconds={p: v for p, v in plan.seconds.items() if p in parts},
+                                   lines=plan.lines + tuple(self.lines),
+                                   engine=plan.engine if "lyapunov" in parts else "none")
 
 
 LYAPUNOV_ERRORS = ("lyapunov_se_batch", "lyapunov_se_trajectories", "lyapunov_drift", "lyapunov_running_se")
@@ -350,13 +418,21 @@ def task_trajectories(model: nn.Module, config: RunConfig, steps: int, n: int, s
 
 def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: torch.Tensor | None,
                   opts: DynamicsOptions, exponents: int | None = None,
-                  methods: dict[str, str] | None = None) -> tuple[dict[str, np.ndarray],
+                  methods: dict[str, str] | None = None,
+                  gate: Callable[[str], bool] | None = None) -> tuple[dict[str, np.ndarray],
                                                                               dict[str, tuple[float, float]],
                                                                               tuple[str, ...], np.ndarray | None]:
     """Every requested part for one model. probes_inputs: token ids (n, T); trajectories: inputs (m, S, in);
     exponents: the top k Lyapunov exponents (None: all). methods: part → "estimate" for the matrix-free
-    estimators (:mod:`gradscope.analysis.estimators`, seeded ``opts.seed + 2``), else exact."""
+    estimators (:mod:`gradscope.analysis.estimators`, seeded ``opts.seed + 2``), else exact. ``gate(part)``
+    before each part (and ``gate("")`` after the last): False leaves that part out (:class:`PartWatch`)."""
     methods = methods or {}
+    run: dict[str, bool] = {}  # filled in order, as each part starts
+
+    def wanted(part: str) -> bool:
+        run[part] = part in opts.parts and (gate is None or gate(part))
+        return run[part]
+
     gen = torch.Generator().manual_seed(opts.seed + 2)
     parts: dict[str, np.ndarray] = {}
     cpu = lambda v: v.detach().to("cpu", torch.float64).numpy()  # noqa: E731
@@ -367,36 +443,36 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
         if any(methods.get(p) == "estimate" for p in opts.parts):
             x = model.core_inputs(probes_inputs)
             prev = StateTape(core, x)  # never T × D for long runs: segments recomputed from checkpoints
-        if "flow" in opts.parts and methods.get("flow") == "estimate":
+        if wanted("flow") and methods.get("flow") == "estimate":
             fro, se = est.flow_hutchinson(core, x, prev, generator=gen)
             parts["flow_fro"], parts["flow_fro_se"] = cpu(fro), cpu(se)
-        elif "flow" in opts.parts:
+        elif run["flow"]:
             fro, spectral = dyn.gradient_flow(model, probes_inputs)
             parts["flow_fro"], parts["flow_spectral"] = cpu(fro), cpu(spectral)
-        if "grid" in opts.parts and methods.get("grid") == "estimate":
+        if wanted("grid") and methods.get("grid") == "estimate":
             g = opts.grid_sequences
             grid, se = est.grid_hutchinson(core, x[:g], StateTape(core, x[:g]), generator=gen)
             parts["grid"], parts["grid_se"] = cpu(grid), cpu(se)
-        elif "grid" in opts.parts:
+        elif run["grid"]:
             grid = dyn.tT_grid(model, probes_inputs[:opts.grid_sequences])
             parts["grid"] = cpu(grid)
-        if "spectra" in opts.parts and methods.get("spectra") == "estimate":
+        if wanted("spectra") and methods.get("spectra") == "estimate":
             k = min(opts.sv, core.state_dim)
             parts["radius"] = cpu(dyn.block_radius(core, x, prev))
             values, bound = est.step_top_singular(core, x, prev, k, generator=gen)
             parts["singular"], parts["singular_bound"] = cpu(values), cpu(bound)
-        elif "spectra" in opts.parts:
+        elif run["spectra"]:
             spectra = dyn.step_spectra(model, probes_inputs, top_k=min(opts.sv, core.state_dim))
             parts["radius"] = cpu(spectra["radius"])
             parts["singular"] = cpu(spectra["singular_values"][..., :opts.sv])
-        if "gates" in opts.parts and methods.get("gates") == "estimate":
+        if wanted("gates") and methods.get("gates") == "estimate":
             names = tuple(getattr(core, "gate_names", ("step",)))
             fro, se = est.step_fro_hutchinson(core, x, prev, generator=gen)
             parts["gates"], parts["gates_se"] = cpu(fro[..., None]), cpu(se[..., None])
-        elif "gates" in opts.parts:
+        elif run["gates"]:
             names, norms = dyn.gate_norms(core, model.core_inputs(probes_inputs))
             parts["gates"] = cpu(norms)
-        if "lyapunov" in opts.parts and trajectories is not None:
+        if wanted("lyapunov") and trajectories is not None:
             res = dyn.lyapunov_spectrum(core, trajectories, warmup=opts.lyap_warmup, reorth=opts.reorth,
                                         exponents=exponents, qr_dtype=QR_DTYPES[opts.qr_dtype])
             parts["lyapunov"] = cpu(res.exponents)
@@ -408,6 +484,8 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
             parts["lyapunov_unconverged"] = res.unconverged.to("cpu", torch.int64).numpy()
             parts["lyapunov_running_se"] = cpu(res.running_se())
             lyap_steps = np.asarray(res.running_steps)
+        if gate is not None:
+            gate("")
     return parts, dyn.block_spectra(core), names, lyap_steps
 
 
@@ -443,6 +521,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     core, query = probed.core, probed.query_token
     width = probed.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
     T = (1 if text else 2) * task.length
+    auto_parts = opts.parts is None
     plan = plan_core(core, opts, len(conditions) * (opts.sequences or 0), T, width=width, conditions=len(conditions),
                      checkpoints=len(files))
     opts = plan.options
@@ -473,8 +552,12 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
         traj = None if "lyapunov" not in opts.parts else \
             source.trajectories(model, own, opts.steps, opts.trajectories, opts.seed + 1) if source is not None else \
             task_trajectories(model, loaded.config, opts.steps, opts.trajectories, opts.seed + 1, vocab)
+        watch = PartWatch(plan, may_drop=auto_parts) if i == 0 else None
         parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents,
-                                                         plan.methods)
+                                                         plan.methods, gate=watch)
+        if watch is not None and watch.dropped:  # left out of every later checkpoint too
+            plan = watch.applied(plan)
+            opts = plan.options
         run = path.parent.name if path.parent != Path("") else ""
         results.append(DynamicsResult(path, loaded.iteration, run, parts, blocks))
         for k, v in nonfinite_counts(parts).items():
@@ -531,8 +614,11 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
         groups = frequency_groups(torch.as_tensor(counts))
         for name in ("frequent", "rare"):
             classes[np.isin(tokens.numpy(), groups[name].numpy())] = name
+    watch = PartWatch(plan, may_drop=opts.parts is None)
     parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, lyap, plan.exponents,
-                                                     plan.methods)
+                                                     plan.methods, gate=watch)
+    plan = watch.applied(plan)
+    lyap = plan.options
     probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), ("given",) * len(tokens), ("given",) * len(tokens))
     own = getattr(model, "config", None)
     config = {"model_config": dataclasses.asdict(own) if dataclasses.is_dataclass(own) else

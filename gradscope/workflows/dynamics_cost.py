@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gradscope.analysis.cost import MODULE_CALL, products_seconds
+from gradscope.analysis.cost import MODULE_CALL, REFERENCE, Rates, products_seconds
 from gradscope.analysis.tape import KEEP_BYTES
 from gradscope.models.structure import JacobianStructure
 
@@ -65,51 +65,56 @@ class CoreShape:
     params: int = 0  # the core's parameters (0: step_flops / 2)
     fused: bool = False  # the core gives a step and its diagonal blocks from one pass (step_and_blocks)
     own: frozenset[str] = frozenset()  # products the core derives by hand: "jvp" (step_tangents), "vjp" (step_cotangents)
+    rates: Rates = REFERENCE  # the machine's rates against the constants' CPU (gradscope.rates.machine_rates)
 
     @property
     def overhead(self) -> float:
         """Seconds of Python dispatch of one (batched) step call, whatever the batch."""
-        return MODULE_CALL * self.modules
+        return MODULE_CALL * self.modules * self.rates.call
 
     def products_seconds(self, kind: str, calls: int, columns: int) -> float:
         """``calls`` batched JVPs (kind "jvp") or VJPs ("vjp") through the step, ``columns`` columns (rows)
         each, all sequences of the batch together (:func:`gradscope.analysis.cost.products_seconds`)."""
         return products_seconds(kind, calls, columns, D=self.D, modules=self.modules,
                                 params=self.params or self.step_flops / 2, step_flops=self.step_flops,
-                                own=kind in self.own)
+                                own=kind in self.own, rates=self.rates)
 
     def form_seconds(self) -> float:
         """Forming one J_t (D × D) for one sequence: analytic O(D²), else D reverse passes of a step."""
-        return ELEMENT * self.D * self.D if self.analytic else 3.0 * self.D * self.step_flops * STEP_FLOP
+        c = self.rates.flop
+        return (ELEMENT * c) * self.D * self.D if self.analytic else 3.0 * self.D * self.step_flops * (STEP_FLOP * c)
 
     def blocks_seconds(self) -> float:
         """The compact diagonal blocks of one J_t, one sequence."""
-        return ELEMENT * 4 * self.D + self.step_flops * STEP_FLOP
+        c = self.rates.flop
+        return (ELEMENT * c) * 4 * self.D + self.step_flops * (STEP_FLOP * c)
 
 
 def part_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, trajectories: int, steps: int,
                  exponents: int, flow_method: str) -> dict[str, float]:
-    """Estimated seconds of each part for one checkpoint (flow, grid, spectra, gates, lyapunov)."""
+    """Estimated seconds of each part for one checkpoint (flow, grid, spectra, gates, lyapunov), at the
+    shape's rates (per flop ``c``, per call ``d``)."""
     D, H, s = shape.D, shape.H, shape.structure
-    scan = n * T * shape.step_flops * STEP_FLOP + T * (CALL + shape.overhead)
+    c, d = shape.rates.flop, shape.rates.call
+    scan = n * T * shape.step_flops * (STEP_FLOP * c) + T * ((CALL * d) + shape.overhead)
     g = min(grid_sequences, n)
-    spectral = svd_seconds(H, D) if D <= 2 * H else 2.0 * H * H * D * MATMUL32 + eigh_seconds(H)
+    spectral = c * svd_seconds(H, D) if D <= 2 * H else 2.0 * H * H * D * (MATMUL32 * c) + c * eigh_seconds(H)
     if flow_method == "structured":
-        flow_step = ELEMENT * 10 * H * D + shape.blocks_seconds()  # G · diag, complex views, a norm
+        flow_step = (ELEMENT * c) * 10 * H * D + shape.blocks_seconds()  # G · diag, complex views, a norm
     elif flow_method == "jacobian":
-        flow_step = shape.form_seconds() + 2.0 * H * D * D * MATMUL32
+        flow_step = shape.form_seconds() + 2.0 * H * D * D * (MATMUL32 * c)
     else:
-        flow_step = 3.0 * H * shape.step_flops * STEP_FLOP
-    out = {"flow": scan + n * T * (flow_step + spectral + ELEMENT * H * D) + 6 * T * CALL + 3 * T * shape.overhead}
+        flow_step = 3.0 * H * shape.step_flops * (STEP_FLOP * c)
+    out = {"flow": scan + n * T * (flow_step + spectral + (ELEMENT * c) * H * D) + 6 * T * (CALL * d) + 3 * T * shape.overhead}
     if s.is_diagonal:
-        out["grid"] = scan + g * T * T / 2 * ELEMENT * 4 * D + g * T * shape.blocks_seconds() + T * 4 * CALL
-        out["spectra"] = scan + n * T * (shape.blocks_seconds() + ELEMENT * 40 * D) + T * 4 * CALL  # sorts
-        out["gates"] = scan + n * T * (shape.blocks_seconds() + ELEMENT * D) * max(shape.gates, 1) + T * 2 * CALL
+        out["grid"] = scan + g * T * T / 2 * (ELEMENT * c) * 4 * D + g * T * shape.blocks_seconds() + T * 4 * (CALL * d)
+        out["spectra"] = scan + n * T * (shape.blocks_seconds() + (ELEMENT * c) * 40 * D) + T * 4 * (CALL * d)  # sorts
+        out["gates"] = scan + n * T * (shape.blocks_seconds() + (ELEMENT * c) * D) * max(shape.gates, 1) + T * 2 * (CALL * d)
     else:
-        eig = sum(eig_seconds(b.width) if b.form == "dense" else ELEMENT * 4 * b.width for b in s.blocks)
-        out["grid"] = scan + g * T * shape.form_seconds() + g * T * T / 2 * (2.0 * D ** 3 * MATMUL32 + ELEMENT * D * D)
-        out["spectra"] = scan + n * T * (shape.form_seconds() + eig + svd_seconds(D, D)) + T * 4 * CALL
-        out["gates"] = scan + n * T * shape.gates * (shape.form_seconds() + ELEMENT * D * D) + T * 2 * CALL
+        eig = sum(c * eig_seconds(b.width) if b.form == "dense" else (ELEMENT * c) * 4 * b.width for b in s.blocks)
+        out["grid"] = scan + g * T * shape.form_seconds() + g * T * T / 2 * (2.0 * D ** 3 * (MATMUL32 * c) + (ELEMENT * c) * D * D)
+        out["spectra"] = scan + n * T * (shape.form_seconds() + eig + c * svd_seconds(D, D)) + T * 4 * (CALL * d)
+        out["gates"] = scan + n * T * shape.gates * (shape.form_seconds() + (ELEMENT * c) * D * D) + T * 2 * (CALL * d)
     out["lyapunov"] = lyapunov_seconds(shape, trajectories, steps, exponents)
     return out
 
@@ -121,22 +126,23 @@ def estimator_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, 
     if shape.structure.is_diagonal:
         return {}
     s = shape.structure
-    scan = n * T * shape.step_flops * STEP_FLOP + T * (CALL + shape.overhead)
+    c, d = shape.rates.flop, shape.rates.call
+    scan = n * T * shape.step_flops * (STEP_FLOP * c) + T * ((CALL * d) + shape.overhead)
     g = min(grid_sequences, n)
     # grid: at step `end` one JVP of every running start's probes (g · probes · (end − 1) columns)
     grid_products = sum(shape.products_seconds("jvp", 1, g * probes * (end - 1)) for end in range(2, T + 1))
-    out = {"grid": scan + grid_products + g * T * T / 2 * probes * ELEMENT * shape.D + T * 8 * CALL,
+    out = {"grid": scan + grid_products + g * T * T / 2 * probes * (ELEMENT * c) * shape.D + T * 8 * (CALL * d),
            # flow: one reverse chain of n · probes rows; the state tape scans once more for long runs
-           "flow": 2 * scan + shape.products_seconds("vjp", T, n * min(probes, shape.H)) + n * T * probes * ELEMENT * shape.D
-           + T * 6 * CALL}
+           "flow": 2 * scan + shape.products_seconds("vjp", T, n * min(probes, shape.H)) + n * T * probes * (ELEMENT * c) * shape.D
+           + T * 6 * (CALL * d)}
     if not s.is_dense:  # the radius from the blocks, exactly; the singular values by subspace iteration
         width = min(shape.D, sv + 8)
-        eig = sum(eig_seconds(b.width) if b.form == "dense" else ELEMENT * 4 * b.width for b in s.blocks)
+        eig = sum(c * eig_seconds(b.width) if b.form == "dense" else (ELEMENT * c) * 4 * b.width for b in s.blocks)
         out["spectra"] = scan + (iterations + 1) * (shape.products_seconds("jvp", T, n * width)
                                                     + shape.products_seconds("vjp", T, n * width)) \
-            + n * T * (eig + shape.blocks_seconds()) + T * (iterations + 1) * 6 * CALL
+            + n * T * (eig + shape.blocks_seconds()) + T * (iterations + 1) * 6 * (CALL * d)
     if shape.gates == 1 and not shape.analytic:  # the one term J_t: Hutchinson
-        out["gates"] = scan + shape.products_seconds("jvp", T, n * probes) + T * 4 * CALL
+        out["gates"] = scan + shape.products_seconds("jvp", T, n * probes) + T * 4 * (CALL * d)
     return out
 
 
@@ -144,24 +150,25 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
     """:func:`gradscope.analysis.lyapunov.lyapunov_spectrum` over ``trajectories`` × ``steps``, the top
     ``exponents`` (a structured core: all, from its blocks)."""
     m, S, D, k, s = trajectories, steps, shape.D, exponents, shape.structure
-    per = shape.step_flops * STEP_FLOP + 6 * CALL / m  # the state's own step, and the loop
+    c, d = shape.rates.flop, shape.rates.call
+    per = shape.step_flops * (STEP_FLOP * c) + 6 * (CALL * d) / m  # the state's own step, and the loop
     if not s.is_dense:
-        per += ELEMENT * 4 * shape.D if shape.fused else shape.blocks_seconds()  # fused: the step gives the blocks
+        per += (ELEMENT * c) * 4 * shape.D if shape.fused else shape.blocks_seconds()  # fused: the step gives the blocks
         for b in s.blocks:
             w = b.width
             if b.form == "dense":
-                per += 2.0 * w ** 3 * MATMUL64 + qr_seconds(w, w)
+                per += 2.0 * w ** 3 * (MATMUL64 * c) + c * qr_seconds(w, w)
             elif b.form == "block_diagonal":
-                per += (w // b.size) * (2.0 * b.size ** 3 * MATMUL64 + qr_seconds(b.size, b.size)) + ELEMENT * w * b.size
+                per += (w // b.size) * (2.0 * b.size ** 3 * (MATMUL64 * c) + c * qr_seconds(b.size, b.size)) + (ELEMENT * c) * w * b.size
             else:
-                per += ELEMENT * 4 * w
+                per += (ELEMENT * c) * 4 * w
         return m * S * per + 3 * S * shape.overhead
     per_call = 3 * S * shape.overhead
     if k == D or shape.analytic:
-        per += shape.form_seconds() + 2.0 * D * D * k * MATMUL64
+        per += shape.form_seconds() + 2.0 * D * D * k * (MATMUL64 * c)
     else:
-        per += k * 1.5 * shape.step_flops * STEP_FLOP
-    return m * S * (per + qr_seconds(D, k)) + per_call
+        per += k * 1.5 * shape.step_flops * (STEP_FLOP * c)
+    return m * S * (per + c * qr_seconds(D, k)) + per_call
 
 
 def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, trajectories: int, steps: int,

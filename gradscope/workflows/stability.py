@@ -6,6 +6,8 @@ import dataclasses
 import inspect
 import itertools
 import json
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -16,9 +18,11 @@ import xarray as xr
 from torch import nn
 
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
-from gradscope.analysis.stability import PAIRS, StabilityPlan, plan_stability, probe_stability
+from gradscope.analysis.cost import OVERRUN, PlanWarning, Rates
+from gradscope.analysis.stability import PAIRS, StabilityPlan, StabilityResult, plan_stability, probe_stability
+from gradscope.rates import current_rates
 from gradscope.config import ModelConfig
-from gradscope.errors import check
+from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes
 from gradscope.store.parts import record_checkpoint_configs
 from gradscope.store.records import CheckpointResult
@@ -167,14 +171,82 @@ class StabilityRun:
 
 
 def plan_model(model: nn.Module, opts: StabilityOptions, probes: Probes, position: int,
-               output_phase: int | None | str) -> StabilityPlan:
+               output_phase: int | None | str, rates: Rates | None = None) -> StabilityPlan:
     """:func:`~gradscope.analysis.stability.plan_stability` for ``model`` on ``probes``: the one estimate
-    every path (checkpoints, factories, ``--model hf``, in-memory models) decides exact or sketch by."""
+    every path (checkpoints, factories, ``--model hf``, in-memory models) decides exact or sketch by, at
+    ``rates`` (None: this machine's now, :func:`gradscope.rates.current_rates`)."""
     steps = probes.length * (1 if output_phase is None else 2)
     param = next(model.parameters())
     return plan_stability(model.core, 3 * len(probes), steps, position, estimator=opts.estimator,
                           units=opts.sketch_units, checkpoint_budget_seconds=opts.checkpoint_budget_seconds,
-                          element_size=param.element_size())
+                          element_size=param.element_size(), rates=current_rates() if rates is None else rates)
+
+
+class _Replan(Exception):
+    """Raised out of the first chunk's progress call: the plan changes (see :func:`watched_stability`)."""
+
+    def __init__(self, plan: StabilityPlan, rates: Rates) -> None:
+        super().__init__(plan.note)
+        self.plan, self.rates = plan, rates
+
+
+def watched_stability(model: nn.Module, probes: Probes, position: int, opts: StabilityOptions,
+                      output_phase: int | None | str, rates: Rates,
+                      on_progress: Callable[[int], None] | None = None,
+                      on_plan: Callable[[StabilityPlan], None] | None = None
+                      ) -> tuple[StabilityResult, StabilityPlan, Rates]:
+    """:func:`~gradscope.analysis.stability.probe_stability` under the budget rule's run-time half (issue
+    #47): the plan is made at ``rates``, and the first chunk of triplets measures it. When the rest at the
+    measured pace would end past :data:`~gradscope.workflows.dynamics.OVERRUN` × the budget and the plan was
+    the tool's choice (``estimator`` auto, or sketch without ``sketch_units``), the work is planned again at
+    the measured rates (exact → sketch, or fewer units), said with a :class:`PlanWarning` and ``on_plan``,
+    and started again; the first chunk's work is dropped. A plan the user fixed runs on, with a warning.
+    Returns the result, the plan it ran and the rates to plan the next checkpoint with."""
+    plan = plan_model(model, opts, probes, position, output_phase, rates)
+    if on_plan is not None:
+        on_plan(plan)
+    budget = opts.checkpoint_budget_seconds
+    chosen = opts.estimator != "exact" and opts.sketch_units is None
+    for attempt in range(2):
+        start = time.perf_counter()
+        first = [attempt == 0]
+
+        def on_chunk(n: int, plan: StabilityPlan = plan) -> None:
+            if first[0]:
+                first[0] = False
+                took, share = time.perf_counter() - start, n / len(probes)
+                ratio = took / max(plan.seconds * share, 1e-9)
+                projected = took + ratio * plan.seconds * (1 - share)
+                if share < 1 and projected > OVERRUN * budget:
+                    if chosen:
+                        faster = rates.scaled(ratio)
+                        try:
+                            again = plan_model(model, opts, probes, position, output_phase, faster)
+                        except GradscopeError:
+                            again = plan
+                        if (again.estimator, again.units) != (plan.estimator, plan.units):
+                            warnings.warn(f"stability: planned again after the first {n} triplets, which took "
+                                          f"{ratio:.2g}× their estimate here (~{projected:,.0f} s for the "
+                                          f"checkpoint, budget {budget:g} s); their work is dropped", PlanWarning,
+                                          stacklevel=2)
+                            raise _Replan(again, faster)
+                    warnings.warn(f"stability: the first {n} triplets took {ratio:.2g}× their estimate here; this "
+                                  f"checkpoint will take ~{projected:,.0f} s, past its {budget:g} s budget"
+                                  + ("" if chosen else " (the plan is fixed by --estimator/--sketch-units)"),
+                                  PlanWarning, stacklevel=2)
+            if on_progress is not None:
+                on_progress(n)
+
+        try:
+            result = probe_stability(model, probes, position, method=opts.method, chunk=opts.batch_size,
+                                     top_sv=opts.sv, on_chunk=on_chunk, output_phase=output_phase, plan=plan,
+                                     seed=opts.seed)
+            return result, plan, rates
+        except _Replan as again:
+            plan, rates = again.plan, again.rates
+            if on_plan is not None:
+                on_plan(plan)
+    raise AssertionError("unreachable: the second attempt never re-plans")
 
 
 def warn_diverged_jacobians(run: StabilityRun) -> None:
@@ -211,6 +283,7 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
     if on_start is not None:
         on_start(len(files) * len(probes))
     results, configs, plans = [], [], []
+    rates: Rates | None = None  # this machine's, as the first checkpoint measured them
     for i, item in enumerate(files):
         if i:
             loaded = load_source(item)
@@ -219,13 +292,10 @@ def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
               f"checkpoint: {path} has a different vocabulary or length than {first}; analyse it separately")
         model = loaded.model.to(device)
         model = make_task(loaded.config.task).probed(model, opts.seed)  # as the family's probes see it
-        plan = plan_model(model, opts, probes, position, output_phase)
-        if on_plan is not None:
-            on_plan(plan)
+        rates = current_rates() if rates is None else rates
+        result, plan, rates = watched_stability(model, probes, position, opts, output_phase, rates, on_progress,
+                                                on_plan)
         plans.append(plan)
-        result = probe_stability(model, probes, position, method=opts.method, chunk=opts.batch_size,
-                                 top_sv=opts.sv, on_chunk=on_progress, output_phase=output_phase, plan=plan,
-                                 seed=opts.seed)
         run = path.parent.name if path.parent != Path("") else ""
         results.append(CheckpointResult(path, loaded.iteration, run, result))
         configs.append(config_attrs(loaded.config))
@@ -297,11 +367,8 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
     own_query = getattr(model, "query_token", None)
     output_phase = own_query if own_query is not None and opts.filler is None else opts.filler
     model = model.to(device)
-    plan = plan_model(model, opts, probes, position, output_phase)
-    if on_plan is not None:
-        on_plan(plan)
-    result = probe_stability(model, probes, position, method=opts.method, chunk=opts.batch_size, top_sv=opts.sv,
-                             on_chunk=on_progress, output_phase=output_phase, plan=plan, seed=opts.seed)
+    result, plan, _ = watched_stability(model, probes, position, opts, output_phase, current_rates(), on_progress,
+                                        on_plan)
     path = Path(source) if source is not None else Path("<in memory>")
     if config is None:
         own = getattr(model, "config", None)

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # cli/ and reports/ sit at the top level (the design card) and install as gradscope.cli and gradscope.reports
 PACKAGES = {"gradscope": ROOT / "gradscope", "gradscope.cli": ROOT / "cli", "gradscope.reports": ROOT / "reports"}
 # layer rank, one per package: a module may import only from its own layer or lower ones
-RANK = {"cli": 15, "reports": 14, "workflows": 13, "store": 12, "train": 11, "files": 10, "analysis": 9, "presets": 8,
+RANK = {"cli": 16, "reports": 15, "workflows": 14, "rates": 13, "store": 12, "train": 11, "files": 10, "analysis": 9, "presets": 8,
         "config": 7, "tasks": 6, "corpus": 5, "models": 4, "guard": 3, "fields": 2, "version": 1, "errors": 0,
         "checkout": -1}  # checkout: how gradscope.cli and gradscope.reports are found in a source checkout
 
