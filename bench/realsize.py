@@ -55,6 +55,7 @@ def _child_sample(directory: str) -> dict:
     plans = []
     start = time.perf_counter()
     run = run_dynamics([Path(directory)], DynamicsOptions(), on_plan=plans.append)
+    per_part = _per_part(run.plan)
     with tempfile.TemporaryDirectory() as tmp:
         write_store(run.to_xarray(), Path(tmp) / "d.zarr")
     wall = time.perf_counter() - start
@@ -67,8 +68,14 @@ def _child_sample(directory: str) -> dict:
     n, T = len(run.probes.conditions), run.token_class.shape[1]
     est_bytes = plan_bytes(plan, n, T, core_shape(core, width)) + PROCESS_BYTES
     return {"estimate_s": sum(plan.seconds.values()) * plan.checkpoints, "wall_s": wall, "estimate_bytes": est_bytes,
+            "per_part": per_part, "rates": plan.lines[0].split("estimated at ")[-1].split("; budget")[0],
             "parts": ",".join(o.parts), "options": f"seq {o.sequences} grid {o.grid_sequences} traj {o.trajectories} "
                                                    f"steps {o.steps} k {plan.exponents}"}
+
+
+def _per_part(plan) -> str:  # noqa: ANN001 - a DynamicsPlan after its run
+    """Each part's estimated / measured seconds on the first checkpoint (the plan's ``measured``)."""
+    return ", ".join(f"{p} {plan.seconds.get(p, 0):.1f}/{s:.1f}" for p, s in plan.measured.items())
 
 
 def build(kind: str, size: str):  # noqa: ANN201 - a transformers model
@@ -101,21 +108,22 @@ def _child_realsize(kind: str, size: str, item: str) -> dict:
     start = time.perf_counter()
     if item == "defaults":
         tokens = torch.randint(0, vocab, (8, 32), generator=gen)
-        run_model_dynamics(model, tokens, DynamicsOptions(), on_plan=plans.append)
+        run = run_model_dynamics(model, tokens, DynamicsOptions(), on_plan=plans.append)
     elif item == "flow256":
         tokens = torch.randint(0, vocab, (1, 256), generator=gen)
-        run_model_dynamics(model, tokens, DynamicsOptions(parts="flow", budget_seconds=3600), on_plan=plans.append)
+        run = run_model_dynamics(model, tokens, DynamicsOptions(parts="flow", budget_seconds=3600), on_plan=plans.append)
     elif item == "lyapunov1000":
         tokens = torch.randint(0, vocab, (1, 4), generator=gen)
         traj = torch.randint(0, vocab, (1, 1000), generator=gen)
-        run_model_dynamics(model, tokens, DynamicsOptions(parts="lyapunov", budget_seconds=3600),
-                           trajectory_tokens=traj, on_plan=plans.append)
+        run = run_model_dynamics(model, tokens, DynamicsOptions(parts="lyapunov", budget_seconds=3600),
+                                 trajectory_tokens=traj, on_plan=plans.append)
     else:
         return {"skipped": f"unknown item {item}"}
     wall = time.perf_counter() - start
     plan = plans[0] if plans else None
     return {"wall_s": wall, "estimate_s": sum(plan.seconds.values()) if plan else float("nan"),
-            "parts": ",".join(plan.options.parts) if plan else item, "D": model.core.state_dim}
+            "parts": ",".join(plan.options.parts) if plan else item, "D": model.core.state_dim,
+            "per_part": _per_part(run.plan)}
 
 
 def child(args: list[str]) -> None:
@@ -183,26 +191,30 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args.child)
+    from gradscope.rates import machine_key
     print(f"# bench/realsize.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
-          f"{args.threads} torch thread(s)")
+          f"{args.threads} torch thread(s); CPU: {machine_key(args.threads).split(' | ')[0]}; "
+          f"GRADSCOPE_RATES={os.environ.get('GRADSCOPE_RATES', '(measured)')}")
     if args.calibrate:
         calibrate()
     if args.samples != "none":
         names = sorted(p.name for p in (ROOT / "sample_checkpoints").iterdir() if p.is_dir()) \
             if args.samples == "all" else args.samples.split(",")
-        print("\n| sample | plan | est. s | wall s | CPU s | wall / est. | est. GB | peak GB | load |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n| sample | plan | est. s | wall s | CPU s | est. / wall | est. GB | peak GB | load | per part, 1st "
+              "checkpoint: est./measured s | rates |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for name in names:
             r = spawn(["sample", str(ROOT / "sample_checkpoints" / name)], args.timeout, args.threads)
             if "error" in r:
                 print(f"| {name} | {r['error']} | | | | | | {r['load']:.1f} |", flush=True)
                 continue
             print(f"| {name} | {r['parts']}; {r['options']} | {r['estimate_s']:.1f} | {r['wall_s']:.1f} | "
-                  f"{r['cpu_s']:.1f} | {r['wall_s'] / r['estimate_s']:.2f} | {gb(r['estimate_bytes'])} | "
-                  f"{gb(r['maxrss_bytes'])} | {r['load']:.1f} |", flush=True)
+                  f"{r['cpu_s']:.1f} | {r['estimate_s'] / r['wall_s']:.2f} | {gb(r['estimate_bytes'])} | "
+                  f"{gb(r['maxrss_bytes'])} | {r['load']:.1f} | {r['per_part']} | {r['rates']} |", flush=True)
     if args.realsize:
-        print("\n| model | size | D | item | plan parts | est. s | wall s | CPU s | peak GB | load |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("\n| model | size | D | item | plan parts | est. s | wall s | est. / wall | CPU s | peak GB | load | "
+              "per part: est./measured s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for kind in args.kinds.split(","):
             for size in args.sizes.split(","):
                 for item in args.items.split(","):
@@ -215,8 +227,8 @@ def main() -> None:
                               f"{gb(r.get('maxrss_bytes', 0))} | {r['load']:.1f} |", flush=True)
                         continue
                     print(f"| {kind} | {size} | {r['D']:,} | {item} | {r['parts']} | {r['estimate_s']:.1f} | "
-                          f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {gb(r['maxrss_bytes'])} | {r['load']:.1f} |",
-                          flush=True)
+                          f"{r['wall_s']:.1f} | {r['estimate_s'] / r['wall_s']:.2f} | {r['cpu_s']:.1f} | "
+                          f"{gb(r['maxrss_bytes'])} | {r['load']:.1f} | {r.get('per_part', '')} |", flush=True)
 
 
 def calibrate() -> None:

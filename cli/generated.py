@@ -17,6 +17,8 @@ from typing import Annotated, Any, Optional
 import typer
 from typer.core import TyperCommand
 
+from gradscope.fields import with_names
+
 from .common import SETTINGS
 
 
@@ -58,7 +60,7 @@ def field_params(cls: type) -> tuple[Any, ...]:
             flag = f"{flag}/--no-{flag[2:]}"
         default = None if repeat or f.default is dataclasses.MISSING else f.default
         annotation = Annotated[Optional[list[kind]] if repeat else kind if default is not None else Optional[kind],
-                               typer.Option(flag, help=f.metadata["help"], show_default=default is not None)]
+                               typer.Option(flag, help=with_names(f.metadata["help"]), show_default=default is not None)]
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return tuple(click_params(params))
 

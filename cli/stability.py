@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from gradscope.errors import GradscopeError
+from gradscope.fields import SCORE_KINDS, listed
 from gradscope.workflows.options import StabilityOptions  # torch-free: --help builds the options from it
 
 from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, make_console,
@@ -70,7 +71,7 @@ StabilityCommand = generated_command(StabilityOptions)
 def stability_command(
     ctx: typer.Context,
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint of a run, oldest first).", show_default=False)],
-    score: Annotated[str, Opt(help="Score shown in the table: default, frobenius or l1 (all are stored).")] = "default",
+    score: Annotated[str, Opt(help=f"Score shown in the table: {listed(SCORE_KINDS)} (all are stored).")] = "default",
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: stability-<name>.zarr).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
     resamples: Annotated[int, Opt(help="Bootstrap resamples for the CIs.")] = 10_000,

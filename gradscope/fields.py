@@ -46,6 +46,8 @@ def option(default: Any, help: str, *, short: str | None = None, alias: str | No
 GROUPS = ("frequent", "rare", "all")  # probe token groups (SPEC §3's dual vocabulary; all: the whole of it)
 ENGINES = ("func", "vjp", "analytic")  # the Jacobian engines (gradscope.analysis.jacobian.METHODS)
 ESTIMATORS = ("auto", "exact", "sketch")  # exact stability Jacobians, or a sketch with standard errors
+SCORE_KINDS = ("default", "frobenius", "l1")  # the stability scores (gradscope.analysis.scores.SCORES, same order)
+PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")  # the dynamics parts (gradscope.workflows.dynamics)
 DEFAULT_BINS = 4  # target positions are reported in quarters unless told otherwise
 MAX_RESAMPLES = 10_000_000  # beyond this a bootstrap takes hours and its CI no longer changes
 INTERVALS = ("percentile", "bca", "basic", "t")  # confidence-interval methods of the bootstrap (and Student t)
@@ -53,6 +55,28 @@ CHECKPOINTS = ("last", "all")  # which checkpoints of a store `gradscope summari
 BANDS = ("seeds", "triplets")  # what the report's stability band is over when a configuration has several seeds
 SCALES = ("tiny", "paper")  # the presets' scales: CPU-sized, and the paper's (SPEC §3)
 MAX_VOCAB = 2**24  # corpus pieces; SentencePiece parses the size as a 32-bit int, and no corpus supports more
+
+
+def listed(names: tuple[str, ...] | list[str], last: str = "or") -> str:
+    """Names for a help text: "a, b or c"."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
+
+
+def named_choices() -> dict[str, str]:
+    """The torch-free registries' placeholders for help texts: ``{scores}``, ``{parts}``, ``{estimators}``,
+    ``{engines}``, ``{groups}``, ``{intervals}`` → "a, b or c" (:func:`gradscope.presets.with_choices` adds
+    the tasks, cores and PE kinds)."""
+    return {"{scores}": listed(SCORE_KINDS), "{parts}": listed(PARTS, "and"), "{estimators}": listed(ESTIMATORS),
+            "{engines}": listed(ENGINES), "{groups}": listed(GROUPS), "{intervals}": listed(INTERVALS)}
+
+
+def with_names(text: str) -> str:
+    """A help text with :func:`named_choices`' placeholders replaced, so no list of choices is typed by hand."""
+    if "{" in text:
+        for placeholder, names in named_choices().items():
+            text = text.replace(placeholder, names)
+    return text
 
 
 # --- integers from outside, torch-free (the CLI's help builds options without loading torch) ---------

@@ -9,7 +9,7 @@ from typing import Any
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import SCALES
+from gradscope.fields import SCALES, listed, with_names
 from gradscope.models import core_class
 from gradscope.models.pe import PE_TYPES, reads_max_len
 from gradscope.models.registry import CORES, core_options
@@ -98,9 +98,6 @@ BETAS = ("beta1", "beta2")  # TrainConfig.betas, one setting per value
 
 def registered_choices() -> dict[str, str]:
     """The names each registry holds now, for help texts: placeholder → "a, b or c"."""
-    def listed(names: list[str]) -> str:
-        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-
     return {"{tasks}": listed(list(TASKS)), "{cores}": listed(list(CORES)), "{pes}": listed(list(PE_TYPES))}
 
 
@@ -111,7 +108,7 @@ def with_choices(text: str) -> str:
         return text
     for placeholder, names in registered_choices().items():
         text = text.replace(placeholder, names)
-    return text
+    return with_names(text)
 
 
 def settings() -> dict[str, Setting]:

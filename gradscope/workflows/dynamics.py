@@ -94,6 +94,7 @@ class DynamicsPlan:
     checkpoints: int = 1
     lines: tuple[str, ...] = ()
     methods: dict[str, str] = field(default_factory=dict)  # part → exact or estimate (matrix-free, error bars)
+    measured: dict[str, float] = field(default_factory=dict)  # part → seconds it took on the first checkpoint
 
     def describe(self) -> str:
         """The plan in a few lines, printed before any work."""
@@ -291,9 +292,14 @@ class PartWatch:
     dropped: list[str] = field(default_factory=list)
     ratio: float = 1.0
     lines: list[str] = field(default_factory=list)
+    measured: dict[str, float] = field(default_factory=dict)  # part → its seconds (the parts that ran)
+    last: float = 0.0  # elapsed at the previous call
 
     def __call__(self, part: str) -> bool:
         elapsed = time.perf_counter() - self.start
+        if self.done and self.done[-1] not in self.measured:
+            self.measured[self.done[-1]] = elapsed - self.last
+        self.last = elapsed
         estimated = sum(self.plan.seconds.get(p, 0.0) for p in self.done)
         if estimated > 0:
             self.ratio = elapsed / estimated
@@ -328,12 +334,13 @@ class PartWatch:
         return True
 
     def applied(self, plan: DynamicsPlan) -> DynamicsPlan:
-        """``plan`` without the parts left out, its lines saying so."""
+        """``plan`` with each part's measured seconds, without the parts left out (its lines saying so)."""
         if not self.dropped or plan.options is None:
-            return plan
+            return dataclasses.replace(plan, measured=dict(self.measured))
         parts = tuple(p for p in plan.options.parts if p not in self.dropped)
         return dataclasses.replace(plan, options=dataclasses.replace(plan.options, parts=parts),
                                    seconds={p: v for p, v in plan.seconds.items() if p in parts},
+                                   measured=dict(self.measured),
                                    lines=plan.lines + tuple(self.lines),
                                    engine=plan.engine if "lyapunov" in parts else "none")
 
@@ -389,6 +396,9 @@ class DynamicsRun:
             ds.attrs["lyapunov_plan"] = json.dumps({"exponents": self.plan.exponents, "engine": self.plan.engine,
                                                     "note": self.plan.note})
             ds.attrs["plan"] = self.plan.describe()
+            ds.attrs["part_seconds"] = json.dumps({p: {"estimated": round(self.plan.seconds.get(p, 0.0), 3),
+                                                       "measured": round(self.plan.measured[p], 3)}
+                                                   for p in self.plan.measured})  # the first checkpoint's
         return ds
 
 
@@ -555,7 +565,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
         watch = PartWatch(plan, may_drop=auto_parts) if i == 0 else None
         parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, opts, plan.exponents,
                                                          plan.methods, gate=watch)
-        if watch is not None and watch.dropped:  # left out of every later checkpoint too
+        if watch is not None:  # what was left out is left out of every later checkpoint too
             plan = watch.applied(plan)
             opts = plan.options
         run = path.parent.name if path.parent != Path("") else ""

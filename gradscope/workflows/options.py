@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import (CHECKPOINTS, DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT,
+from gradscope.fields import (CHECKPOINTS, DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT, PARTS,
                               MAX_RESAMPLES, MAX_SEED, as_count, as_int, as_seed, check_seconds, one_of, option)
 
 # Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
@@ -26,7 +26,6 @@ RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturb
 # and the dynamics options' (top_sv before issue #24; warmup before #39: train's --warmup is the learning-rate warm-up)
 RENAMED_DYNAMICS = {"top_sv": "sv", "warmup": "lyap_warmup"}
 
-PARTS = ("flow", "grid", "spectra", "gates", "lyapunov")  # the dynamics parts
 # the dynamics options each part alone reads, and those of the probe sequences (flow, grid, spectra, gates): one
 # given while --parts leaves its part out would be recorded in the store and ignored, so it is refused
 PART_OPTIONS = {"lyapunov": ("trajectories", "steps", "lyap_warmup", "exponents", "qr_dtype", "reorth"),
@@ -148,9 +147,9 @@ class StabilityOptions:
     dual-frequency checkpoint, all/all for a uniform one."""
 
     # target groups
-    target_freq: tuple[str, ...] = option((), 'Target token group: frequent, rare or all (repeatable). Default: frequent and rare for dual-frequency checkpoints, all otherwise.')
+    target_freq: tuple[str, ...] = option((), 'Target token group: {groups} (repeatable). Default: frequent and rare for dual-frequency checkpoints, all otherwise.')
     # disturbant groups
-    disturbant: tuple[str, ...] = option((), 'Disturbant (prefix and suffix) group: frequent, rare or all (repeatable).')
+    disturbant: tuple[str, ...] = option((), 'Disturbant (prefix and suffix) group: {groups} (repeatable).')
     # the target position p, 1-based
     target_pos: int = option(1, 'Target position p (1-based) whose state z_p the Jacobian starts from.')
     # per condition
@@ -158,7 +157,7 @@ class StabilityOptions:
     # a probes file (.npy, .npz or a stability store)
     probes: Path | None = option(None, "Explicit probes: .npy int64 (n, 3, L), .npz with 'tokens' (+ 'target_group', 'disturbant_group'), or a previous stability store.")
     seed: int = option(0, 'Seed for the probes and the bootstrap.')
-    method: str = option("auto", 'Jacobian engine: auto, analytic, vjp or func.')
+    method: str = option("auto", 'Jacobian engine: auto, {engines}.')
     # triplets per Jacobian batch
     batch_size: int = option(32, 'Triplets per Jacobian batch (bounds memory).')
     # singular values kept per Jacobian
@@ -234,7 +233,7 @@ class DynamicsOptions:
     whole command, and says what it chose. Given explicitly, an option is kept as given, and work that
     does not fit the budget is an error naming ``budget_seconds``."""
 
-    parts: tuple[str, ...] | None = option(None, 'flow, grid, spectra, gates, lyapunov (comma-separated or repeated; default: every part that fits --budget-seconds; the plan says which).')
+    parts: tuple[str, ...] | None = option(None, 'Parts: {parts} (comma-separated or repeated; default: every part that fits --budget-seconds; the plan says which).')
     # per condition
     sequences: int | None = option(None, 'Probe sequences per condition (flow, spectra, gates; default: 8, fewer if that does not fit --budget-seconds).')
     grid_sequences: int | None = option(None, 'Sequences for the (t, T) grid (default: 4, fewer if that does not fit).')
@@ -387,11 +386,11 @@ class SummarizeOptions:
     ci: float = option(0.95, "Confidence level.")
     # its name before issue #39 was method, which is stability's Jacobian engine (the old name is a hidden flag and a
     # keyword, both warning); summary stores still record it as their "method" attribute
-    interval: str = option("percentile", "Interval: percentile (the paper's), bca, basic, or t (Student t; better "
-                                         "coverage with few trials).")
+    interval: str = option("percentile", "Interval: {intervals} (percentile is the paper's; t is Student t, "
+                                         "better coverage with few trials).")
     metric: tuple[str, ...] = option((), "Metrics to show (repeatable; 'all' for every one). Default: the main ones. "
                                          "The store always holds all.")
-    score: str = option("default", "Stability stores: which score to summarize (default, frobenius, l1).")
+    score: str = option("default", "Stability stores: which score to summarize: {scores}.")
     compare: str | None = option(None, "A --by field with two values (e.g. pe): paired permutation test between "
                                        "them, by seed.")
     checkpoints: str = option("last", "Which checkpoints of each store: last, or all (with --compare: the seed-level "

@@ -29,7 +29,7 @@ class ReportOptions:
 
     static: str | None = option(None, "Also write each figure as png or svg beside the HTML (needs kaleido>=1 and "
                                       "Chrome/Chromium on PATH).")
-    score: str = option("default", "Stability score to plot: default, frobenius or l1.")
+    score: str = option("default", "Stability score to plot: {scores}.")
     iteration: int | None = option(None, "Checkpoint (training iteration) for distributions, spectra and the accuracy "
                                          "grid. Default: each store's last.")
     resamples: int = option(10_000, "Bootstrap resamples for the stability CIs.")
