@@ -68,7 +68,7 @@ def _child_sample(directory: str) -> dict:
     n, T = len(run.probes.conditions), run.token_class.shape[1]
     est_bytes = plan_bytes(plan, n, T, core_shape(core, width)) + PROCESS_BYTES
     return {"estimate_s": sum(plan.seconds.values()) * plan.checkpoints, "wall_s": wall, "estimate_bytes": est_bytes,
-            "per_part": per_part, "rates": plan.lines[0].split("estimated at ")[-1].split("; budget")[0],
+            "per_part": per_part, "rates": next((x for x in plan.lines if "estimated at " in x), "").split("estimated at ")[-1].split("; budget")[0],
             "parts": ",".join(o.parts), "options": f"seq {o.sequences} grid {o.grid_sequences} traj {o.trajectories} "
                                                    f"steps {o.steps} k {plan.exponents}"}
 

@@ -15,9 +15,10 @@ never flips a plan). The answer is cached by CPU model, torch version and thread
 so one idle machine plans the same work every time; a measurement taken while other processes were
 runnable (:func:`gradscope.guard.runnable_others`) is used for that command only.
 
-Every command times the probes again (~0.25 s): ``load`` is how much slower they run now than in the
-cached idle calibration (other processes sharing the cores), rounded the same way, at least 1. Background
-work at nice 19 that yields the cores costs nothing, and counts as nothing.
+Every command times the probes again (~0.25 s): when other tasks want the cores (the run queue), ``load`` is
+how much slower the probes run now than in the cached idle calibration, rounded the same way, at least 1;
+on an idle run queue it is 1 (timing noise is not load). Background work at nice 19 that yields the cores
+costs nothing, and counts as nothing.
 
 ``GRADSCOPE_RATES`` pins them: ``reference`` (the constants as they are; the test suite's setting),
 ``COMPUTE,CALLS[,LOAD]`` (numbers), or ``measure`` (measure again and cache).
@@ -179,12 +180,15 @@ def machine_rates(*, measure: bool | None = None, cache: Path | None = None) -> 
     entry = entries.get(key)
     cached = isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0
                                              for k in ("compute", "calls", "raw_compute", "raw_calls"))
-    if cached and not measure:  # the load: how much slower than this machine idle, both probes together
+    # other tasks wanting the cores while the probes ran (unknown where the kernel does not say: taken as idle)
+    busy = before is not None and after is not None and max(before, after) + threads > usable_cores()
+    if cached and not measure:  # the load: how much slower than this machine idle, both probes together; only
+        # when other tasks wanted the cores (a probe of an idle machine reads up to ~1.4× slow now and then)
         slower = math.sqrt(now["compute"] / entry["raw_compute"] * now["calls"] / entry["raw_calls"])
-        return Rates(float(entry["compute"]), float(entry["calls"]), max(1.0, rounded(slower)), "measured, cached")
+        load = max(1.0, rounded(slower)) if busy else 1.0
+        return Rates(float(entry["compute"]), float(entry["calls"]), load, "measured, cached")
     compute, calls = rounded(now["compute"]), rounded(now["calls"])
-    idle = before is not None and after is not None and max(before, after) + threads <= usable_cores()
-    if not idle:  # the measurement carries the load of this moment: use it once, never cache it
+    if busy:  # the measurement carries the load of this moment: use it once, never cache it
         return Rates(compute, calls, 1.0, "measured under load")
     entries[key] = {"compute": compute, "calls": calls, "raw_compute": now["compute"], "raw_calls": now["calls"],
                     "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}

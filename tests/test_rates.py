@@ -66,7 +66,9 @@ def test_first_use_measures_and_caches_the_idle_machine(tmp_path: Path, probes_a
     assert (first.compute, first.dispatch, first.load, first.source) == (2.0, 2.0, 1.0, "measured")
     entry = json.loads(cache.read_text())[rates_mod.machine_key(torch.get_num_threads())]
     assert entry["compute"] == 2.0
-    probes_at["factor"] = 4.0  # the same machine, busy now: twice as slow as it was idle
+    probes_at["factor"] = 4.0  # the same machine, twice as slow as it was idle ...
+    assert machine_rates(cache=cache).load == 1.0  # ... with nothing else runnable: timing noise, not load
+    probes_at["others"] = 3  # ... with three other tasks wanting the cores: load
     later = machine_rates(cache=cache)
     assert (later.compute, later.load, later.source) == (2.0, 2.0, "measured, cached")
     assert later.flop == 4.0
@@ -229,3 +231,17 @@ def test_stability_on_time_changes_nothing() -> None:
         result, plan, rates = watched_stability(model, probes, 2, opts, "query", REFERENCE, None, None)
     assert plan.estimator == "exact" and rates is REFERENCE
     assert math.isfinite(float(result.scores["default"].nanmean()))
+
+
+def test_the_watch_trusts_the_pace_only_once_it_means_something(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gradscope's Mamba sample: its small flow took 2.3× its estimate while the whole plan erred 5× long;
+    a pace measured on a few percent of the budget drops nothing."""
+    watch, clock = _watch(monkeypatch, {"flow": 0.9, "grid": 1.1, "spectra": 15.7, "lyapunov": 1.7}, 60.0,
+                          checkpoints=3)
+    assert watch("flow")
+    clock.now = 2.1  # 2.3× the flow's estimate, 3.5 % of the budget
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlanWarning)
+        assert watch("grid") and watch("spectra")
+    clock.now = 14.0  # now the pace counts: 14 s for 17.7 s estimated, the rest fits
+    assert watch("lyapunov") and watch.ratio == pytest.approx(14.0 / 17.7)

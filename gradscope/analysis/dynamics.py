@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from gradscope.analysis.jacobian import rows_vjp, state_readout
 from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum  # noqa: F401 - re-exported
-from gradscope.analysis.reduce import fro64, gram64, norm64
+from gradscope.analysis.reduce import fro64, gram_blocks, norm64
 from gradscope.analysis.scores import finite_only
 from gradscope.analysis.tape import StateTape, state_at
 from gradscope.errors import GradscopeError, check
@@ -99,7 +99,7 @@ def _spectral_norm(G: Tensor) -> Tensor:
     if G.shape[-1] <= 2 * G.shape[-2]:
         return finite_only(lambda g: torch.linalg.matrix_norm(g, ord=2), G)
 
-    gram = gram64(G)  # float64 sums over D; non-finite G gives a non-finite Gram: checked there, H × H, not on G
+    gram = gram_blocks(G)  # float64 sums over blocks of D; non-finite G gives a non-finite Gram: checked there
     return finite_only(lambda m: torch.linalg.eigvalsh(m)[..., -1].clamp_min(0).sqrt(), gram).to(G.dtype)
 
 

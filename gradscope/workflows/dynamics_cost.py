@@ -6,9 +6,10 @@ functions through autograd) and prices each kind at a rate measured on this work
 with one torch thread (``python bench/realsize.py --calibrate`` prints the measurement; 2026-11-25):
 BLAS-3 products ~100 GFLOP/s in float32 (half in float64); LAPACK eigenvalues, SVD and QR of small
 matrices with their own d²·overhead; a step function through ``torch.func`` (vmap/jvp/vjp: many
-small kernels) ~10 GFLOP/s of its own flops; a Python-level call ~30 µs. The rates are constants, not
-measured at run time, so the same command plans the same work on every machine; ``bench/realsize.py``
-compares the estimate with the measured time on every shipped sample (within 3×, the issue's bar).
+small kernels) ~10 GFLOP/s of its own flops; a Python-level call ~30 µs. Those are the reference CPU's;
+a :class:`~gradscope.analysis.cost.Rates` (``CoreShape.rates``, :mod:`gradscope.rates`) scales every time per
+flop or number and every time per call to the machine that plans. ``bench/realsize.py`` compares the
+estimate with the measured time on every shipped sample and the real-size models.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from gradscope.models.structure import JacobianStructure
 MATMUL32 = 1.0e-11  # s per float32 BLAS-3 flop (≈ 100 GFLOP/s, one thread)
 MATMUL64 = 2.0e-11  # float64
 ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t, norms of stored matrices)
+NORM64 = 4.0e-9  # s per element of a norm accumulated in float64 (torch's vector_norm(dtype=float64), one
+# thread: 34 ms for 8 × 128 × 8,192 float32 numbers against 1 ms in float32; issue #47's sums)
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
 TAPE_NUMBERS = KEEP_BYTES // 4  # a state tape keeps every state below this many float32 numbers
@@ -105,7 +108,7 @@ def part_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: i
         flow_step = shape.form_seconds() + 2.0 * H * D * D * (MATMUL32 * c)
     else:
         flow_step = 3.0 * H * shape.step_flops * (STEP_FLOP * c)
-    out = {"flow": scan + n * T * (flow_step + spectral + (ELEMENT * c) * H * D) + 6 * T * (CALL * d) + 3 * T * shape.overhead}
+    out = {"flow": scan + n * T * (flow_step + spectral + (NORM64 * c) * H * D) + 6 * T * (CALL * d) + 3 * T * shape.overhead}
     if s.is_diagonal:
         out["grid"] = scan + g * T * T / 2 * (ELEMENT * c) * 4 * D + g * T * shape.blocks_seconds() + T * 4 * (CALL * d)
         out["spectra"] = scan + n * T * (shape.blocks_seconds() + (ELEMENT * c) * 40 * D) + T * 4 * (CALL * d)  # sorts
@@ -162,7 +165,7 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
                 per += (w // b.size) * (2.0 * b.size ** 3 * (MATMUL64 * c) + c * qr_seconds(b.size, b.size)) + (ELEMENT * c) * w * b.size
             else:
                 per += (ELEMENT * c) * 4 * w
-        return m * S * per + 3 * S * shape.overhead
+        return m * S * per + S * shape.overhead  # one step call a step (3 before issue #47: 6× long on minGRU)
     per_call = 3 * S * shape.overhead
     if k == D or shape.analytic:
         per += shape.form_seconds() + 2.0 * D * D * k * (MATMUL64 * c)

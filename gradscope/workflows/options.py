@@ -252,7 +252,7 @@ class DynamicsOptions:
     exponents: int | None = option(None, 'Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).')
     qr_dtype: str = option("float64", "dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).")
     # the whole command's estimated wall time (dynamics_cost)
-    budget_seconds: float = option(DEFAULT_BUDGET, "Time budget of the whole command (every part and checkpoint), estimated before any work at this workplace's measured CPU rates; options left out shrink to fit it.")
+    budget_seconds: float = option(DEFAULT_BUDGET, "Time budget of the whole command (every part and checkpoint), estimated before any work at this machine's measured rates (options left out shrink to fit it) and watched while it runs (parts the plan chose are left out if it would pass 1.2 × the budget).")
     top_sv: InitVar[int | None] = None  # sv's name before issue #24 (a keyword only; read sv)
     warmup: InitVar[int | None] = None  # lyap_warmup's name before issue #39 (a keyword only; read lyap_warmup)
 
