@@ -209,7 +209,7 @@ def test_stability_plans_again_when_its_first_chunk_is_slow(monkeypatch: pytest.
         result, plan, rates = watched_stability(model, probes, 2, opts, "query", REFERENCE, progress.append,
                                                 plans.append)
     assert [p.estimator for p in plans] == ["exact", "sketch"] and plan is plans[-1]
-    assert plan.seconds <= 1.0 and 4 <= plan.units < 16  # the most units that fit at the measured pace
+    assert plan.seconds <= 1.0 and 4 <= plan.units <= 16  # the most units that fit at the measured pace
     assert result.estimator == "sketch" and result.scores["default"].shape == (2, len(probes))
     assert sum(progress) == len(probes)  # the dropped chunk is never counted
     assert rates.compute == pytest.approx(3.0)  # the next checkpoint plans at the measured pace

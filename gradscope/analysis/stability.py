@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gradscope.analysis.cost import MODULE_CALL, REFERENCE, ROW_VJP, SKETCH_FLOPS, VJP_MODULE, Rates, products_seconds
+from gradscope.analysis.cost import (MODULE_CALL, REFERENCE, ROW_VJP, SKETCH_FLOPS, SKETCH_PRODUCTS, VJP_MODULE, Rates,
+                                     products_seconds)
 from gradscope.analysis.jacobian import jvp_products, state_jacobian
 from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.analysis.reduce import dot64, norm64
@@ -152,7 +153,7 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
                                     params=weight_count(core), step_flops=0.0,  # the flops are counted at rate
                                     own="jvp" in own_products(core), rates=rates)
         sketch_rate = SKETCH_FLOPS * (1 if element_size <= 4 else 0.5)
-        return (sequences * (steps * f + tail * columns(u) * f) / sketch_rate * c + scan_s + products,
+        return (sequences * (steps * f + tail * columns(u) * f) / sketch_rate * c + scan_s + SKETCH_PRODUCTS * products,
                 3 * 8 * columns(u) * D * element_size)
 
     def sketched(u: int, why: str) -> StabilityPlan:

@@ -13,6 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from gradscope.fields import with_names
 from gradscope.cli.accuracy import accuracy_command
 from gradscope.cli.app import app
 from gradscope.cli.corpus import prepare_command
@@ -44,7 +45,7 @@ def test_the_flags_are_the_dataclass_fields(name: str, cls: type, function) -> N
     for f in declared:
         p = params[f.name]
         flag = "--" + (f.metadata.get("flag") or f.name).replace("_", "-")  # corpus prepare's vocab_size is --vocab
-        assert p.opts == [flag] and p.help == f.metadata["help"], f.name
+        assert p.opts == [flag] and p.help == with_names(f.metadata["help"]), f.name
         if f.default not in (None, (), dataclasses.MISSING):  # MISSING: a default_factory (sweep --resources: none)
             assert p.default == f.default, f.name
     written = set(inspect.signature(function).parameters)
