@@ -11,6 +11,7 @@ Training outlives a session, so the runs live in this repository and resume exac
     python experiments/fig5_cpu.py status
     python experiments/fig5_cpu.py plot OUT.png STORE...  # curves with CIs from stability stores
     python experiments/fig5_cpu.py analyse [DIR]  # every finished run's stores, the pre-registered test, the median seed
+    python experiments/fig5_cpu.py stores [DIR]   # the finished runs' stores only (no result read or printed)
     python experiments/fig5_cpu.py sample 1  # ship a finished pair as sample_checkpoints/gru60k-*-s1
 
 ``pack`` keeps every checkpoint for the analysis but drops the optimizer state of all except the
@@ -161,11 +162,13 @@ def plot(out: str, *stores: str) -> None:
     fig.write_image(out)
 
 
-def analyse(stores: str = "fig5-stores") -> None:
+def analyse(stores: str = "fig5-stores", *, results: bool = True) -> None:
     """The pre-registered analysis (docs/fig5-at-scale.md) of every finished run: each run's stability store
     (every checkpoint; the command of seeds 1–2, one thread each, a store already there is kept), the
     accuracy store at 60,000, then ``gradscope summarize`` over training with the pre-registered test, and
-    the median seed by G (the shipped pair's rule). Stores go to ``stores`` (outside git)."""
+    the median seed by G (the shipped pair's rule). Stores go to ``stores`` (outside git). ``results``
+    False (the ``stores`` command): the finished runs' stores only, nothing read or printed of them, so
+    that they can be made while other seeds still train without looking at any result early."""
     out = Path(stores)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -178,6 +181,9 @@ def analyse(stores: str = "fig5-stores") -> None:
         if not acc.exists():
             subprocess.run([GRADSCOPE, "accuracy", str(run / "step-0060000.pt"), "-o", str(acc), "-q"], check=True,
                            env=env)
+    if not results:
+        print(f"stores of {len(finished)} finished runs in {out}")
+        return
     pairs = sorted({seed for (_, seed) in finished if ("none", seed) in finished and ("sinusoidal", seed) in finished})
     print(f"seeds with both arms finished: {pairs}")
     stab = [str(out / f"stab-{pe}-s{seed}.zarr") for seed in pairs for pe in ("none", "sinusoidal")]
@@ -208,5 +214,7 @@ if __name__ == "__main__":
         plot(sys.argv[2], *sys.argv[3:])
     elif command == "analyse":
         analyse(*sys.argv[2:3])
+    elif command == "stores":
+        analyse(*sys.argv[2:3], results=False)
     else:
         {"pack": pack, "status": status}[command]()

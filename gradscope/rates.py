@@ -103,17 +103,24 @@ def rounded(factor: float) -> float:
     return 2.0 ** max(-4.0, round(exponent / STEP) * STEP)
 
 
+def cpu_model() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family, model and vector width (a virtual machine's "AMD
+    EPYC" is Zen 3 with AVX2 or Zen 4 with AVX-512), else what ``platform`` says."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    first = text.split("\n\n", 1)[0]
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines()) if v}
+    flags = set(fields.get("flags", "").split())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}, {vector})"
+
+
 def machine_key(threads: int) -> str:
     """The cache key: CPU model, torch version, thread count."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model} | torch {torch.__version__} | {threads} thread(s)"
+    return f"{cpu_model()} | torch {torch.__version__} | {threads} thread(s)"
 
 
 def cache_file() -> Path:

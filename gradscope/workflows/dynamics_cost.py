@@ -28,6 +28,10 @@ NORM64 = 4.0e-9  # s per element of a norm accumulated in float64 (torch's vecto
 # thread: 34 ms for 8 × 128 × 8,192 float32 numbers against 1 ms in float32; issue #47's sums)
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
+# the structured Lyapunov engine's step and block work, refitted 2026-11-28 to idle runs on the reference CPU:
+# transformers Mamba (mamba-130m's size) 1,000 steps 33.8 s estimated, 67.6 s measured; RWKV-169m 25.0 / 35.9 s;
+# gradscope's Mamba and S4D samples 1.0 / 1.2–1.4 s and 1.2 / 1.6 s (bench/README.md)
+LYAP_STRUCTURED = 1.6
 TAPE_NUMBERS = KEEP_BYTES // 4  # a state tape keeps every state below this many float32 numbers
 
 
@@ -156,7 +160,8 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
     c, d = shape.rates.flop, shape.rates.call
     per = shape.step_flops * (STEP_FLOP * c) + 6 * (CALL * d) / m  # the state's own step, and the loop
     if not s.is_dense:
-        per += (ELEMENT * c) * 4 * shape.D if shape.fused else shape.blocks_seconds()  # fused: the step gives the blocks
+        per = LYAP_STRUCTURED * (shape.step_flops * (STEP_FLOP * c)) + 2 * (CALL * d) / m  # a lighter loop
+        per += LYAP_STRUCTURED * ((ELEMENT * c) * 4 * shape.D if shape.fused else shape.blocks_seconds())
         for b in s.blocks:
             w = b.width
             if b.form == "dense":
