@@ -235,14 +235,10 @@ def calibrate() -> None:
     """The primitive rates behind gradscope/workflows/dynamics_cost.py, one thread."""
     import torch
 
-    def best(fn, reps: int = 3) -> float:  # noqa: ANN001
-        fn()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+    from gradscope.rates import best_seconds
+
+    def best(fn) -> float:  # noqa: ANN001 - the shortest of 3 timings after a warm-up call
+        return best_seconds(fn, 3)
 
     print("\n| d | matmul f32 GFLOP/s | eigvals s/d³ | svdvals s/d³ | eigvalsh s/d³ | QR f64 s/d³ |")
     print("|---|---|---|---|---|---|")

@@ -48,7 +48,7 @@ DEAD_ZONE = 0.25  # |log2 factor| below this: 1 (timing noise on the reference C
 STEP = 0.25  # factors are rounded to 2^(k · STEP)
 
 
-def _best(fn, repeats: int = 5) -> float:  # noqa: ANN001 - a probe
+def best_seconds(fn, repeats: int = 5) -> float:  # noqa: ANN001 - a probe
     """The shortest of ``repeats`` timings of ``fn`` (after one warm-up call)."""
     fn()
     times = []
@@ -82,7 +82,7 @@ def probe_seconds() -> dict[str, float]:
             for _ in range(50):
                 torch.func.jvp(step, (x,), (v,))
 
-    return {"compute": _best(compute), "calls": _best(calls)}
+    return {"compute": best_seconds(compute), "calls": best_seconds(calls)}
 
 
 def _reference(threads: int) -> dict[str, float]:
