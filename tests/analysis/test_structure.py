@@ -238,7 +238,10 @@ def test_the_budget_picks_what_fits_and_names_the_option() -> None:
         plan_dynamics(DynamicsOptions(parts=("spectra",)), 32, 64, 8192, 128, dense_structure(8192), 1)
     structured = s4d(1, H=128, N=64, dtype=torch.float32)  # the shipped sample's size: D = 8192
     from gradscope.models.structure import structure_of
-    plan = plan_dynamics(DynamicsOptions(), 32, 32, 8192, 128, structure_of(structured.core), 1)
+    from gradscope.workflows.dynamics import core_shape
+    width = structured.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
+    plan = plan_dynamics(DynamicsOptions(), 32, 32, 8192, 128, structure_of(structured.core), 1,
+                         shape=core_shape(structured.core, width))  # its own step cost, not a dense guess
     assert plan.exponents == 8192 and plan.engine == "structured"
 
 
