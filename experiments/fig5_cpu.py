@@ -12,7 +12,7 @@ Training outlives a session, so the runs live in this repository and resume exac
     python experiments/fig5_cpu.py plot OUT.png STORE...  # curves with CIs from stability stores
     python experiments/fig5_cpu.py analyse [DIR]  # every finished run's stores, the pre-registered test, the median seed
     python experiments/fig5_cpu.py stores [DIR]   # the finished runs' stores only (no result read or printed)
-    python experiments/fig5_cpu.py sample 1  # ship a finished pair as sample_checkpoints/gru60k-*-s1
+    python experiments/fig5_cpu.py sample 5  # ship a finished pair as sample_checkpoints/gru60k-*-s5 (the median seed)
 
 ``pack`` keeps every checkpoint for the analysis but drops the optimizer state of all except the
 latest (stripped checkpoints analyse, the latest one resumes). See docs/fig5-at-scale.md.
@@ -106,9 +106,9 @@ def sample(seed: int = 1) -> None:
                 assert safe_load(ckpt).get("stripped"), ckpt
                 shutil.copyfile(ckpt, dest / ckpt.name)
         config = json.loads((run / "config.json").read_text())
-        entry = {"run": dest.name, "config": config["config"],
-                 "command": config["command"] + "  (issue #17, experiments/fig5_cpu.py; resumed with gradscope train "
-                                                "--resume across sessions; checkpoints every 15k of every 5k shipped)",
+        entry = {"run": dest.name, "config": config["config"], "command": config["command"],
+                 "note": "trained with --checkpoint-every 5000 (resumed with gradscope train --resume); the 15k, "
+                         "30k, 45k and 60k checkpoints are shipped",
                  "seed": config["config"]["train"]["seed"], "heldout": json.loads((run / "eval.json").read_text()),
                  "files": {p.name: sha256_file(p) for p in sorted(dest.iterdir())}}
         manifest["runs"] = [r for r in manifest["runs"] if r["run"] != dest.name] + [entry]
@@ -202,6 +202,41 @@ def analyse(stores: str = "fig5-stores", *, results: bool = True) -> None:
     print(f"the median seed by G (the shipped pair's rule): seed {median[1]} (G = {median[0]:+.3f})"
           + (" — not all five seeds yet" if len(order) < 5 else ""))
     print(f"outcome: {ds['verdict'].values}")
+    _reported(out, pairs, last)
+
+
+def _reported(out: Path, seeds: list[int], last: int) -> None:
+    """The pre-registered test's "reported, deciding nothing": vanilla's rare-specific decay m(R/R) − m(F/F)
+    at ``last`` and the accuracy grid's Rare/Rare cell, PE − vanilla, each across seeds with its t-interval."""
+    import numpy as np
+    from scipy import stats
+
+    from gradscope.store.io import read_store
+
+    def interval(values: list[float]) -> str:
+        x = np.asarray(values)
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+        return (f"{x.mean():+.3f} [{x.mean() - half:+.3f}, {x.mean() + half:+.3f}] (t-test p = "
+                f"{stats.ttest_1samp(x, 0).pvalue:.3f}); per seed " + ", ".join(f"{v:+.3f}" for v in x))
+
+    def stability(pe: str, seed: int, condition: str) -> float:
+        ds = read_store(out / f"stab-{pe}-s{seed}.zarr", "stability")
+        k = [int(i) for i in ds["iteration"].values].index(last)
+        mask = np.array([str(c) == condition for c in ds["condition"].values])
+        return float(np.nanmean(ds["score_default"].sel(pair="same-target").values[k][mask]))
+
+    def rare_rare(pe: str, seed: int) -> float:
+        ds = read_store(out / f"acc-{pe}-s{seed}.zarr", "accuracy")
+        cell = ds["grid_accuracy"].isel(checkpoint=0).sel(target_group="rare", disturbant_group="rare")
+        return float(cell.mean("target_position"))
+
+    if len(seeds) < 2:
+        return
+    for pe, name in (("none", "vanilla"), ("sinusoidal", "PE")):
+        print(f"reported: {name} m(rare/rare) − m(frequent/frequent) at {last}: " + interval(
+            [stability(pe, s, "rare/rare") - stability(pe, s, "frequent/frequent") for s in seeds]))
+    print("reported: accuracy grid rare/rare at the last checkpoint, PE − vanilla: " + interval(
+        [rare_rare("sinusoidal", s) - rare_rare("none", s) for s in seeds]))
 
 
 if __name__ == "__main__":

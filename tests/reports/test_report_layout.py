@@ -24,7 +24,8 @@ from tests.helpers.layout_check import measure, problems
 from tests.reports.test_report import _browser as _report_browser
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_checkpoints"
-README_STORES = {"gru-vanilla.zarr": "gru60k-none-s1", "gru-pe.zarr": "gru60k-sinusoidal-s1"}
+README_STORES = {"gru-vanilla.zarr": "gru60k-none-s5", "gru-pe.zarr": "gru60k-sinusoidal-s5"}
+README_RUNS = sorted([*SAMPLES.glob("*-s1"), *SAMPLES.glob("gru60k-*-s5")])  # the README's report inputs
 DYNAMICS = ["--sequences", "2", "--grid-sequences", "2", "--trajectories", "3", "--steps", "64", "--lyap-warmup", "8",
             "--sv", "4", "-q"]
 
@@ -47,7 +48,7 @@ def readme_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for store, run in README_STORES.items():
         _run("stability", str(SAMPLES / run), "--target-freq", "rare", "--disturbant", "rare", "--triplets", "16",
              "--resamples", "200", "-q", "-o", str(d / store))
-    runs = sorted(str(p) for p in SAMPLES.glob("*-s1"))
+    runs = [str(p) for p in README_RUNS]
     _run("report", *runs, *(str(d / s) for s in README_STORES), "--resamples", "500", "-o", str(d / "report.html"))
     return d / "report.html"
 
@@ -110,7 +111,7 @@ def test_figure5_draws_each_condition_in_one_panel_one_colour_per_configuration(
     """Vanilla and PE GRU in the same panel for every (condition, pair kind), in distinct colours, and in
     the same colour wherever the report draws them (distributions, spectra, training curves)."""
     d = readme_report.parent
-    items = load_inputs([*sorted(SAMPLES.glob("*-s1")), *(d / s for s in README_STORES)])
+    items = load_inputs([*README_RUNS, *(d / s for s in README_STORES)])
     sections = {s.id: s.figure for s in build_sections(items, ReportOptions(resamples=200))}
     fig = sections["stability"]
     lines = [t for t in fig.data if not t.name.endswith((" upper", " lower"))]

@@ -26,8 +26,8 @@ from gradscope.workflows.stability import StabilityOptions, run_stability
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_checkpoints"
 VANILLA = SAMPLES / "gru-none-s1" / "step-0006000.pt"
 PE = SAMPLES / "gru-sinusoidal-s1" / "step-0006000.pt"
-SEED1 = SAMPLES / "gru60k-none-s1" / "step-0060000.pt"
-SEED2 = SAMPLES / "gru60k-none-s2" / "step-0060000.pt"
+SEED1 = SAMPLES / "gru60k-none-s2" / "step-0060000.pt"
+SEED2 = SAMPLES / "gru60k-none-s5" / "step-0060000.pt"
 ACC = AccuracyOptions(device="cpu")
 STAB = StabilityOptions(triplets=4, seed=3, sv=8, device="cpu")
 
@@ -66,7 +66,7 @@ def test_mixed_models_summarise_per_model(stores: dict[str, Path]) -> None:
 
 def test_mixed_seeds_are_two_trials(stores: dict[str, Path]) -> None:
     records = trial_records(stores["stab-seeds"])
-    assert [r.seed for r in records] == [1, 2]
+    assert [r.seed for r in records] == [2, 5]
     # the same probes (same seed, same task) scored per checkpoint: equal to each checkpoint alone
     _same(records[0], trial_record(stores["stab-s1"]))
     _same(records[1], trial_record(stores["stab-s2"]))

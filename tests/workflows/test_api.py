@@ -21,7 +21,7 @@ from gradscope.workflows.options import AccuracyOptions, DynamicsOptions, Summar
 from gradscope.workflows.stability import StabilityOptions
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = [ROOT / "sample_checkpoints" / f"gru60k-none-s{s}" for s in (1, 2)]
+RUNS = [ROOT / "sample_checkpoints" / f"gru60k-none-s{s}" for s in (2, 5)]
 CKPT = RUNS[0] / "step-0060000.pt"
 # Python-only options: what a command takes in another form (a file, a model of your own), or not at all
 PYTHON_ONLY = {"stability": {"probes", "split"}, "dynamics": {"tokens", "trajectory_tokens", "counts", "options"},
