@@ -8,6 +8,7 @@ transformers              ``MambaForCausalLM``, ``MambaModel``, ``FalconMamba…
 transformers              ``RwkvForCausalLM``, ``RwkvModel``                          ``hf_rwkv``
 transformers              ``xLSTMForCausalLM``, ``xLSTMModel`` (mLSTM)                ``hf_xlstm``
 transformers              ``RecurrentGemmaForCausalLM``, ``RecurrentGemmaModel``       ``hf_recurrent_gemma``
+transformers              ``Mamba2ForCausalLM``, ``Mamba2Model``                      ``hf_mamba2``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
@@ -29,6 +30,8 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "xLSTMModel"): "hf_xlstm",
     ("transformers", "RecurrentGemmaForCausalLM"): "hf_recurrent_gemma",
     ("transformers", "RecurrentGemmaModel"): "hf_recurrent_gemma",
+    ("transformers", "Mamba2ForCausalLM"): "hf_mamba2",
+    ("transformers", "Mamba2Model"): "hf_mamba2",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
 }

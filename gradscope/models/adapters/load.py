@@ -70,6 +70,9 @@ def _config(cls: Any, data: dict[str, Any], cfg_file: Path, label: str, tensors:
         item = stack.pop()
         if isinstance(item, float):
             check(math.isfinite(item), f"{label}: {cfg_file} holds {item}; a config's numbers must be finite")
+        elif isinstance(item, dict) and set(item) == {"__float__"}:  # how save_pretrained writes ±Infinity
+            check(item["__float__"] in ("Infinity", "-Infinity"),
+                  f"{label}: {cfg_file} holds {item}; a config's numbers must be numbers or ±Infinity (a limit)")
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list):
@@ -79,7 +82,8 @@ def _config(cls: Any, data: dict[str, Any], cfg_file: Path, label: str, tensors:
         check(not isinstance(n, int) or n <= max(len(tensors), 1),
               f"{label}: {cfg_file} has {key} {n}, more than the {len(tensors)} tensors of the weights")
     try:
-        return cls.config_class.from_dict(data)
+        decode = getattr(cls.config_class, "_decode_special_floats", None)  # ±Infinity back to floats
+        return cls.config_class.from_dict(decode(data) if decode is not None else data)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types on a bad config: one line
         raise GradscopeError(f"{label}: {cfg_file} is not a valid {cls.config_class.__name__} ({_one_line(exc)})") from None
 

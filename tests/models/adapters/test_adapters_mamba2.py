@@ -1,0 +1,208 @@
+"""gradscope.wrap(transformers Mamba2ForCausalLM / Mamba2Model) against a float64 brute force through
+transformers' own forward and cache (tests/helpers/adapterkit.py): the state Jacobian, the state's size,
+each head's exponents, S(A, A) = 1, and the CLI on a saved model directory (issue #48)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import gradscope  # noqa: E402
+from gradscope.errors import GradscopeError  # noqa: E402
+from tests.helpers.adapterkit import (Family, check_gradient_flow, check_lyapunov_sum, check_stability,  # noqa: E402
+                                      check_state_jacobian, probes)
+
+B, T, V = 3, 6, 20
+RTOL = 2e-6  # transformers computes exp(Δ A) and its chunked scan in float32 even for a float64 model
+LAYERS, HIDDEN, HEADS, HEAD_DIM, GROUPS, STATE, KERNEL = 2, 8, 4, 4, 2, 3, 3
+
+
+def config(**extra) -> "transformers.Mamba2Config":  # noqa: ANN003
+    return transformers.Mamba2Config(vocab_size=V, hidden_size=HIDDEN, state_size=STATE, num_hidden_layers=LAYERS,
+                                     expand=2, conv_kernel=KERNEL, num_heads=HEADS, head_dim=HEAD_DIM,
+                                     n_groups=GROUPS, chunk_size=4, use_conv_bias=True, residual_in_fp32=False,
+                                     **extra)
+
+
+def tiny(bare: bool = False, **extra) -> torch.nn.Module:  # noqa: ANN003
+    torch.manual_seed(0)
+    cls = transformers.Mamba2Model if bare else transformers.Mamba2ForCausalLM
+    model = cls(config(**extra)).eval().double()
+    backbone = getattr(model, "backbone", model)
+    with torch.no_grad():  # the default init leaves D = 1, a unit norm and zero biases: make every term count
+        for i, layer in enumerate(backbone.layers):
+            gen = torch.Generator().manual_seed(10 + i)
+            layer.mixer.D.uniform_(0.5, 1.5, generator=gen)
+            layer.mixer.conv1d.bias.normal_(0.0, 0.2, generator=gen)
+            layer.mixer.norm.weight.uniform_(0.5, 1.5, generator=gen)
+            layer.mixer.dt_bias.normal_(0.0, 0.5, generator=gen)
+            layer.norm.weight.uniform_(0.5, 1.5, generator=gen)
+    return model
+
+
+def family(model: torch.nn.Module) -> Family:
+    """Mamba-2's cache in the documented layout: per layer the conv window without its oldest (never read)
+    entry (I + 2GN, K−1), then every head's P × N state (H, P, N)."""
+    bb = getattr(model, "backbone", model)
+    L = len(bb.layers)
+
+    def read(cache) -> list[torch.Tensor]:  # noqa: ANN001
+        out = []
+        for l in range(L):
+            out += [cache.layers[l].conv_states[0][:, :, 1:], cache.layers[l].recurrent_states[0]]
+        return out
+
+    def state(tokens: torch.Tensor) -> list[torch.Tensor]:
+        # float64: the chunked path leaves its final state in float32, and the one-token path keeps a state
+        # in the dtype it finds it in
+        return [q.clone().double() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
+
+    def step(parts: list[torch.Tensor], columns: torch.Tensor, t0: int):  # noqa: ANN202
+        with torch.no_grad():
+            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
+        for l in range(L):
+            old = cache.layers[l].conv_states[0]
+            cache.layers[l].conv_states[0] = torch.cat([torch.zeros_like(old[:, :, :1]), parts[2 * l]], dim=-1)
+            cache.layers[l].recurrent_states[0] = parts[2 * l + 1].clone()
+        for t in range(columns.shape[1]):  # the one-token (recurrent) path, token by token
+            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
+        return y, read(cache)
+
+    # forward mode: the one-token path copies its new state into the cache in place, over a tensor its
+    # own product saved, which defeats reverse mode
+    return Family(model, state, step, V, reverse=False)
+
+
+@pytest.fixture(scope="module")
+def mamba2():  # noqa: ANN201
+    model = tiny()
+    return model, gradscope.wrap(model), family(model)
+
+
+def tokens(seed: int, n: int = B, length: int = T) -> torch.Tensor:
+    return torch.randint(0, V, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_wrap_runs_on_the_model_itself_with_the_configured_state_size(mamba2) -> None:  # noqa: ANN001
+    model, wrapped, _ = mamba2
+    core = wrapped.core
+    assert core.model is model.backbone and wrapped.readout is model.lm_head
+    ours = {p.data_ptr() for p in wrapped.parameters()}
+    assert all(p.data_ptr() in ours for p in model.parameters())  # the same tensors, no copies
+    assert list(core.state_layout()) == ["l0/conv", "l0/ssm", "l1/conv", "l1/ssm"]
+    inner = 2 * HIDDEN
+    conv_channels = inner + 2 * GROUPS * STATE
+    assert core.state_dim == LAYERS * (HEADS * HEAD_DIM * STATE + conv_channels * (KERNEL - 1))
+    with torch.no_grad():
+        logits = model(input_ids=tokens(9), use_cache=False).logits
+        assert float((wrapped(tokens(9)) - logits).abs().max()) < 1e-5 * max(1.0, float(logits.abs().max()))
+
+
+@pytest.mark.parametrize("p,method", [(1, "vjp"), (3, "func"), (T - 1, "auto")])
+def test_state_jacobian_matches_the_library_cache(mamba2, p: int, method: str) -> None:  # noqa: ANN001
+    model, wrapped, fam = mamba2
+    check_state_jacobian(fam, wrapped, tokens(1), p, method, RTOL)
+
+
+def test_stability_of_a_model_with_itself_is_one_and_matches_the_library(mamba2) -> None:  # noqa: ANN001
+    model, wrapped, fam = mamba2
+    check_stability(fam, wrapped, L=5, p=2, rtol=1e-6)
+    toks = tokens(5)
+    jac = gradscope.state_jacobian(wrapped, toks, position=2).jac
+    from gradscope.analysis.scores import default_score
+    same = default_score(jac, jac)
+    assert torch.allclose(same, torch.ones_like(same), rtol=0, atol=1e-12)
+
+
+def test_gradient_flow_and_lyapunov_sum(mamba2) -> None:  # noqa: ANN001
+    model, wrapped, fam = mamba2
+    check_gradient_flow(fam, wrapped, tokens(2, n=2), rtol=RTOL)
+    check_lyapunov_sum(fam, wrapped, tokens(3, n=2, length=10), warmup=2, atol=1e-6)
+
+
+def test_each_heads_exponent_is_its_mean_log_decay_with_multiplicity_p_n(mamba2) -> None:  # noqa: ANN001
+    """The structured engine's spectrum: per layer and head, P·N exponents equal to the mean over the
+    trajectory of log a_t = Δ_t,h · A_h (from the library's own forward, whose float32 scan bounds the
+    agreement near 1e-8: not from the adapter),
+    and the conv windows' −∞."""
+    from gradscope.analysis.lyapunov import lyapunov_spectrum
+
+    model, wrapped, _ = mamba2
+    bb = model.backbone
+    toks = tokens(7, n=1, length=12)
+    warmup = 2
+    with torch.no_grad():
+        lam = lyapunov_spectrum(wrapped.core, wrapped.core_inputs(toks), warmup=warmup).exponents.reshape(-1)
+    # the library's own per-step Δ: rerun its forward with a hook on each mixer's in_proj
+    logs: list[torch.Tensor] = []
+    hooks = []
+    for layer in bb.layers:
+        m = layer.mixer
+
+        def grab(mod, inp, out, m=m):  # noqa: ANN001, ANN202
+            dt = out[..., -m.num_heads:]
+            logs.append(torch.nn.functional.softplus(dt + m.dt_bias) * -torch.exp(m.A_log))  # (1, T, H)
+        hooks.append(m.in_proj.register_forward_hook(grab))
+    with torch.no_grad():
+        bb(input_ids=toks, use_cache=False)
+    for h in hooks:
+        h.remove()
+    want = []
+    for log_a in logs:  # per layer: (1, T, H) → the mean over the steps after warm-up, each head P·N times
+        mean = log_a[0, warmup:].mean(0)
+        want += [float(v) for v in mean for _ in range(HEAD_DIM * STATE)]
+    finite = lam[torch.isfinite(lam)]
+    assert finite.numel() == LAYERS * HEADS * HEAD_DIM * STATE
+    got = sorted(float(v) for v in finite)
+    assert max(abs(a - b) for a, b in zip(got, sorted(want), strict=True)) < 1e-6, (got[::HEAD_DIM * STATE], sorted(want)[::HEAD_DIM * STATE])
+    assert int((lam == -math.inf).sum()) == LAYERS * (2 * HIDDEN + 2 * GROUPS * STATE) * (KERNEL - 1)
+
+
+def test_the_bare_model_and_a_time_step_limit() -> None:
+    bare = tiny(bare=True)
+    wrapped = gradscope.wrap(bare)
+    assert wrapped.readout is None
+    check_state_jacobian(family(bare), wrapped, tokens(4), 2, "vjp", RTOL)
+    limited = tiny(time_step_limit=(0.05, 0.5))
+    assert gradscope.wrap(limited).core.limit == (0.05, 0.5)  # clamped as the library's full forward does
+
+
+def test_a_changed_mixer_is_refused() -> None:
+    model = tiny()
+
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):  # noqa: ANN001, ANN202
+        return 1.5 * type(self).forward(self, hidden_states, cache=cache, attention_mask=attention_mask)
+
+    mixer = model.backbone.layers[0].mixer
+    mixer.forward = forward.__get__(mixer)
+    with pytest.raises(GradscopeError, match="disagree") as err:
+        gradscope.wrap(model)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> None:  # noqa: ANN001
+    import numpy as np
+    import xarray as xr
+
+    from gradscope.cli.app import app
+
+    model = tiny().float()
+    model.save_pretrained(tmp_path / "mamba2")
+    assert json.loads((tmp_path / "mamba2" / "config.json").read_text())["architectures"] == ["Mamba2ForCausalLM"]
+    probes_file = tmp_path / "p.npy"
+    np.save(probes_file, probes(V, 3, 6, 2, seed=6).numpy())
+    out = tmp_path / "s.zarr"
+    result = runner.invoke(app, ["stability", str(tmp_path / "mamba2"), "--model-factory", "hf", "--probes",
+                                 str(probes_file), "--target-pos", "2", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.stderr
+    ds = xr.open_zarr(out)
+    assert np.isfinite(ds["score_default"].values).all()
+    dyn = tmp_path / "d.zarr"
+    result = runner.invoke(app, ["dynamics", str(tmp_path / "mamba2"), "--model-factory", "hf", "--sequences", "2",
+                                 "--steps", "40", "--trajectories", "2", "-o", str(dyn), "-q"])
+    assert result.exit_code == 0, result.stderr
