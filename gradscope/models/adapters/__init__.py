@@ -34,6 +34,7 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "Mamba2Model"): "hf_mamba2",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
+    ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels
 }
 
 

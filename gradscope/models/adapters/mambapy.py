@@ -29,6 +29,10 @@ from gradscope.errors import check
 from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, shift_blocks
 
 TOLERANCE = 1e-5
+# mambapy 1.2's Mamba-2 builds its gated norm and runs its scan only through mamba_ssm's Triton kernels (a
+# GPU), and its blocks have no one-token step: there is nothing to adapt on a CPU
+MAMBA2_NOTE = ("; mambapy's Mamba-2 runs only through mamba_ssm's GPU kernels and has no one-token step: wrap "
+               "transformers' Mamba2ForCausalLM instead")
 
 
 class MambapyCore(LibraryCore):
@@ -102,8 +106,9 @@ def adapt(model: nn.Module) -> Adapted:
     if hasattr(model, "mamba") and hasattr(model, "lm_head"):  # mambapy.lm.LM
         check(not getattr(model.config, "mup", False), "model: a mambapy LM with mup=True is not supported")
         check(type(model.mamba).__name__ == "Mamba", f"model: the LM's backbone is {type(model.mamba).__name__}; "
-                                                     f"the adapter knows mambapy's Mamba (not Mamba2)")
+                                                     f"the adapter knows mambapy's Mamba" + MAMBA2_NOTE)
         return Adapted(MambapyCore(model.mamba), TokenMap(model.embedding), LMHead(model), model, TOLERANCE)
+    check(type(model).__name__ == "Mamba", f"model: {type(model).__name__} is not mambapy's Mamba" + MAMBA2_NOTE)
     return Adapted(MambapyCore(model), None, None, model, TOLERANCE)
 
 

@@ -206,3 +206,12 @@ def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> No
     result = runner.invoke(app, ["dynamics", str(tmp_path / "mamba2"), "--model-factory", "hf", "--sequences", "2",
                                  "--steps", "40", "--trajectories", "2", "-o", str(dyn), "-q"])
     assert result.exit_code == 0, result.stderr
+
+
+def test_mambapy_mamba2_is_refused_in_one_line_saying_why() -> None:
+    """mambapy 1.2's Mamba-2 imports einops and mamba_ssm's Triton kernels and has no one-token step, so it
+    cannot be built here: a module of that class (by name and library, as wrap recognises it) is refused."""
+    fake = type("Mamba2", (torch.nn.Module,), {"__module__": "mambapy.mamba2"})()
+    with pytest.raises(GradscopeError, match="mamba_ssm's GPU kernels") as err:
+        gradscope.wrap(fake)
+    assert "\n" not in str(err.value) and "Mamba2ForCausalLM" in str(err.value)
