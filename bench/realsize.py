@@ -83,6 +83,12 @@ def build(kind: str, size: str):  # noqa: ANN201 - a transformers model
     import transformers
 
     torch.manual_seed(0)
+    if kind == "mamba2":  # mamba2-130m's configuration (issue #48): D = 4,847,616
+        big = dict(hidden_size=768, num_hidden_layers=24, vocab_size=50288, num_heads=24)
+        tiny = dict(hidden_size=16, num_hidden_layers=2, vocab_size=64, num_heads=2)
+        cfg = transformers.Mamba2Config(**(big if size == "real" else tiny), state_size=128 if size == "real" else 8,
+                                        head_dim=64 if size == "real" else 16, expand=2, n_groups=1, conv_kernel=4)
+        return transformers.Mamba2ForCausalLM(cfg).eval()
     if kind == "mamba":
         big = dict(hidden_size=768, num_hidden_layers=24, vocab_size=50280)
         tiny = dict(hidden_size=16, num_hidden_layers=2, vocab_size=64)
@@ -161,7 +167,7 @@ def stability_item(kind: str, size: str, timeout: float, triplets: int, extra: t
     sys.path.insert(0, str(ROOT / "bench"))
     from stability_realsize import measure_stability
 
-    name = {"mamba": "mamba-130m", "rwkv": "rwkv-169m"}[kind] if size == "real" else f"{kind}-tiny"
+    name = {"mamba": "mamba-130m", "mamba2": "mamba2-130m", "rwkv": "rwkv-169m"}[kind] if size == "real" else f"{kind}-tiny"
     with tempfile.TemporaryDirectory() as tmp:
         r = measure_stability(name, Path(tmp), triplets=triplets, timeout=timeout, extra=extra)  # no extra: as a user runs it
     if r["rc"] != 0:
@@ -181,7 +187,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before an item is killed")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", default="tiny,real", help="table 2's sizes: tiny, real or both")
-    parser.add_argument("--kinds", default="mamba,rwkv", help="table 2's models")
+    parser.add_argument("--kinds", default="mamba,rwkv", help="table 2's models: mamba, rwkv, mamba2")
     parser.add_argument("--triplets", type=int, default=STABILITY_TRIPLETS, help="--triplets of the stability item")
     parser.add_argument("--items", default="defaults,flow256,lyapunov1000,stability", help="table 2's items")
     parser.add_argument("--stability-args", default="", help="further options of the stability item, e.g. "

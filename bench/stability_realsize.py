@@ -30,6 +30,10 @@ import numpy as np
 CONFIGS = {  # name → (transformers config class, its arguments)
     "mamba-130m": ("MambaConfig", dict(hidden_size=768, num_hidden_layers=24, vocab_size=50280, state_size=16,
                                        expand=2, conv_kernel=4)),
+    "mamba2-130m": ("Mamba2Config", dict(hidden_size=768, num_hidden_layers=24, vocab_size=50288, state_size=128,
+                                         head_dim=64, num_heads=24, expand=2, n_groups=1, conv_kernel=4)),
+    "mamba2-tiny": ("Mamba2Config", dict(hidden_size=16, num_hidden_layers=2, vocab_size=64, state_size=8, head_dim=16,
+                                         num_heads=2, expand=2, n_groups=1, conv_kernel=4)),
     "rwkv-169m": ("RwkvConfig", dict(hidden_size=768, num_hidden_layers=12, vocab_size=50277,
                                      attention_hidden_size=768, intermediate_size=3072)),
     "mamba-tiny": ("MambaConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=64, state_size=4, expand=2,
@@ -37,7 +41,7 @@ CONFIGS = {  # name → (transformers config class, its arguments)
     "rwkv-tiny": ("RwkvConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=64, attention_hidden_size=32,
                                      intermediate_size=64)),
 }
-MODELS = {"MambaConfig": "MambaForCausalLM", "RwkvConfig": "RwkvForCausalLM"}
+MODELS = {"MambaConfig": "MambaForCausalLM", "Mamba2Config": "Mamba2ForCausalLM", "RwkvConfig": "RwkvForCausalLM"}
 
 
 def save_model(name: str, directory: Path, seed: int = 0) -> tuple[Path, Path]:

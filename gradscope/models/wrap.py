@@ -1,5 +1,5 @@
 """The user's own recurrent model: :func:`wrap` turns a plain ``nn.RNN``/``nn.GRU``/``nn.LSTM``, a model
-from a library gradscope has an adapter for (transformers' Mamba, Falcon-Mamba, RWKV, xLSTM,
+from a library gradscope has an adapter for (transformers' Mamba, Falcon-Mamba, Mamba-2, RWKV, xLSTM,
 RecurrentGemma; mambapy's Mamba: :mod:`gradscope.models.adapters`), or any module that follows the
 core protocol (:mod:`gradscope.models.core`), into a model every gradscope analysis takes.
 
@@ -221,7 +221,7 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     rnn: an ``nn.RNN`` (tanh), ``nn.GRU`` or ``nn.LSTM`` (any number of layers, ``batch_first``
     either way, with or without bias, in eval mode or without dropout; not bidirectional, no
     ``proj_size``); a library model with an adapter (transformers ``MambaForCausalLM``/``MambaModel``,
-    Falcon-Mamba, ``RwkvForCausalLM``, ``xLSTMForCausalLM``, ``RecurrentGemmaForCausalLM`` with
+    Falcon-Mamba, ``Mamba2ForCausalLM``, ``RwkvForCausalLM``, ``xLSTMForCausalLM``, ``RecurrentGemmaForCausalLM`` with
     recurrent blocks only, mambapy ``Mamba``/``LM``: they bring their own inputs and readout, except a
     bare mambapy ``Mamba``, which reads float vectors unless given ``inputs``); or any
     module with ``step(x, z) → (y, z')``, ``state_dim`` and ``out_dim``.
