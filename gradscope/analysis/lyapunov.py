@@ -393,7 +393,9 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
         if end > warmup:
             counted = end - warmup
             if counted >= mark or end == T:
-                running.append(flat([expanded(i, acc.logs) for i, acc in enumerate(accs)]) / counted)
+                snap = flat([expanded(i, acc.logs) for i, acc in enumerate(accs)]) / counted
+                # the top k only (what _result keeps): a history of all D at a real model's size is GBs
+                running.append(snap if k == core.state_dim else snap.topk(k, dim=-1).values)
                 running_steps.append(counted)
                 mark = (counted // checkpoint_every + 1) * checkpoint_every
         start = end

@@ -35,7 +35,7 @@ from gradscope.analysis import dynamics as dyn
 from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import check_bytes, check_ids, check_tensor
+from gradscope.guard import _size, check_bytes, check_ids, check_tensor, memory_budget
 from gradscope.models.core import own_products, weight_count
 from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.analysis import estimators as est
@@ -173,18 +173,32 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
             if estimate(bottom)[part] >= smallest[part]:
                 methods[part] = "exact"
 
+    limit = memory_budget()
+
+    def memory() -> tuple[float, dict[str, float]]:
+        """(the plan's bytes as :func:`plan_bytes` counts them, each part's own share) at the current values."""
+        seq = values["sequences"] * conditions if conditions > 0 else n
+        work, kept = part_bytes(shape, n=seq, T=T, grid_sequences=values["grid_sequences"], sv=opts.sv,
+                                trajectories=values["trajectories"], steps=values["steps"], exponents=k,
+                                flow_method=method, methods=methods, probes=PROBES)
+        own = {p: work[p] + 2 * checkpoints * kept[p] for p in parts}
+        return max(work[p] for p in parts) + 2 * checkpoints * sum(kept[p] for p in parts), own
+
+    lyap_k = opts.exponents is None  # the exponents left to the plan: fewer may be kept (the top k) to fit memory
     while True:
         sec = estimate()
         total = sum(sec.values()) * checkpoints
-        if total <= budget:
+        need, own = memory()
+        if total <= budget and need <= limit:
             break
+        by_memory = total <= budget  # the memory is what does not fit: shrink the part that holds the most
         progressed = False
-        for part in sorted(sec, key=sec.get, reverse=True):
+        for part in sorted(sec, key=(own if by_memory else sec).get, reverse=True):
             knobs = [name for name in OWNERS[part] if name in auto and values[name] != rungs[name][-1]]
             if knobs:
                 name = max(knobs, key=lambda x: values[x] / rungs[x][-1])
                 values[name] = rungs[name][rungs[name].index(values[name]) + 1]
-            elif part == "lyapunov" and dense_k and k > 1:
+            elif part == "lyapunov" and (dense_k or (by_memory and lyap_k)) and k > 1:
                 k = max(1, k // 2)
             elif auto_parts and len(parts) > 1 and not asked(part):
                 parts.remove(part)
@@ -196,19 +210,23 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
             progressed = True
             break
         if not progressed:
-            worst = max(sec, key=sec.get)
+            worst = max(own if by_memory else sec, key=(own if by_memory else sec).get)
             hint = ", ".join(FLAGS[x] for x in OWNERS[worst]) + (", --exponents" if worst == "lyapunov" else "")
+            if by_memory:
+                raise GradscopeError(f"memory: the asked work would need {_size(need)} here ({worst} {_size(own[worst])}), "
+                                     f"above the {_size(limit)} available to one allocation on this machine; leave "
+                                     f"{worst} out with --parts, or ask for less ({hint})")
             raise GradscopeError(f"budget_seconds: the asked work would take ~{_secs(total)} s here "
                                  f"(estimated before any work at {shape.rates.describe()}; {worst} ~{_secs(sec[worst] * checkpoints)} s) over "
                                  f"{checkpoints} checkpoint(s), above the {budget:g} s budget; raise --budget-seconds, "
                                  f"leave {worst} out with --parts, or ask for less ({hint})")
-    if dense_k and "lyapunov" in parts and k < D:  # the largest k that fits: bisect between k and 2k
+    if (dense_k or lyap_k) and "lyapunov" in parts and k < D:  # the largest k that fits: bisect between k and 2k
         low, high = k, min(2 * k, D + 1)
         while high - low > 1:
             mid = (low + high) // 2
             k = mid
             trial = sum(estimate().values()) * checkpoints
-            low, high = (mid, high) if trial <= budget else (low, mid)
+            low, high = (mid, high) if trial <= budget and memory()[0] <= limit else (low, mid)
         k = low
         sec = estimate()
     chosen = dataclasses.replace(opts, parts=tuple(parts), **values,
@@ -223,7 +241,9 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
         if not structure.is_dense:
             engine = "structured"
             note = (f"lyapunov: all {D} exponents exactly from the declared structure ({structure.describe()})"
-                    if k == D else f"lyapunov: the top {k} of {D} exponents from the declared structure")
+                    if k == D else f"lyapunov: the top {k} of {D} exponents from the declared structure"
+                    + ("" if opts.exponents is not None else f" (all {D}, with their history for the error bars, "
+                                                              f"would not fit the memory; --exponents changes it)"))
         elif k == D:
             engine, note = "dense", f"lyapunov: all {D} exponents (dense Benettin/QR)"
         elif opts.exponents is not None:

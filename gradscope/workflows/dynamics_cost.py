@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 from gradscope.analysis.cost import MODULE_CALL, REFERENCE, Rates, products_seconds
+from gradscope.analysis.lyapunov import BATCHES
 from gradscope.analysis.tape import KEEP_BYTES
 from gradscope.models.structure import JacobianStructure
 
@@ -201,7 +202,8 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
     work = {"flow": chunk * T * (D + 2) + rows + (chunk * D * D if flow_method == "jacobian" else 0),
             "grid": g * T * (T + 2 * square), "spectra": n * (T * (1 + k) + 3 * square),
             "gates": n * (T * (shape.gates + D) + 2 * shape.gates * square),
-            "lyapunov": m * (S * (shape.width + 2) + 2 * lyap_square + 4 * frame + (S // 10 + 12) * e)}
+            "lyapunov": m * (S * (shape.width + 2) + 2 * lyap_square + 4 * frame + (S // 10 + 12) * e
+                             + (0 if s.is_dense else BATCHES * D))}  # a structure's per-batch sums of all D
     estimated = methods or {}
     if estimated.get("flow") == "estimate":  # probes rows, a few copies, and the tape's states
         work["flow"] = n * 4 * probes * D + min(n * T * D, TAPE_NUMBERS + n * 2 * (math.isqrt(T) + 1) * D)

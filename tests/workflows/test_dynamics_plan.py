@@ -173,3 +173,64 @@ def test_options_of_a_part_the_plan_drops_do_not_reach_the_store(tmp_path: Path)
     import json
     options = json.loads(read_store(out).attrs["options"])
     assert "sv" not in options and options["lyap_warmup"] == 2 and plans[0].options.parts == ("flow", "lyapunov")
+
+
+def _mamba2_like(layers: int = 24) -> tuple[JacobianStructure, CoreShape]:
+    """mamba2-130m's state: per layer a conv window (1,792 channels × 3, shift) and 24 heads' 64 × 128
+    states (diagonal); D = 4,847,616."""
+    blocks, start = [], 0
+    for i in range(layers):
+        blocks.append(StateBlock(f"l{i}/conv", start, start + 1792 * 3, "block_diagonal", 3))
+        start += 1792 * 3
+        blocks.append(StateBlock(f"l{i}/ssm", start, start + 24 * 64 * 128, "diagonal", 1))
+        start += 24 * 64 * 128
+    structure = JacobianStructure(tuple(blocks))
+    return structure, CoreShape(start, 768, 768, 1, structure, 5e8, False, modules=170, params=129_000_000)
+
+
+def test_the_plan_shrinks_what_does_not_fit_the_memory_and_says_so(monkeypatch) -> None:
+    """Issue #48: at mamba2-130m's size the Lyapunov history of all 4.8 M exponents would not fit; the plan
+    keeps the top k that fit (and says why) instead of refusing after planning; given options that
+    cannot fit are one line naming the memory."""
+    import gradscope.workflows.dynamics as dynamics
+
+    structure, shape = _mamba2_like()
+    D = shape.D
+    assert D == 4_847_616
+    monkeypatch.setattr(dynamics, "memory_budget", lambda: 4 * 2**30)
+    opts = DynamicsOptions(parts=("lyapunov",), budget_seconds=1e6)
+    plan = plan_dynamics(opts, 1, 4, D, 768, structure, 1, steps=1000, trajectories=1, shape=shape)
+    assert plan.engine == "structured" and 1 <= plan.exponents < D
+    assert plan_bytes(plan, 1, 4, shape) <= 4 * 2**30
+    assert "would not fit the memory" in plan.note
+    bigger = dataclasses_replace_exponents(plan, 2 * plan.exponents)
+    assert bigger > 4 * 2**30 or plan.exponents * 2 > D  # the largest k that fits (within a factor of 2)
+    with pytest.raises(GradscopeError, match="^memory: .*--exponents") as err:
+        plan_dynamics(DynamicsOptions(parts=("lyapunov",), budget_seconds=1e6, exponents=D), 1, 4, D, 768, structure, 1,
+                      steps=1000, trajectories=1, shape=shape)
+    assert "\n" not in str(err.value)
+
+
+def dataclasses_replace_exponents(plan, k: int) -> int:  # noqa: ANN001
+    """The bytes of ``plan`` with ``k`` exponents kept (the same plan otherwise)."""
+    import dataclasses
+
+    structure, shape = _mamba2_like()
+    return plan_bytes(dataclasses.replace(plan, exponents=k), 1, 4, shape)
+
+
+def test_the_structured_engine_keeps_only_the_top_k_history() -> None:
+    """Asking for the top k keeps a k-wide running history, equal to the full run's history sorted and cut
+    (what the result held before issue #48 built only that): the shipped Mamba sample's structured core."""
+    import gradscope
+    from gradscope.analysis.lyapunov import lyapunov_spectrum
+
+    loaded = gradscope.load(SAMPLES / "mamba-none-s1")
+    core = loaded.model.core
+    tokens = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        x = loaded.model.core_inputs(tokens)
+    full = lyapunov_spectrum(core, x, warmup=5)
+    top = lyapunov_spectrum(core, x, warmup=5, exponents=7)
+    assert top.engine == "structured" and top.running.shape[-1] == 7
+    assert torch.equal(top.running, full.running[..., :7]) and torch.equal(top.exponents, full.exponents[:, :7])
