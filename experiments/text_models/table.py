@@ -1,7 +1,7 @@
 """Issue #38 part 4: the markdown tables of docs/real-text.md from the stores evaluate.sh writes.
 
     python experiments/text_models/table.py [ROOT]     # ROOT default runs/text_models
-    python experiments/text_models/table.py --study STUDY   # reproduce --text stores: STUDY/mamba, STUDY/rwkv
+    python experiments/text_models/table.py --study STUDY   # reproduce --text stores: STUDY/mamba, STUDY/rwkv (STUDY/mamba2)
 
 Accuracy: perplexity and token accuracy with their stored 95% bootstrap intervals over paragraphs,
 overall and by frequency bin. Stability: the mean same-target and same-suffix scores with a
@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-ARCHS = ("mamba", "rwkv")
+ARCHS = ("mamba", "rwkv")  # the models of the accuracy tables (evaluate.sh)
+STUDY_ARCHS = ("mamba", "mamba2", "rwkv")  # reproduce --text studies: those present under STUDY (mamba2: issue #48)
 BINS = ("frequent", "rare", "decile1", "decile2", "decile5", "decile9", "decile10")
 
 
@@ -68,8 +69,9 @@ def boot_mean(x: np.ndarray, rng: np.random.Generator, resamples: int = 10_000) 
 
 
 def stability_rows(root: Path) -> list[str]:
+    archs = [a for a in STUDY_ARCHS if (study / a / "stability.zarr").exists()]
     out = ["| model | target/disturbant | same-target | same-suffix | n |", "|---|---|---|---|---|"]
-    for a in ARCHS:
+    for a in archs:
         d = xr.open_zarr(root / f"{a}-stability.zarr").isel(checkpoint=0)
         score = d.score_default.load()
         conds = [str(c) for c in d.condition.values]
@@ -89,8 +91,9 @@ def study_rows(study: Path) -> list[str]:
     """From ``gradscope reproduce --model R/ARCH --text … -o STUDY/ARCH`` (probes drawn from the text): the
     stability scores per condition and pair (bootstrap over triplets, as above), and per step class the
     median step radius and the median largest singular value of J_t, beside λ_1 (± its SE over trajectories)."""
+    archs = [a for a in STUDY_ARCHS if (study / a / "stability.zarr").exists()]
     out = ["| model | target/disturbant | same-target | same-suffix | n |", "|---|---|---|---|---|"]
-    for a in ARCHS:
+    for a in archs:
         d = xr.open_zarr(study / a / "stability.zarr").isel(checkpoint=0)
         score = d.score_default.load()
         conds = [str(c) for c in d.condition.values]
@@ -101,7 +104,7 @@ def study_rows(study: Path) -> list[str]:
             out.append(f"| {a} | {c} | " + " | ".join(cells) + f" | {len(idx)} |")
     out += ["", "| model | step radius, frequent / rare / unseen | top singular value of J_t, frequent / rare | "
                 "λ_1 ± SE (trajectories) | flow ‖∂y_T/∂z_1‖ / ‖∂y_T/∂z_T−1‖ |", "|---|---|---|---|---|"]
-    for a in ARCHS:
+    for a in archs:
         d = xr.open_zarr(study / a / "dynamics.zarr").isel(checkpoint=0).load()
         cls = d.token_class.values
         radius = d.step_radius.values

@@ -11,6 +11,7 @@ and the model; the valid and test splits together are the held-out text that is 
     python experiments/text_models/train.py counts               # runs/text_models/counts.npy (train-text counts per id)
     python experiments/text_models/train.py model mamba --steps 1000 --minutes 16   # docs/real-text.md: 834 s
     python experiments/text_models/train.py model rwkv --steps 1000 --minutes 16    # 348 s
+    python experiments/text_models/train.py model mamba2 --steps 1000 --minutes 16  # issue #48
 
 Every step is deterministic given its seed except where the wall-time bound stops training: the
 learning-rate schedule is laid out over ``--steps`` and training stops at ``--steps`` or after
@@ -141,7 +142,8 @@ def make_counts(root: Path) -> None:
 
 
 def build_model(s: TrainSettings, vocab: int, eot: int) -> torch.nn.Module:
-    """A small ``MambaForCausalLM`` or ``RwkvForCausalLM`` from its config, initialised from ``s.seed``."""
+    """A small ``MambaForCausalLM``, ``Mamba2ForCausalLM`` or ``RwkvForCausalLM`` from its config, initialised
+    from ``s.seed``."""
     from transformers import MambaConfig, MambaForCausalLM, RwkvConfig, RwkvForCausalLM
 
     torch.manual_seed(s.seed)  # transformers initialises from the global generator
@@ -151,6 +153,13 @@ def build_model(s: TrainSettings, vocab: int, eot: int) -> torch.nn.Module:
                           use_mambapy=True)  # mambapy's parallel scan for training: ~the sequential loop's maths, faster
 
         return MambaForCausalLM(cfg)
+    if s.arch == "mamba2":  # issue #48: Mamba-2 (SSD) of the same width, depth and state size; heads of 32
+        from transformers import Mamba2Config, Mamba2ForCausalLM
+
+        cfg = Mamba2Config(vocab_size=vocab, hidden_size=s.hidden, state_size=s.state, num_hidden_layers=s.layers,
+                           expand=2, head_dim=32, num_heads=2 * s.hidden // 32, n_groups=1, conv_kernel=4,
+                           chunk_size=64, pad_token_id=eot, bos_token_id=eot, eos_token_id=eot)
+        return Mamba2ForCausalLM(cfg)
     cfg = RwkvConfig(vocab_size=vocab, hidden_size=s.hidden, num_hidden_layers=s.layers, context_length=s.max_length,
                      bos_token_id=eot, eos_token_id=eot, rescale_every=0)
     return RwkvForCausalLM(cfg)
@@ -248,7 +257,7 @@ def train_model(root: Path, s: TrainSettings) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["data", "tokenizer", "counts", "model"])
-    p.add_argument("arch", nargs="?", choices=["mamba", "rwkv"])
+    p.add_argument("arch", nargs="?", choices=["mamba", "mamba2", "rwkv"])
     p.add_argument("--root", type=Path, default=ROOT, help=f"output folder (default {ROOT})")
     p.add_argument("--vocab", type=int, default=2048, help="tokenizer: BPE types, EOT included")
     for f in dataclasses.fields(TrainSettings):
@@ -264,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         make_counts(a.root)
     else:
         if a.arch is None:
-            p.error("model: name the architecture, mamba or rwkv")
+            p.error("model: name the architecture, mamba, mamba2 or rwkv")
         s = TrainSettings(**{f.name: getattr(a, f.name) for f in dataclasses.fields(TrainSettings)})
         train_model(a.root, s)
 

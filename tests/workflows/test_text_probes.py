@@ -299,3 +299,30 @@ def test_a_text_study_is_keyed_by_content_never_by_path(saved, runner, tmp_path:
     tok["model"]["vocab"] = dict(zip(vocab, ids[1:] + ids[:1]))
     (local / "tokenizer.json").write_text(json.dumps(tok))
     refused(runner.invoke(app, args), "another study")
+
+
+def test_reproduce_with_text_runs_on_a_mamba2(runner, tmp_path: Path) -> None:  # noqa: ANN001
+    """Issue #48: ``reproduce --model-dir DIR --text FILE`` on a saved transformers Mamba-2 (tokenizer beside
+    it) writes the three stores and the report; the stability probes are rows of the text."""
+    text_path = tmp_path / "text.txt"
+    text = make_text(2, 60)
+    text_path.write_text(text)
+    model_dir = tmp_path / "mamba2"
+    save_tokenizer(model_dir, text)
+    vocab = len(transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
+    torch.manual_seed(0)
+    cfg = transformers.Mamba2Config(vocab_size=vocab, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                                    conv_kernel=3, num_heads=4, head_dim=8, n_groups=1, chunk_size=8)
+    transformers.Mamba2ForCausalLM(cfg).eval().save_pretrained(model_dir)
+    out = tmp_path / "study"
+    result = runner.invoke(app, ["reproduce", "--model-dir", str(model_dir), "--text", str(text_path), "-o", str(out),
+                                 "--triplets", "3", "--target-pos", str(POS), "--probe-length", str(LENGTH),
+                                 "--max-length", "64", "--resamples", "50", "--budget-seconds", "20"])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.zarr", "dynamics.zarr", "report.html", "stability.zarr"]
+    ids, bos, _ = encoded(model_dir, text_path)
+    stab = read_store(out / "stability.zarr", kind="stability")
+    assert all(tuple(r) in rows_of(ids, bos) for r in stab["probe_tokens"].values[:, 0])
+    assert np.isfinite(stab["score_default"].values).all()
+    assert "hf-mamba2" in json.dumps(read_store(out / "dynamics.zarr", kind="dynamics").attrs) or \
+        "Mamba2" in json.dumps(read_store(out / "dynamics.zarr", kind="dynamics").attrs)
