@@ -221,3 +221,53 @@ def check_lyapunov_sum(fam: Family, model: torch.nn.Module, tokens: Tensor, warm
         for value in ref_b[torch.isfinite(ref_b)]:
             assert float((got[b] - value).abs().min()) <= atol, (float(value), got[b])
         assert int(torch.isneginf(got[b]).sum()) >= int(torch.isneginf(ref_b).sum())
+
+
+def conv_cache_family(model: torch.nn.Module, *, reverse: bool = True, upcast: bool = False) -> Family:
+    """A transformers model whose cache holds, per layer, a conv window of K inputs (of which the oldest is
+    never read) and a recurrent state (Mamba, Mamba-2), in the documented layout: per layer the window
+    without its oldest entry, then the state. ``upcast``: the library leaves its state in float32 after a
+    chunked forward (Mamba-2), so the parts are taken in float64; ``reverse`` False where its one-token
+    path writes the state in place over a tensor its own product saved (Mamba-2)."""
+    bb = getattr(model, "backbone", model)
+    L = len(bb.layers)
+
+    def read(cache) -> list[Tensor]:  # noqa: ANN001
+        out = []
+        for l in range(L):
+            out += [cache.layers[l].conv_states[0][:, :, 1:], cache.layers[l].recurrent_states[0]]
+        return out
+
+    def state(tokens: Tensor) -> list[Tensor]:
+        parts = [q.clone() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
+        return [q.double() for q in parts] if upcast else parts
+
+    def step(parts: list[Tensor], columns: Tensor, t0: int):  # noqa: ANN202
+        with torch.no_grad():
+            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
+        for l in range(L):
+            old = cache.layers[l].conv_states[0]
+            cache.layers[l].conv_states[0] = torch.cat([torch.zeros_like(old[:, :, :1]), parts[2 * l]], dim=-1)
+            cache.layers[l].recurrent_states[0] = parts[2 * l + 1].clone()
+        for t in range(columns.shape[1]):  # the one-token (recurrent) path, token by token
+            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
+        return y, read(cache)
+
+    return Family(model, state, step, int(model.config.vocab_size), reverse=reverse)
+
+
+def check_changed_mixer_refused(model: torch.nn.Module) -> None:
+    """A model whose first mixer's forward was changed (× 1.5) is refused at wrap time, in one line."""
+    from gradscope.errors import GradscopeError
+
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):  # noqa: ANN001, ANN202
+        return 1.5 * type(self).forward(self, hidden_states, cache=cache, attention_mask=attention_mask)
+
+    mixer = getattr(model, "backbone", model).layers[0].mixer
+    mixer.forward = forward.__get__(mixer)
+    try:
+        gradscope.wrap(model)
+    except GradscopeError as err:
+        assert "disagree" in str(err) and "\n" not in str(err)
+    else:
+        raise AssertionError("a changed mixer was not refused")

@@ -11,10 +11,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import gradscope  # noqa: E402
-from tests.helpers.adapterkit import (Family, check_gradient_flow, check_lyapunov_sum, check_stability,  # noqa: E402
-                        check_state_jacobian, probes)
+from tests.helpers.adapterkit import (Family, check_changed_mixer_refused, check_gradient_flow,  # noqa: E402
+                                      check_lyapunov_sum, check_stability, check_state_jacobian,
+                                      conv_cache_family, probes)
 
-from gradscope.errors import GradscopeError  # noqa: E402
 
 B, T, V = 3, 6, 20
 RTOL = 2e-6  # transformers rounds its SSM scan and norms to float32 even in float64
@@ -36,32 +36,8 @@ def tiny(falcon: bool = False) -> torch.nn.Module:
 
 
 def family(model: torch.nn.Module) -> Family:
-    """Mamba's cache in the documented layout: per layer the conv window without its oldest (never read)
-    entry (I, K−1), then the SSM state (I, N)."""
-    bb = model.backbone
-    L = len(bb.layers)
-
-    def read(cache) -> list[torch.Tensor]:  # noqa: ANN001
-        out = []
-        for l in range(L):
-            out += [cache.layers[l].conv_states[0][:, :, 1:], cache.layers[l].recurrent_states[0]]
-        return out
-
-    def state(tokens: torch.Tensor) -> list[torch.Tensor]:
-        return [q.clone() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
-
-    def step(parts: list[torch.Tensor], columns: torch.Tensor, t0: int):  # noqa: ANN202
-        with torch.no_grad():
-            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
-        for l in range(L):
-            old = cache.layers[l].conv_states[0]
-            cache.layers[l].conv_states[0] = torch.cat([torch.zeros_like(old[:, :, :1]), parts[2 * l]], dim=-1)
-            cache.layers[l].recurrent_states[0] = parts[2 * l + 1].clone()
-        for t in range(columns.shape[1]):  # the one-token (recurrent) path, token by token
-            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
-        return y, read(cache)
-
-    return Family(model, state, step, V)
+    """Mamba's cache in the documented layout (tests/helpers/adapterkit.conv_cache_family)."""
+    return conv_cache_family(model)
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +86,7 @@ def test_falcon_mamba_shares_the_adapter() -> None:
 
 
 def test_a_changed_mixer_is_refused() -> None:
-    model = tiny()
-
-    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):  # noqa: ANN001, ANN202
-        return 1.5 * type(self).forward(self, hidden_states, cache=cache, attention_mask=attention_mask)
-
-    mixer = model.backbone.layers[0].mixer
-    mixer.forward = forward.__get__(mixer)
-    with pytest.raises(GradscopeError, match="disagree") as err:
-        gradscope.wrap(model)
-    assert "\n" not in str(err.value)
+    check_changed_mixer_refused(tiny())
 
 
 def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> None:  # noqa: ANN001

@@ -14,8 +14,9 @@ transformers = pytest.importorskip("transformers")
 
 import gradscope  # noqa: E402
 from gradscope.errors import GradscopeError  # noqa: E402
-from tests.helpers.adapterkit import (Family, check_gradient_flow, check_lyapunov_sum, check_stability,  # noqa: E402
-                                      check_state_jacobian, probes)
+from tests.helpers.adapterkit import (Family, check_changed_mixer_refused, check_gradient_flow,  # noqa: E402
+                                      check_lyapunov_sum, check_stability, check_state_jacobian,
+                                      conv_cache_family, probes)
 
 B, T, V = 3, 6, 20
 RTOL = 2e-6  # transformers computes exp(Δ A) and its chunked scan in float32 even for a float64 model
@@ -46,36 +47,8 @@ def tiny(bare: bool = False, **extra) -> torch.nn.Module:  # noqa: ANN003
 
 
 def family(model: torch.nn.Module) -> Family:
-    """Mamba-2's cache in the documented layout: per layer the conv window without its oldest (never read)
-    entry (I + 2GN, K−1), then every head's P × N state (H, P, N)."""
-    bb = getattr(model, "backbone", model)
-    L = len(bb.layers)
-
-    def read(cache) -> list[torch.Tensor]:  # noqa: ANN001
-        out = []
-        for l in range(L):
-            out += [cache.layers[l].conv_states[0][:, :, 1:], cache.layers[l].recurrent_states[0]]
-        return out
-
-    def state(tokens: torch.Tensor) -> list[torch.Tensor]:
-        # float64: the chunked path leaves its final state in float32, and the one-token path keeps a state
-        # in the dtype it finds it in
-        return [q.clone().double() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
-
-    def step(parts: list[torch.Tensor], columns: torch.Tensor, t0: int):  # noqa: ANN202
-        with torch.no_grad():
-            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
-        for l in range(L):
-            old = cache.layers[l].conv_states[0]
-            cache.layers[l].conv_states[0] = torch.cat([torch.zeros_like(old[:, :, :1]), parts[2 * l]], dim=-1)
-            cache.layers[l].recurrent_states[0] = parts[2 * l + 1].clone()
-        for t in range(columns.shape[1]):  # the one-token (recurrent) path, token by token
-            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
-        return y, read(cache)
-
-    # forward mode: the one-token path copies its new state into the cache in place, over a tensor its
-    # own product saved, which defeats reverse mode
-    return Family(model, state, step, V, reverse=False)
+    """Mamba-2's cache in the documented layout (tests/helpers/adapterkit.conv_cache_family)."""
+    return conv_cache_family(model, reverse=False, upcast=True)
 
 
 @pytest.fixture(scope="module")
@@ -173,16 +146,7 @@ def test_the_bare_model_and_a_time_step_limit() -> None:
 
 
 def test_a_changed_mixer_is_refused() -> None:
-    model = tiny()
-
-    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):  # noqa: ANN001, ANN202
-        return 1.5 * type(self).forward(self, hidden_states, cache=cache, attention_mask=attention_mask)
-
-    mixer = model.backbone.layers[0].mixer
-    mixer.forward = forward.__get__(mixer)
-    with pytest.raises(GradscopeError, match="disagree") as err:
-        gradscope.wrap(model)
-    assert "\n" not in str(err.value)
+    check_changed_mixer_refused(tiny())
 
 
 def test_cli_stability_and_dynamics_on_a_saved_directory(runner, tmp_path) -> None:  # noqa: ANN001
