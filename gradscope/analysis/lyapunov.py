@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from gradscope.analysis.reduce import fro64
 from gradscope.errors import check
 from gradscope.models.core import Core, diagonal_blocks, initial_state, step_and_blocks, step_at, step_jacobian
-from gradscope.models.structure import JacobianStructure, structure_of
+from gradscope.models.structure import JacobianStructure, StateBlock, structure_of
 
 ENGINES = ("auto", "dense", "structured")
 BATCHES = 10  # blocks of the batch-means error bars: 10 is the textbook compromise of bias and variance
@@ -335,6 +335,15 @@ def _result(exps: Tensor, flags: Tensor, running: list[Tensor], running_steps: l
                           batches=batches)
 
 
+def _repeat(blk: StateBlock, complex_twice: int = 2) -> int:
+    """How many state entries each value of a block's exact accumulator stands for: a repeated diagonal's
+    group (``size``), a complex mode's two real entries (``complex_twice``; 1 for the accumulator's own
+    width), else 1 (per-head and dense blocks keep one value per entry)."""
+    if blk.form == "diagonal":
+        return blk.size
+    return complex_twice if blk.form == "complex_diagonal" else 1
+
+
 def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStructure, warmup: int, reorth: int,
                 checkpoint_every: int, sum_check: bool, k: int, qr_dtype: torch.dtype, batches: int) -> LyapunovResult:
     """The union of the diagonal blocks' spectra (module docstring): diagonal forms exactly, dense and
@@ -354,8 +363,8 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             accs.append(_Accumulator((B, h, s), s, qr_dtype, dev, batches))
         else:
             frames.append(None)  # exact: log|d| sums with no QR, hence no resolution limit
-            accs.append(_Accumulator((B, blk.width if blk.form == "diagonal" else blk.width // 2), 1, qr_dtype, dev,
-                                     batches))
+            accs.append(_Accumulator((B, (blk.width if blk.form == "diagonal" else blk.width // 2) // _repeat(blk, 1)),
+                                     1, qr_dtype, dev, batches))
     products: list[Tensor | None] = list(frames)
     log_det = torch.zeros(B, dtype=torch.float64, device=dev) if sum_check else None
     running, running_steps, mark, start = [], [], checkpoint_every, 0
@@ -363,8 +372,19 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
     def flat(values: list[Tensor]) -> Tensor:  # per-block (B, …) → (B, D) in state order
         return torch.cat([v.reshape(B, -1) for v in values], dim=-1)
 
-    def expanded(i: int, v: Tensor) -> Tensor:  # complex modes count twice on the real view
-        return v.repeat_interleave(2, dim=-1) if structure.blocks[i].form == "complex_diagonal" else v
+    def expanded(i: int, v: Tensor) -> Tensor:  # complex modes count twice on the real view; a repeated
+        r = _repeat(structure.blocks[i])            # diagonal's one value stands for its whole group
+        return v.reshape(B, -1) if r == 1 else v.reshape(B, -1).repeat_interleave(r, dim=-1)
+
+    def top(values: list[Tensor]) -> Tensor:  # the top k of the expanded state, descending, without expanding
+        reps = [_repeat(b) for b in structure.blocks]
+        compact = torch.cat([v.reshape(B, -1) for v in values], dim=-1)
+        if all(r == 1 for r in reps):
+            return compact.topk(k, dim=-1).values
+        counts = torch.cat([torch.full((v.reshape(B, -1).shape[1],), r, dtype=torch.long, device=dev)
+                            for v, r in zip(values, reps)])
+        order = compact.sort(dim=-1, descending=True)
+        return torch.stack([order.values[b].repeat_interleave(counts[order.indices[b]])[:k] for b in range(B)])
 
     for end in _blocks(T, warmup, reorth):
         for t in range(start, end):
@@ -373,10 +393,12 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             for i, (blk, d) in enumerate(zip(structure.blocks, diag)):
                 if blk.form in ("diagonal", "complex_diagonal"):
                     if counted_step:
-                        logs = d.abs().double().log().expand(B, -1)
+                        r = blk.size if blk.form == "diagonal" else 1
+                        one = d if r == 1 else d.reshape(d.shape[0], -1, r)[..., 0]  # a group's one value
+                        logs = one.abs().double().log().expand(B, -1)
                         accs[i].add_logs(logs, _block_of(t - warmup + 1, T - warmup, batches))
                         if log_det is not None:  # a complex mode counts twice on the real view
-                            log_det += (2.0 if blk.form == "complex_diagonal" else 1.0) * logs.sum(-1)
+                            log_det += float(_repeat(blk)) * logs.sum(-1)
                 else:
                     dq = d.to(qr_dtype)
                     if log_det is not None and counted_step:
@@ -393,9 +415,9 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
         if end > warmup:
             counted = end - warmup
             if counted >= mark or end == T:
-                snap = flat([expanded(i, acc.logs) for i, acc in enumerate(accs)]) / counted
                 # the top k only (what _result keeps): a history of all D at a real model's size is GBs
-                running.append(snap if k == core.state_dim else snap.topk(k, dim=-1).values)
+                running.append(flat([expanded(i, acc.logs) for i, acc in enumerate(accs)]) / counted
+                               if k == core.state_dim else top([acc.logs / counted for acc in accs]))
                 running_steps.append(counted)
                 mark = (counted // checkpoint_every + 1) * checkpoint_every
         start = end

@@ -44,7 +44,8 @@ class StateBlock:
     start: int
     stop: int
     form: str = "dense"
-    size: int = 1  # block_diagonal: the width of each head's block
+    size: int = 1  # block_diagonal: the width of each head's block; diagonal: how many consecutive entries
+    # share one value (a scalar per head, e.g. Mamba-2's exp(Δ_h A_h) over a head's P·N entries)
 
     def __post_init__(self) -> None:
         check(self.form in FORMS, f"form: got {self.form!r}; valid forms are {', '.join(FORMS)}")
@@ -52,8 +53,10 @@ class StateBlock:
         n = self.stop - self.start
         check(self.form != "complex_diagonal" or n % 2 == 0,
               f"block {self.name}: a complex_diagonal block needs an even width (re/im pairs); got {n}")
-        check(self.form != "block_diagonal" or (self.size >= 1 and n % self.size == 0),
-              f"block {self.name}: block_diagonal size {self.size} does not divide its width {n}")
+        check(self.form not in ("block_diagonal", "diagonal") or (self.size >= 1 and n % self.size == 0),
+              f"block {self.name}: {self.form} size {self.size} does not divide its width {n}")
+        check(self.form in ("block_diagonal", "diagonal") or self.size == 1,
+              f"block {self.name}: a {self.form} block takes no size; got {self.size}")
 
     @property
     def width(self) -> int:
@@ -92,7 +95,8 @@ class JacobianStructure:
         layers named ``l0/…``, ``l1/…`` with the same blocks each are said once (``24 layers × (conv
         block_diagonal(3), ssm diagonal)``), so a real-size model's plan stays one readable line."""
         def one(name: str, b: StateBlock) -> str:
-            return f"{name} {b.form}" + (f"({b.size})" if b.form == "block_diagonal" else "")
+            return f"{name} {b.form}" + (f"({b.size})" if b.form == "block_diagonal" else
+                                         f"(×{b.size})" if b.form == "diagonal" and b.size > 1 else "")
 
         parts = ", ".join(one(b.name, b) for b in self.blocks)
         if len(self.blocks) == 1:

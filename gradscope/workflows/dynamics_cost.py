@@ -172,8 +172,8 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
                 per += 2.0 * w ** 3 * (MATMUL64 * c) + c * qr_seconds(w, w)
             elif b.form == "block_diagonal":
                 per += (w // b.size) * (2.0 * b.size ** 3 * (MATMUL64 * c) + c * qr_seconds(b.size, b.size)) + (ELEMENT * c) * w * b.size
-            else:
-                per += (ELEMENT * c) * 4 * w
+            else:  # a repeated diagonal's accumulator holds one value a group
+                per += (ELEMENT * c) * 4 * (w // (b.size if b.form == "diagonal" else 1))
         return m * S * per + S * shape.overhead  # one step call a step (3 before issue #47: 6× long on minGRU)
     per_call = 3 * S * shape.overhead
     if k == D or shape.analytic:
@@ -196,14 +196,14 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
         lyap_square, frame = D * D, D * e
     else:  # the structured engine: each block's own frame, never D × D
         lyap_square = sum(b.width * (b.width if b.form == "dense" else b.size if b.form == "block_diagonal" else 1)
-                          for b in s.blocks)
+                          // (b.size if b.form == "diagonal" else 1) for b in s.blocks)  # a group's one value
         frame = lyap_square
     rows = chunk * (3 * H * D if flow_method != "structured" else 2 * H * D)
     work = {"flow": chunk * T * (D + 2) + rows + (chunk * D * D if flow_method == "jacobian" else 0),
             "grid": g * T * (T + 2 * square), "spectra": n * (T * (1 + k) + 3 * square),
             "gates": n * (T * (shape.gates + D) + 2 * shape.gates * square),
             "lyapunov": m * (S * (shape.width + 2) + 2 * lyap_square + 4 * frame + (S // 10 + 12) * e
-                             + (0 if s.is_dense else BATCHES * D))}  # a structure's per-batch sums of all D
+                             + (0 if s.is_dense else BATCHES * lyap_square))}  # a structure's per-batch sums
     estimated = methods or {}
     if estimated.get("flow") == "estimate":  # probes rows, a few copies, and the tape's states
         work["flow"] = n * 4 * probes * D + min(n * T * D, TAPE_NUMBERS + n * 2 * (math.isqrt(T) + 1) * D)

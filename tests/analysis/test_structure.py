@@ -297,3 +297,17 @@ def test_a_saturated_forget_gate_gives_minus_infinity_said_and_flagged() -> None
     assert torch.isneginf(res.log_det_mean).all()
     assert (res.below_resolution[:, -8:] | torch.isneginf(res.exponents[:, -8:])).all()
     assert res.resolved[:, :8].all()
+
+
+def test_a_repeated_diagonal_is_declared_checked_and_described() -> None:
+    """A diagonal block may say that each value covers ``size`` consecutive entries (a scalar a head); the
+    size must divide the width, and only (block-)diagonal blocks take one."""
+    from gradscope.models.structure import JacobianStructure, StateBlock
+
+    heads = JacobianStructure((StateBlock("l0/conv", 0, 12, "block_diagonal", 3), StateBlock("l0/ssm", 12, 44, "diagonal", 8),
+                               StateBlock("l1/conv", 44, 56, "block_diagonal", 3), StateBlock("l1/ssm", 56, 88, "diagonal", 8)))
+    assert heads.describe() == "lower-triangular over 4 blocks: 2 layers × (conv block_diagonal(3), ssm diagonal(×8))"
+    with pytest.raises(GradscopeError, match="size 5 does not divide its width 32"):
+        StateBlock("ssm", 0, 32, "diagonal", 5)
+    with pytest.raises(GradscopeError, match="takes no size"):
+        StateBlock("z", 0, 32, "dense", 4)

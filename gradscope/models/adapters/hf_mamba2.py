@@ -67,7 +67,7 @@ class HFMamba2Core(LibraryCore):
         entries = []
         for i in range(len(layers)):
             entries += [Entry(f"l{i}/conv", (self.C, self.K - 1), "block_diagonal", self.K - 1),
-                        Entry(f"l{i}/ssm", (self.H, self.P, self.N), "diagonal")]
+                        Entry(f"l{i}/ssm", (self.H, self.P, self.N), "diagonal", self.P * self.N)]  # a scalar a head
         super().__init__(backbone, entries, int(cfg.hidden_size))
         self.num_layers = len(layers)
         limit = tuple(float(v) for v in getattr(cfg, "time_step_limit", (0.0, float("inf"))))

@@ -179,3 +179,35 @@ def test_mambapy_mamba2_is_refused_in_one_line_saying_why() -> None:
     with pytest.raises(GradscopeError, match="mamba_ssm's GPU kernels") as err:
         gradscope.wrap(fake)
     assert "\n" not in str(err.value) and "Mamba2ForCausalLM" in str(err.value)
+
+
+@pytest.mark.parametrize("k", [None, 50])
+def test_a_head_scalar_declared_once_gives_the_per_entry_spectrum(mamba2, k) -> None:  # noqa: ANN001
+    """The ssm block is declared diagonal with one value per head (size P·N): the structured engine keeps one
+    accumulator a head and expands it. Its exponents, running history and error bars equal those of the
+    same block declared entry by entry (size 1), all D and the top k."""
+    import dataclasses
+
+    from gradscope.analysis.lyapunov import lyapunov_spectrum
+    from gradscope.models.structure import JacobianStructure
+
+    model, wrapped, _ = mamba2
+    core = wrapped.core
+    declared = core.jacobian_structure()
+    assert any(b.form == "diagonal" and b.size == HEAD_DIM * STATE for b in declared.blocks)
+    per_entry = JacobianStructure(tuple(dataclasses.replace(b, size=1) if b.form == "diagonal" else b
+                                        for b in declared.blocks))
+    with torch.no_grad():
+        x = wrapped.core_inputs(tokens(8, n=2, length=25))
+        got = lyapunov_spectrum(core, x, warmup=3, exponents=k, sum_check=True)
+        core.jacobian_structure = lambda: per_entry  # the instance's own declaration, entry by entry
+        try:
+            want = lyapunov_spectrum(core, x, warmup=3, exponents=k, sum_check=True)
+        finally:
+            del core.jacobian_structure
+    for name in ("exponents", "running", "below_resolution"):  # the same sums: bit for bit
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0, equal_nan=True, msg=name)
+    for name in ("se_batch", "drift"):  # the same formula on shorter vectors: a last-digit difference at most
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-15, equal_nan=True,
+                                   msg=name)
+    torch.testing.assert_close(got.log_det_mean, want.log_det_mean, rtol=1e-12, atol=0)
