@@ -62,7 +62,8 @@ def memory_budget() -> int:
     return int(available_memory() * MEMORY_FRACTION)
 
 
-def _size(nbytes: float) -> str:
+def byte_text(nbytes: float) -> str:
+    """A byte count for a message: 1.2 GB, 340.0 MB, 12.0 kB, 512 B."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
@@ -74,10 +75,10 @@ def check_bytes(nbytes: float, what: str, *, present: float | None = None) -> No
     actually ``present`` in the file) if it expands more than :data:`MAX_RATIO`-fold."""
     nbytes = float(nbytes) if nbytes < 1e300 else math.inf  # a Python int may exceed any float
     if not math.isfinite(nbytes) or nbytes > memory_budget():
-        raise GradscopeError(f"{what}: needs {_size(nbytes)} of memory; {_size(memory_budget())} is available "
+        raise GradscopeError(f"{what}: needs {byte_text(nbytes)} of memory; {byte_text(memory_budget())} is available "
                              f"to one allocation on this machine")
     if present is not None and nbytes > SMALL and nbytes > MAX_RATIO * max(present, 1.0):
-        raise GradscopeError(f"{what}: declares {_size(nbytes)} from {_size(present)} on disk; refusing a "
+        raise GradscopeError(f"{what}: declares {byte_text(nbytes)} from {byte_text(present)} on disk; refusing a "
                              f"decompression bomb")
 
 
@@ -110,7 +111,7 @@ def check_tensor(value: Any, what: str, *, kind: str = "any", ndim: int | tuple[
         stored = value.untyped_storage().nbytes()
         if any(s == 0 for s, n in zip(value.stride(), value.shape) if n > 1) or \
                 value.numel() * value.element_size() > stored:
-            raise GradscopeError(f"{what}: a view of {_size(stored)} posing as {tuple(value.shape)} "
+            raise GradscopeError(f"{what}: a view of {byte_text(stored)} posing as {tuple(value.shape)} "
                                  f"(stride {tuple(value.stride())}); expected a plain tensor")
     return value
 

@@ -335,13 +335,12 @@ def _result(exps: Tensor, flags: Tensor, running: list[Tensor], running_steps: l
                           batches=batches)
 
 
-def _repeat(blk: StateBlock, complex_twice: int = 2) -> int:
-    """How many state entries each value of a block's exact accumulator stands for: a repeated diagonal's
-    group (``size``), a complex mode's two real entries (``complex_twice``; 1 for the accumulator's own
-    width), else 1 (per-head and dense blocks keep one value per entry)."""
+def _repeat(blk: StateBlock) -> int:
+    """How many state entries each value of a block's accumulator stands for: a repeated diagonal's group
+    (``size``), a complex mode's two real entries, else 1 (per-head and dense blocks: one value an entry)."""
     if blk.form == "diagonal":
         return blk.size
-    return complex_twice if blk.form == "complex_diagonal" else 1
+    return 2 if blk.form == "complex_diagonal" else 1
 
 
 def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStructure, warmup: int, reorth: int,
@@ -363,8 +362,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             accs.append(_Accumulator((B, h, s), s, qr_dtype, dev, batches))
         else:
             frames.append(None)  # exact: log|d| sums with no QR, hence no resolution limit
-            accs.append(_Accumulator((B, (blk.width if blk.form == "diagonal" else blk.width // 2) // _repeat(blk, 1)),
-                                     1, qr_dtype, dev, batches))
+            accs.append(_Accumulator((B, blk.width // _repeat(blk)), 1, qr_dtype, dev, batches))
     products: list[Tensor | None] = list(frames)
     log_det = torch.zeros(B, dtype=torch.float64, device=dev) if sum_check else None
     running, running_steps, mark, start = [], [], checkpoint_every, 0
@@ -376,13 +374,13 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
         r = _repeat(structure.blocks[i])            # diagonal's one value stands for its whole group
         return v.reshape(B, -1) if r == 1 else v.reshape(B, -1).repeat_interleave(r, dim=-1)
 
+    reps = [_repeat(b) for b in structure.blocks]  # each accumulator value's multiplicity in the state
+    counts = torch.cat([torch.full((b.width // r,), r, dtype=torch.long, device=dev) for b, r in zip(structure.blocks, reps)])
+
     def top(values: list[Tensor]) -> Tensor:  # the top k of the expanded state, descending, without expanding
-        reps = [_repeat(b) for b in structure.blocks]
         compact = torch.cat([v.reshape(B, -1) for v in values], dim=-1)
         if all(r == 1 for r in reps):
             return compact.topk(k, dim=-1).values
-        counts = torch.cat([torch.full((v.reshape(B, -1).shape[1],), r, dtype=torch.long, device=dev)
-                            for v, r in zip(values, reps)])
         order = compact.sort(dim=-1, descending=True)
         return torch.stack([order.values[b].repeat_interleave(counts[order.indices[b]])[:k] for b in range(B)])
 

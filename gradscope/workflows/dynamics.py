@@ -35,7 +35,7 @@ from gradscope.analysis import dynamics as dyn
 from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import _size, check_bytes, check_ids, check_tensor, memory_budget
+from gradscope.guard import byte_text, check_bytes, check_ids, check_tensor, memory_budget
 from gradscope.models.core import own_products, weight_count
 from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.analysis import estimators as est
@@ -181,8 +181,7 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
         work, kept = part_bytes(shape, n=seq, T=T, grid_sequences=values["grid_sequences"], sv=opts.sv,
                                 trajectories=values["trajectories"], steps=values["steps"], exponents=k,
                                 flow_method=method, methods=methods, probes=PROBES)
-        own = {p: work[p] + 2 * checkpoints * kept[p] for p in parts}
-        return max(work[p] for p in parts) + 2 * checkpoints * sum(kept[p] for p in parts), own
+        return _total_bytes(work, kept, parts, checkpoints), {p: work[p] + 2 * checkpoints * kept[p] for p in parts}
 
     lyap_k = opts.exponents is None  # the exponents left to the plan: fewer may be kept (the top k) to fit memory
     while True:
@@ -213,14 +212,14 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
             worst = max(own if by_memory else sec, key=(own if by_memory else sec).get)
             hint = ", ".join(FLAGS[x] for x in OWNERS[worst]) + (", --exponents" if worst == "lyapunov" else "")
             if by_memory:
-                raise GradscopeError(f"memory: the asked work would need {_size(need)} here ({worst} {_size(own[worst])}), "
-                                     f"above the {_size(limit)} available to one allocation on this machine; leave "
+                raise GradscopeError(f"memory: the asked work would need {byte_text(need)} here ({worst} {byte_text(own[worst])}), "
+                                     f"above the {byte_text(limit)} available to one allocation on this machine; leave "
                                      f"{worst} out with --parts, or ask for less ({hint})")
             raise GradscopeError(f"budget_seconds: the asked work would take ~{_secs(total)} s here "
                                  f"(estimated before any work at {shape.rates.describe()}; {worst} ~{_secs(sec[worst] * checkpoints)} s) over "
                                  f"{checkpoints} checkpoint(s), above the {budget:g} s budget; raise --budget-seconds, "
                                  f"leave {worst} out with --parts, or ask for less ({hint})")
-    if (dense_k or lyap_k) and "lyapunov" in parts and k < D:  # the largest k that fits: bisect between k and 2k
+    if lyap_k and "lyapunov" in parts and k < D:  # the largest k that fits: bisect between k and 2k
         low, high = k, min(2 * k, D + 1)
         while high - low > 1:
             mid = (low + high) // 2
@@ -288,7 +287,13 @@ def plan_bytes(plan: DynamicsPlan, n: int, T: int, shape: CoreShape) -> int:
                             steps=o.steps, exponents=plan.exponents,
                             flow_method=_flow_method(shape.structure, shape.D, shape.H), methods=plan.methods,
                             probes=PROBES)
-    return max(work[p] for p in o.parts) + 2 * plan.checkpoints * sum(kept[p] for p in o.parts)
+    return _total_bytes(work, kept, o.parts, plan.checkpoints)
+
+
+def _total_bytes(work: dict[str, int], kept: dict[str, int], parts, checkpoints: int) -> int:  # noqa: ANN001
+    """The largest working set of ``parts`` plus every checkpoint's kept results, twice (held, then copied
+    once into the store)."""
+    return max(work[p] for p in parts) + 2 * checkpoints * sum(kept[p] for p in parts)
 
 
 def check_plan_bytes(plan: DynamicsPlan, n: int, T: int, shape: CoreShape, what: str) -> None:
