@@ -17,8 +17,8 @@ oldest first (transformers caches K; the oldest is never read, so it is not part
 (H, P, N): each head's matrix state. Structure: the conv window is a shift register (per channel a
 nilpotent (K−1) × (K−1) block, exponents −∞); the SSM block is diagonal, one scalar exp(Δ_h A_h)
 per head repeated over its P·N entries (so every head's exponent is E[Δ_h A_h] with multiplicity
-P·N); layer l reads layers < l: block lower-triangular. Stated as SPEC §8 gives it: per layer the
-convolution state and, per head, the P × N matrix state.
+P·N); layer l reads layers < l: block lower-triangular. The state is everything one step passes to the
+next: per layer the convolution state and, per head, the P × N matrix state.
 
 Output y_t: the backbone's last hidden state (``norm_f`` of the residual stream); readout: ``lm_head``
 for ``Mamba2ForCausalLM`` (logits), none for ``Mamba2Model``.
