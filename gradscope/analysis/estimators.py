@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from gradscope.analysis.cost import VJP_CHUNK
 from gradscope.analysis.jacobian import state_readout
+from gradscope.analysis.reduce import sumsq_blocks
 from gradscope.analysis.tape import StateTape, state_at
 from gradscope.errors import GradscopeError
 from gradscope.models.core import own_products, step_at, step_cotangents, step_tangents
@@ -114,7 +115,7 @@ def grid_hutchinson(core: nn.Module, x: Tensor, prev: Tensor | StateTape, *, pro
         n = V.shape[1]
         out = _jvp_columns(core, x[:, end - 1], state_at(prev, end - 1), V.reshape(B, n * probes, D), end - 1)
         V = out.reshape(B, n, probes, D)
-        fro, err = _fro_from_squares(V.square().sum(-1))
+        fro, err = _fro_from_squares(sumsq_blocks(V))
         grid[:, :end - 1, end - 1], se[:, :end - 1, end - 1] = fro, err
     return grid, se
 
@@ -127,7 +128,7 @@ def step_fro_hutchinson(core: nn.Module, x: Tensor, prev: Tensor | StateTape, *,
     fro, se = x.new_empty(B, T), x.new_empty(B, T)
     for t in range(T):
         V = torch.randn(B, probes, D, generator=generator, dtype=torch.float64).to(x.dtype).to(x.device)
-        fro[:, t], se[:, t] = _fro_from_squares(_jvp_columns(core, x[:, t], state_at(prev, t), V, t).square().sum(-1))
+        fro[:, t], se[:, t] = _fro_from_squares(sumsq_blocks(_jvp_columns(core, x[:, t], state_at(prev, t), V, t)))
     return fro, se
 
 
@@ -184,7 +185,7 @@ def flow_hutchinson(core: nn.Module, x: Tensor, prev: Tensor | StateTape, *, pro
         U = torch.randn(B, probes, H, generator=generator, dtype=torch.float64).to(x.dtype).to(x.device)
 
     def norms(R: Tensor) -> tuple[Tensor, Tensor]:
-        sq = R.square().sum(-1)
+        sq = sumsq_blocks(R)  # float64 sums over the state
         if exact:
             fro = sq.sum(-1).sqrt()
             return fro, torch.zeros_like(fro)

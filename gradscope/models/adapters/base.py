@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import GradscopeError, check
@@ -131,13 +132,28 @@ def rms(x: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-
 def rms_jvp(x: Tensor, dx: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """:func:`rms` and its forward-mode product for tangents dx (…, n) broadcasting against x: with
     r = 1/sqrt(mean(x²) + eps), d(x r) = r dx − x r³ mean(x dx)."""
     r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     y = x * r
     return y, dx * r - y * (r * r * (x * dx).mean(-1, keepdim=True))
+
+
+def linear_jvp(layer: nn.Linear, a: Tensor, da: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """``layer(a)`` and its tangents ``W da`` (m, B, in) from one matrix product (no bias on tangents)."""
+    if da is None:
+        return layer(a), None
+    both = F.linear(torch.cat([a[None], da]), layer.weight)
+    out = both[0] if layer.bias is None else both[0] + layer.bias
+    return out, both[1:]
+
+
+def rms_vjp(x: Tensor, g: Tensor, eps: float) -> Tensor:
+    """g · ∂rms(x)/∂x for rows g (…, n) broadcasting against x (the Jacobian is symmetric: the same
+    formula as :func:`rms_jvp`'s tangent)."""
+    return rms_jvp(x, g, eps)[1]
+
 
 class TokenMap(nn.Module):
     """token ids → input vectors through the library's own embedding, times a fixed scale (or 1)."""

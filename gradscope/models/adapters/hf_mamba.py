@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, rms_jvp,
-                                            shift_blocks)
+from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, hf_forward, linear_jvp, rms,
+                                            rms_jvp, rms_vjp, shift_blocks)
 from gradscope.models.core import generic_step_cotangents, generic_step_tangents
 
 TOLERANCE = 1e-4
@@ -135,7 +135,7 @@ class HFMambaCore(LibraryCore):
             else:
                 hn, dhn = rms_jvp(h, dh, block.norm.variance_epsilon)
                 hn, dhn = hn * block.norm.weight, dhn * block.norm.weight
-            ug, dug = _linear(mx.in_proj, hn, dhn)
+            ug, dug = linear_jvp(mx.in_proj, hn, dhn)
             u, g = ug.chunk(2, dim=-1)
             du, dg = (None, None) if dug is None else dug.chunk(2, dim=-1)
             w = mx.conv1d.weight[:, 0, :]  # (I, K): the window's K − 1 inputs, then u
@@ -145,14 +145,14 @@ class HFMambaCore(LibraryCore):
                 pre = pre + mx.conv1d.bias
             sig = torch.sigmoid(pre)
             c, dc = pre * sig, dpre * (sig * (1 + pre * (1 - sig)))  # silu and its derivative
-            proj, dproj = _linear(mx.x_proj, c, dc)
+            proj, dproj = linear_jvp(mx.x_proj, c, dc)
             dt, Bm, Cm = torch.split(proj, [self.R, N, N], dim=-1)
             ddt, dBm, dCm = torch.split(dproj, [self.R, N, N], dim=-1)
             if self.falcon:
                 dt, ddt = rms_jvp(dt, ddt, mx.dt_layernorm.eps)
                 Bm, dBm = rms_jvp(Bm, dBm, mx.b_layernorm.eps)
                 Cm, dCm = rms_jvp(Cm, dCm, mx.c_layernorm.eps)
-            dt_pre, ddt = _linear(mx.dt_proj, dt, ddt)
+            dt_pre, ddt = linear_jvp(mx.dt_proj, dt, ddt)
             dt, ddt = F.softplus(dt_pre), ddt * torch.sigmoid(dt_pre)
             negA = -torch.exp(mx.A_log)  # (I, N)
             dA = torch.exp(dt[..., None] * negA)  # (B, I, N)
@@ -170,7 +170,7 @@ class HFMambaCore(LibraryCore):
             sg = torch.sigmoid(g)
             gate = g * sg
             dgated = dout * gate if dg is None else dout * gate + out * (dg * (sg * (1 + g * (1 - sg))))
-            res, dres = _linear(mx.out_proj, out * gate, dgated)
+            res, dres = linear_jvp(mx.out_proj, out * gate, dgated)
             h, dh = h + res, dres if dh is None else dh + dres
             new_window, dnew_window = z_out[:, sc].view(B, I, K - 1), dz_out[:, :, sc].view(m, B, I, K - 1)
             new_window[..., :-1], new_window[..., -1] = window[..., 1:], u
@@ -253,9 +253,9 @@ class HFMambaCore(LibraryCore):
                 g_Cm = torch.zeros_like(g_Bm)
             g_dtr = F.linear(g_dt * torch.sigmoid(dt_pre), mx.dt_proj.weight.t())
             if self.falcon:
-                g_dtr = _rms_back(raw[0], g_dtr, mx.dt_layernorm.eps)
-                g_Bm = _rms_back(raw[1], g_Bm, mx.b_layernorm.eps)
-                g_Cm = _rms_back(raw[2], g_Cm, mx.c_layernorm.eps)
+                g_dtr = rms_vjp(raw[0], g_dtr, mx.dt_layernorm.eps)
+                g_Bm = rms_vjp(raw[1], g_Bm, mx.b_layernorm.eps)
+                g_Cm = rms_vjp(raw[2], g_Cm, mx.c_layernorm.eps)
             g_c = g_c + F.linear(torch.cat([g_dtr, g_Bm, g_Cm], dim=-1), mx.x_proj.weight.t())
             sig = torch.sigmoid(pre)
             g_pre = g_c * (sig * (1 + pre * (1 - sig)))
@@ -266,23 +266,9 @@ class HFMambaCore(LibraryCore):
             g_u = g_pre * w[:, -1] + g_win_new[..., -1]
             g_ug = torch.cat([g_u, g_g if g_g is not None else torch.zeros_like(g_u)], dim=-1)
             g_hn = F.linear(g_ug, mx.in_proj.weight.t()) * block.norm.weight
-            g_in = _rms_back(h, g_hn, block.norm.variance_epsilon)
+            g_in = rms_vjp(h, g_hn, block.norm.variance_epsilon)
             g_h = g_in if g_h is None else g_h + g_in
         return gz_out
-
-def _linear(layer: nn.Linear, a: Tensor, da: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """``layer(a)`` and its tangents ``W da`` (m, B, in) from one matrix product (no bias on tangents)."""
-    if da is None:
-        return layer(a), None
-    both = F.linear(torch.cat([a[None], da]), layer.weight)
-    out = both[0] if layer.bias is None else both[0] + layer.bias
-    return out, both[1:]
-
-
-def _rms_back(x: Tensor, g: Tensor, eps: float) -> Tensor:
-    """g · ∂rms(x)/∂x for rows g (…, n) broadcasting against x (the Jacobian is symmetric: the same
-    formula as :func:`~gradscope.models.adapters.base.rms_jvp`'s tangent)."""
-    return rms_jvp(x, g, eps)[1]
 
 def adapt(model: nn.Module) -> Adapted:
     """The adapter of a ``MambaForCausalLM``/``MambaModel`` (or Falcon-Mamba)."""

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
+from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, hf_forward, linear_jvp, rms,
+                                            rms_jvp, rms_vjp, shift_blocks)
 
 TOLERANCE = 1e-4
 SILU = ("silu", "swish")
@@ -109,6 +110,183 @@ class HFMamba2Core(LibraryCore):
         f = self.model.norm_f
         y = rms(h, f.variance_epsilon) * f.weight
         return y, self.pack(new), self.flat_blocks(diag) if diagonal else []
+
+    def _dt(self, m: nn.Module, raw: Tensor) -> tuple[Tensor, Tensor]:
+        """Δ = clamp(softplus(raw + dt_bias), limit) and ∂Δ/∂raw (zero where the clamp holds Δ)."""
+        pre = raw + m.dt_bias
+        dt, slope = F.softplus(pre), torch.sigmoid(pre)
+        if self.limit is not None:
+            inside = (dt >= self.limit[0]) & (dt <= self.limit[1])  # torch.clamp's own gradient rule
+            dt, slope = dt.clamp(self.limit[0], self.limit[1]), slope * inside
+        return dt, slope
+
+    def _heads(self, v: Tensor) -> Tensor:
+        """(…, G·N) group rows → (…, H, N): each head reads its group's row."""
+        lead = v.shape[:-1]
+        rep = self.H // self.G
+        return v.reshape(*lead, self.G, 1, self.N).expand(*lead, self.G, rep, self.N).reshape(*lead, self.H, self.N)
+
+    def _groups(self, v: Tensor) -> Tensor:
+        """The transpose of :meth:`_heads`: (…, H, N) → (…, G·N), the heads of a group summed."""
+        lead = v.shape[:-2]
+        return v.reshape(*lead, self.G, self.H // self.G, self.N).sum(-2).reshape(*lead, self.G * self.N)
+
+    def step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
+                      out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One step and its forward-mode products, derived by hand (:func:`gradscope.models.core.step_tangents`'s
+        shapes: dz (m, B, D)). The equations of :meth:`advance`, differentiated: the primal runs once, each
+        projection multiplies the primal and its m tangents in one call, and each head's matrix state takes
+        ds' = a ds + (A a dΔ) s + d(Δx) ⊗ B + Δx ⊗ dB, with a = exp(ΔA) one scalar a head. The tests compare
+        it with ``torch.func`` in float64. ``out``: buffers like (z, dz) to write z' and dz' into (a chain
+        alternates two; they must not be z or dz)."""
+        with torch.no_grad():  # products by hand: no graph of the parameters
+            return self._step_tangents(x, z, dz, out)
+
+    def _step_tangents(self, x: Tensor, z: Tensor, dz: Tensor,
+                       out: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        B, m = x.shape[0], dz.shape[0]
+        I, C, K, H, P, N, G = self.I, self.C, self.K, self.H, self.P, self.N, self.G
+        z_out, dz_out = (torch.empty_like(z), torch.empty_like(dz)) if out is None else out
+        h, dh = x, None  # the step's input has no tangent
+        for i, block in enumerate(self.model.layers):
+            mx = block.mixer
+            sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
+            window, dwindow = z[:, sc].reshape(B, C, K - 1), dz[:, :, sc].reshape(m, B, C, K - 1)
+            s_prev, ds_prev = z[:, ss].reshape(B, H, P, N), dz[:, :, ss].reshape(m, B, H, P, N)
+            if dh is None:
+                hn, dhn = rms(h, block.norm.variance_epsilon) * block.norm.weight, None
+            else:
+                hn, dhn = rms_jvp(h, dh, block.norm.variance_epsilon)
+                hn, dhn = hn * block.norm.weight, dhn * block.norm.weight
+            proj, dproj = linear_jvp(mx.in_proj, hn, dhn)
+            g, xbc, raw = torch.split(proj, [I, C, H], dim=-1)
+            dg, dxbc, draw = (None, None, None) if dproj is None else torch.split(dproj, [I, C, H], dim=-1)
+            w = mx.conv1d.weight[:, 0, :]  # (C, K): the window's K − 1 inputs, then xBC
+            pre = (window * w[:, :-1]).sum(-1) + xbc * w[:, -1]
+            dpre = (dwindow * w[:, :-1]).sum(-1) + (0 if dxbc is None else dxbc * w[:, -1])
+            if mx.conv1d.bias is not None:
+                pre = pre + mx.conv1d.bias
+            sig = torch.sigmoid(pre)
+            c, dc = pre * sig, dpre * (sig * (1 + pre * (1 - sig)))  # silu and its derivative
+            xs, Bm, Cm = torch.split(c, [I, G * N, G * N], dim=-1)
+            dxs, dBm, dCm = torch.split(dc, [I, G * N, G * N], dim=-1)
+            dt, slope = self._dt(mx, raw)
+            ddt = None if draw is None else draw * slope  # (m, B, H)
+            negA = -torch.exp(mx.A_log)  # (H,)
+            a = torch.exp(dt * negA)  # (B, H)
+            xh, dxh = xs.reshape(B, H, P), dxs.reshape(m, B, H, P)
+            Bh, dBh, Ch, dCh = self._heads(Bm), self._heads(dBm), self._heads(Cm), self._heads(dCm)
+            u = dt[..., None] * xh  # (B, H, P): Δ x
+            du = dt[..., None] * dxh if ddt is None else dt[..., None] * dxh + ddt[..., None] * xh
+            s = z_out[:, ss].view(B, H, P, N)
+            torch.mul(a[..., None, None], s_prev, out=s)
+            s.addcmul_(u[..., None], Bh[:, :, None, :])  # broadcast products: no (m, B, H, P, N) temporaries
+            ds = dz_out[:, :, ss].view(m, B, H, P, N)
+            torch.mul(ds_prev, a[..., None, None], out=ds)
+            if ddt is not None:
+                ds.addcmul_((ddt * (negA * a))[..., None, None], s_prev)
+            ds.addcmul_(du[..., None], Bh[:, :, None, :])
+            ds.addcmul_(u[..., None], dBh[..., None, :])
+            Cr = Ch[:, :, None, :]
+            y = torch.linalg.vecdot(s, Cr) + mx.D[:, None] * xh  # (B, H, P)
+            dy = (torch.linalg.vecdot(ds, Cr) + (s @ dCh.permute(1, 2, 3, 0)).permute(3, 0, 1, 2)  # s dC: one (P, N) × (N, m)
+                  + mx.D[:, None] * dxh)
+            sg = torch.sigmoid(g)
+            gate = g * sg
+            y, dy = y.reshape(B, I), dy.reshape(m, B, I)
+            yg = y * gate
+            dyg = dy * gate if dg is None else dy * gate + y * (dg * (sg * (1 + g * (1 - sg))))
+            yn, dyn = rms_jvp(yg.reshape(B, G, I // G), dyg.reshape(m, B, G, I // G), mx.norm.variance_epsilon)
+            res, dres = linear_jvp(mx.out_proj, yn.reshape(B, I) * mx.norm.weight, dyn.reshape(m, B, I) * mx.norm.weight)
+            h, dh = h + res, dres if dh is None else dh + dres
+            new_window, dnew_window = z_out[:, sc].view(B, C, K - 1), dz_out[:, :, sc].view(m, B, C, K - 1)
+            new_window[..., :-1], new_window[..., -1] = window[..., 1:], xbc
+            dnew_window[..., :-1] = dwindow[..., 1:]
+            dnew_window[..., -1] = 0 if dxbc is None else dxbc
+        f = self.model.norm_f
+        y, dy = rms_jvp(h, dh, f.variance_epsilon)
+        return y * f.weight, z_out, dy * f.weight, dz_out
+
+    def step_cotangents(self, x: Tensor, z: Tensor, gz: Tensor, t: int | None = None) -> Tensor:
+        """gz · ∂z'/∂z for cotangent rows gz (r, B, D) on the new state: (r, B, D), derived by hand (the
+        reverse of :meth:`step_tangents`; :func:`gradscope.models.core.step_cotangents`). One forward pass
+        keeps each layer's intermediates, then the r rows go down the layers together: the residual
+        stream's cotangent from the layers above and each layer's own state cotangent."""
+        with torch.no_grad():  # products by hand: no graph of the parameters
+            return self._step_cotangents(x, z, gz)
+
+    def _step_cotangents(self, x: Tensor, z: Tensor, gz: Tensor) -> Tensor:
+        B, r = x.shape[0], gz.shape[0]
+        I, C, K, H, P, N, G = self.I, self.C, self.K, self.H, self.P, self.N, self.G
+        saved = []
+        h = x
+        for i, block in enumerate(self.model.layers):  # the forward pass, keeping what the reverse reads
+            mx = block.mixer
+            window = z[:, self._slices[f"l{i}/conv"]].reshape(B, C, K - 1)
+            s_prev = z[:, self._slices[f"l{i}/ssm"]].reshape(B, H, P, N)
+            hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
+            g, xbc, raw = torch.split(mx.in_proj(hn), [I, C, H], dim=-1)
+            w = mx.conv1d.weight[:, 0, :]
+            pre = (window * w[:, :-1]).sum(-1) + xbc * w[:, -1]
+            if mx.conv1d.bias is not None:
+                pre = pre + mx.conv1d.bias
+            xs, Bm, Cm = torch.split(F.silu(pre), [I, G * N, G * N], dim=-1)
+            dt, slope = self._dt(mx, raw)
+            negA = -torch.exp(mx.A_log)
+            a = torch.exp(dt * negA)
+            xh, Bh, Ch = xs.reshape(B, H, P), self._heads(Bm), self._heads(Cm)
+            s = a[..., None, None] * s_prev + (dt[..., None] * xh)[..., None] * Bh[:, :, None, :]
+            y = (torch.linalg.vecdot(s, Ch[:, :, None, :]) + mx.D[:, None] * xh).reshape(B, I)
+            yg = y * F.silu(g)
+            yn = rms(yg.reshape(B, G, I // G), mx.norm.variance_epsilon).reshape(B, I)
+            saved.append((h, g, pre, xh, Bh, Ch, dt, slope, negA, a, s_prev, s, y, yg))
+            h = h + mx.out_proj(yn * mx.norm.weight)
+        gz_out = torch.empty_like(gz)
+        g_h = None  # the top layer's output feeds only y, not z'
+        for i in range(len(self.model.layers) - 1, -1, -1):
+            block = self.model.layers[i]
+            mx = block.mixer
+            h, g, pre, xh, Bh, Ch, dt, slope, negA, a, s_prev, s, y, yg = saved[i]
+            sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
+            g_s = gz[:, :, ss].reshape(r, B, H, P, N)
+            g_win_new = gz[:, :, sc].reshape(r, B, C, K - 1)
+            if g_h is None:
+                g_y = g_g = None
+                g_total = g_s  # read only
+            else:
+                g_yn = F.linear(g_h, mx.out_proj.weight.t()) * mx.norm.weight  # (r, B, I)
+                g_yg = rms_vjp(yg.reshape(B, G, I // G), g_yn.reshape(r, B, G, I // G),
+                                 mx.norm.variance_epsilon).reshape(r, B, I)
+                sg = torch.sigmoid(g)
+                g_y = (g_yg * (g * sg)).reshape(r, B, H, P)
+                g_g = g_yg * y * (sg * (1 + g * (1 - sg)))
+                g_total = torch.addcmul(g_s, g_y[..., None], Ch[:, :, None, :])  # on s': from z' and the output
+            # every product below is one pass over the (r, B, H, P, N) rows (no permuted copies)
+            torch.mul(g_total, a[..., None, None], out=gz_out[:, :, ss].view(r, B, H, P, N))
+            u = dt[..., None] * xh  # Δ x
+            g_u = torch.linalg.vecdot(g_total, Bh[:, :, None, :])  # (r, B, H, P)
+            g_Bh = (u[:, :, None, :] @ g_total)[..., 0, :]  # (r, B, H, N)
+            g_dt = (negA * a) * torch.linalg.vecdot(g_total.flatten(-2), s_prev.flatten(-2)) + torch.linalg.vecdot(g_u, xh)
+            g_xh = g_u * dt[..., None]
+            if g_y is not None:
+                g_xh = g_xh + g_y * mx.D[:, None]
+                g_Ch = (g_y.permute(1, 2, 0, 3) @ s).permute(2, 0, 1, 3)  # one (r, P) × (P, N) a head
+            else:
+                g_Ch = torch.zeros_like(g_Bh)
+            g_c = torch.cat([g_xh.reshape(r, B, I), self._groups(g_Bh), self._groups(g_Ch)], dim=-1)
+            sig = torch.sigmoid(pre)
+            g_pre = g_c * (sig * (1 + pre * (1 - sig)))
+            w = mx.conv1d.weight[:, 0, :]
+            g_win = gz_out[:, :, sc].view(r, B, C, K - 1)
+            torch.mul(g_pre[..., None], w[:, :-1], out=g_win)
+            g_win[..., 1:] += g_win_new[..., :-1]  # window' = (window[1:], xBC)
+            g_xbc = g_pre * w[:, -1] + g_win_new[..., -1]
+            g_proj = torch.cat([g_g if g_g is not None else g_xbc.new_zeros(r, B, I), g_xbc, g_dt * slope], dim=-1)
+            g_hn = F.linear(g_proj, mx.in_proj.weight.t()) * block.norm.weight
+            g_in = rms_vjp(h, g_hn, block.norm.variance_epsilon)
+            g_h = g_in if g_h is None else g_h + g_in
+        return gz_out
+
 
 
 def adapt(model: nn.Module) -> Adapted:

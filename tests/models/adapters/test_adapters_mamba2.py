@@ -211,3 +211,56 @@ def test_a_head_scalar_declared_once_gives_the_per_entry_spectrum(mamba2, k) -> 
         torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-15, equal_nan=True,
                                    msg=name)
     torch.testing.assert_close(got.log_det_mean, want.log_det_mean, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("limit", [None, (0.4, 0.9)])
+def test_hand_derived_step_products_equal_torch_func(limit, monkeypatch) -> None:  # noqa: ANN001
+    """The adapter's own forward and reverse step products (what the stability sketch and the estimated
+    flow run at real size) against ``torch.func`` of its step, in float64, with and without a time-step
+    limit that clamps some heads; then a chain of each (J V against the exact J, and the estimated flow
+    with and without the hand-derived reverse)."""
+    from gradscope.analysis.estimators import flow_hutchinson
+    from gradscope.analysis.jacobian import jvp_products, state_jacobian
+    from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
+    from gradscope.models.core import (generic_step_cotangents, generic_step_tangents, scan, step_cotangents,
+                                       step_tangents)
+
+    wrapped = gradscope.wrap(tiny() if limit is None else tiny(time_step_limit=limit))
+    core = wrapped.core
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(B, HIDDEN, generator=gen, dtype=torch.float64)
+    z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
+    dz = torch.randn(4, B, core.state_dim, generator=gen, dtype=torch.float64)
+    if limit is not None:  # the limit holds some heads' Δ at a bound (a zero derivative there) and not others
+        m = core.model.layers[0].mixer
+        raw = torch.split(m.in_proj(torch.randn(B, HIDDEN, dtype=torch.float64)), [core.I, core.C, core.H], -1)[2]
+        dt = torch.nn.functional.softplus(raw + m.dt_bias)
+        assert ((dt < limit[0]) | (dt > limit[1])).any() and ((dt > limit[0]) & (dt < limit[1])).any()
+    with torch.no_grad():
+        ref = generic_step_tangents(core, x, z, dz)
+        ours = step_tangents(core, x, z, dz)
+        out = (torch.full_like(z, float("nan")), torch.full_like(dz, float("nan")))
+        into = step_tangents(core, x, z, dz, out=out)
+    for a, b, c in zip(ours, ref, into):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-13)
+    assert into[1] is out[0] and into[3] is out[1]
+    torch.testing.assert_close(step_cotangents(core, x, z, dz), generic_step_cotangents(core, x, z, dz),
+                               rtol=1e-12, atol=1e-13)
+    seq = tokens(5)
+    V = torch.randn(B, 3, core.state_dim, generator=gen, dtype=torch.float64)
+    _, P = jvp_products(wrapped, seq, 2, V)
+    J = state_jacobian(wrapped, seq, 2).jac  # (B, H, D), exact
+    torch.testing.assert_close(P, J @ V.transpose(1, 2), rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        inputs = wrapped.core_inputs(tokens(6))
+        prev = torch.cat([torch.zeros_like(inputs[:, :1, :1]).expand(-1, 1, core.state_dim),
+                          scan(core, inputs)[1][:, :-1]], dim=1)
+    ours = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(HFMamba2Core, "step_tangents", None)
+    monkeypatch.setattr(HFMamba2Core, "step_cotangents", None)
+    torch.testing.assert_close(jvp_products(wrapped, seq, 2, V)[1], P, rtol=1e-12, atol=1e-13)
+    ref = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13, equal_nan=True)
+    assert torch.isfinite(ours[0][:, :-1]).all()
