@@ -89,10 +89,12 @@ SKETCH_PRODUCTS = 0.5 * 2.45
 
 
 def products_seconds(kind: str, calls: int, columns: int, *, D: int, modules: int, params: float,
-                     step_flops: float, own: bool = False, rates: Rates = REFERENCE) -> float:
+                     step_flops: float, own: bool = False, rates: Rates = REFERENCE,
+                     own_factor: float | None = None) -> float:
     """``calls`` batched JVPs (kind "jvp") or VJPs ("vjp") through a step with ``columns`` columns (rows)
     each, every sequence of the batch together: the fixed part per call (per chunk of rows for a VJP)
-    plus the part per column. ``own``: the core derives these products by hand (:data:`OWN_FACTOR`).
+    plus the part per column. ``own``: the core derives these products by hand (:data:`OWN_FACTOR`, or
+    ``own_factor``: the factor the core declares for its own, :func:`gradscope.models.core.own_cost`).
     ``rates``: the machine's (:class:`Rates`; per call: the module and column terms, per flop: the rest)."""
     c, d = rates.flop, rates.call
     if kind == "jvp":
@@ -102,4 +104,4 @@ def products_seconds(kind: str, calls: int, columns: int, *, D: int, modules: in
         fixed, (flop, elem, col) = VJP_MODULE * modules * d + VJP_WEIGHT * params * c, VJP_COLUMN
         chunks = 1 if own else -(-columns * D // VJP_CHUNK)
     seconds = calls * (max(1, chunks) * fixed + columns * ((flop * step_flops + elem * D) * c + col * d))
-    return seconds * OWN_FACTOR[kind] if own else seconds
+    return seconds * (OWN_FACTOR[kind] if own_factor is None else own_factor) if own else seconds

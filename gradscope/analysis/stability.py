@@ -25,7 +25,7 @@ from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tan
 from gradscope.fields import ESTIMATORS  # noqa: F401 - declared with the options
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget as available_budget
-from gradscope.models.core import own_products, weight_count
+from gradscope.models.core import own_cost, own_products, weight_count
 from gradscope.tasks.probes import Probes
 
 PAIRS = ("same-target", "same-suffix")
@@ -151,7 +151,8 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     def sketch(u: int) -> tuple[float, int]:
         products = products_seconds("jvp", chunks * tail, batch * columns(u), D=D, modules=modules,
                                     params=weight_count(core), step_flops=0.0,  # the flops are counted at rate
-                                    own="jvp" in own_products(core), rates=rates)
+                                    own="jvp" in own_products(core), rates=rates,
+                                    own_factor=own_cost(core).get("jvp"))
         sketch_rate = SKETCH_FLOPS * (1 if element_size <= 4 else 0.5)
         return (sequences * (steps * f + tail * columns(u) * f) / sketch_rate * c + scan_s + SKETCH_PRODUCTS * products,
                 3 * 8 * columns(u) * D * element_size)

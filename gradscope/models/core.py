@@ -305,6 +305,15 @@ def own_products(core: nn.Module) -> frozenset[str]:
     return frozenset(kind for kind, name in names.items() if callable(getattr(core, name, None)))
 
 
+def own_cost(core: nn.Module) -> dict[str, float]:
+    """The cost factors a core declares for its own products (class attribute ``own_cost``, e.g.
+    ``{"vjp": 0.074}``: the hand-derived product's time against the generic price of a step's products at
+    the same size, measured where the core was written); the plans use the general factors for the kinds
+    it leaves out (:data:`gradscope.analysis.cost.OWN_FACTOR`)."""
+    declared = getattr(core, "own_cost", None) or {}
+    return {kind: float(declared[kind]) for kind in own_products(core) if kind in declared}
+
+
 def step_jacobian(core: nn.Module, x: torch.Tensor, z: torch.Tensor, t: int | None = None) -> torch.Tensor:
     """J_t = ∂z_t/∂z_{t−1} (B, D, D) of any protocol core from x (B, in) and z (B, D): the core's own
     ``step_jacobian`` where it has one (a user's core may not), else :func:`generic_step_jacobian`.

@@ -36,7 +36,7 @@ from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import byte_text, check_bytes, check_ids, check_tensor, memory_budget
-from gradscope.models.core import own_products, weight_count
+from gradscope.models.core import own_cost, own_products, weight_count
 from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.analysis import estimators as est
 from gradscope.analysis.estimators import ITERATIONS, PROBES
@@ -77,7 +77,7 @@ def core_shape(core: nn.Module, width: int, rates: Rates = REFERENCE) -> CoreSha
     return CoreShape(core.state_dim, core.out_dim, width, len(getattr(core, "gate_names", ("step",))),
                      structure_of(core), 2.0 * params + 20.0 * core.state_dim, analytic_jacobian(core),
                      sum(1 for _ in core.modules()), params, callable(getattr(core, "step_and_blocks", None)),
-                     own_products(core), rates)
+                     own_products(core), rates, tuple(sorted(own_cost(core).items())))
 
 
 @dataclass(frozen=True)

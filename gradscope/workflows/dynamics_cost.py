@@ -77,6 +77,7 @@ class CoreShape:
     fused: bool = False  # the core gives a step and its diagonal blocks from one pass (step_and_blocks)
     own: frozenset[str] = frozenset()  # products the core derives by hand: "jvp" (step_tangents), "vjp" (step_cotangents)
     rates: Rates = REFERENCE  # the machine's rates against the constants' CPU (gradscope.rates.machine_rates)
+    own_cost: tuple[tuple[str, float], ...] = ()  # the factors the core declares for them (models.core.own_cost)
 
     @property
     def overhead(self) -> float:
@@ -88,7 +89,7 @@ class CoreShape:
         each, all sequences of the batch together (:func:`gradscope.analysis.cost.products_seconds`)."""
         return products_seconds(kind, calls, columns, D=self.D, modules=self.modules,
                                 params=self.params or self.step_flops / 2, step_flops=self.step_flops,
-                                own=kind in self.own, rates=self.rates)
+                                own=kind in self.own, rates=self.rates, own_factor=dict(self.own_cost).get(kind))
 
     def form_seconds(self) -> float:
         """Forming one J_t (D × D) for one sequence: analytic O(D²), else D reverse passes of a step."""

@@ -95,3 +95,16 @@ def test_dot_and_gram_chunking_is_exact(monkeypatch: pytest.MonkeyPatch) -> None
     torch.testing.assert_close(reduce.dot64(x, y, (-2, -1)), whole[0], rtol=1e-14, atol=0)
     torch.testing.assert_close(reduce.gram64(x), whole[1], rtol=1e-14, atol=1e-14)
     torch.testing.assert_close(whole[0], (x.double() * y.double()).sum((-2, -1)), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("n", [5, reduce.SQUARES_BLOCK, 3 * reduce.SQUARES_BLOCK + 17])
+def test_sums_of_squares_by_blocks_agree_with_float64(n: int) -> None:
+    """The matrix-free estimators' ‖row‖² over a state: float64 result, within a few float32 ulps of the
+    float64 sum whether n is below, at or past a block (a tail block), and float64 input summed in float64."""
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 4, n, generator=gen, dtype=torch.float64) * torch.logspace(-3, 3, n, dtype=torch.float64))
+    ref = x.square().sum(-1)
+    got = reduce.sumsq_blocks(x.float())
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, ref, rtol=4e-7, atol=0)
+    torch.testing.assert_close(reduce.sumsq_blocks(x), ref, rtol=1e-13, atol=0)

@@ -49,6 +49,11 @@ class HFMamba2Core(LibraryCore):
     label = "Mamba-2 (transformers)"
     library = "transformers"
     family = "Mamba-2"
+    # Its own products against the generic price (gradscope.analysis.cost.products_seconds) at mamba2-130m's
+    # size, one thread, this workplace's AMD EPYC, idle (2026-11-29): the flow's 16 cotangent rows 0.234 s a
+    # step (priced 3.2 s generic); 8 sequences × 5 tangents 0.49 s a step (priced 1.6 s). Mamba-1's general
+    # factors (0.5, 0.3) would price them 3× long: a head's state has no per-entry projections.
+    own_cost = {"jvp": 0.3, "vjp": 0.074}
 
     def __init__(self, backbone: nn.Module) -> None:
         cfg = backbone.config
@@ -126,11 +131,6 @@ class HFMamba2Core(LibraryCore):
         rep = self.H // self.G
         return v.reshape(*lead, self.G, 1, self.N).expand(*lead, self.G, rep, self.N).reshape(*lead, self.H, self.N)
 
-    def _groups(self, v: Tensor) -> Tensor:
-        """The transpose of :meth:`_heads`: (…, H, N) → (…, G·N), the heads of a group summed."""
-        lead = v.shape[:-2]
-        return v.reshape(*lead, self.G, self.H // self.G, self.N).sum(-2).reshape(*lead, self.G * self.N)
-
     def step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
                       out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One step and its forward-mode products, derived by hand (:func:`gradscope.models.core.step_tangents`'s
@@ -175,7 +175,7 @@ class HFMamba2Core(LibraryCore):
             negA = -torch.exp(mx.A_log)  # (H,)
             a = torch.exp(dt * negA)  # (B, H)
             xh, dxh = xs.reshape(B, H, P), dxs.reshape(m, B, H, P)
-            Bh, dBh, Ch, dCh = self._heads(Bm), self._heads(dBm), self._heads(Cm), self._heads(dCm)
+            Bh, dBh, Ch = self._heads(Bm), self._heads(dBm), self._heads(Cm)
             u = dt[..., None] * xh  # (B, H, P): Δ x
             du = dt[..., None] * dxh if ddt is None else dt[..., None] * dxh + ddt[..., None] * xh
             s = z_out[:, ss].view(B, H, P, N)
@@ -189,8 +189,8 @@ class HFMamba2Core(LibraryCore):
             ds.addcmul_(u[..., None], dBh[..., None, :])
             Cr = Ch[:, :, None, :]
             y = torch.linalg.vecdot(s, Cr) + mx.D[:, None] * xh  # (B, H, P)
-            dy = (torch.linalg.vecdot(ds, Cr) + (s @ dCh.permute(1, 2, 3, 0)).permute(3, 0, 1, 2)  # s dC: one (P, N) × (N, m)
-                  + mx.D[:, None] * dxh)
+            sdC = s.reshape(B, G, -1, N) @ dCm.reshape(m, B, G, N).permute(1, 2, 3, 0)  # a group's heads at once
+            dy = torch.linalg.vecdot(ds, Cr) + sdC.reshape(B, H, P, m).permute(3, 0, 1, 2) + mx.D[:, None] * dxh
             sg = torch.sigmoid(g)
             gate = g * sg
             y, dy = y.reshape(B, I), dy.reshape(m, B, I)
@@ -265,15 +265,15 @@ class HFMamba2Core(LibraryCore):
             torch.mul(g_total, a[..., None, None], out=gz_out[:, :, ss].view(r, B, H, P, N))
             u = dt[..., None] * xh  # Δ x
             g_u = torch.linalg.vecdot(g_total, Bh[:, :, None, :])  # (r, B, H, P)
-            g_Bh = (u[:, :, None, :] @ g_total)[..., 0, :]  # (r, B, H, N)
+            g_Bm = (u.reshape(B, G, 1, -1) @ g_total.reshape(r, B, G, -1, N))[..., 0, :]  # (r, B, G, N): a group's heads
             g_dt = (negA * a) * torch.linalg.vecdot(g_total.flatten(-2), s_prev.flatten(-2)) + torch.linalg.vecdot(g_u, xh)
             g_xh = g_u * dt[..., None]
             if g_y is not None:
                 g_xh = g_xh + g_y * mx.D[:, None]
-                g_Ch = (g_y.permute(1, 2, 0, 3) @ s).permute(2, 0, 1, 3)  # one (r, P) × (P, N) a head
+                g_Cm = (g_y.reshape(r, B, G, -1).permute(1, 2, 0, 3) @ s.reshape(B, G, -1, N)).permute(2, 0, 1, 3)
             else:
-                g_Ch = torch.zeros_like(g_Bh)
-            g_c = torch.cat([g_xh.reshape(r, B, I), self._groups(g_Bh), self._groups(g_Ch)], dim=-1)
+                g_Cm = torch.zeros_like(g_Bm)
+            g_c = torch.cat([g_xh.reshape(r, B, I), g_Bm.reshape(r, B, G * N), g_Cm.reshape(r, B, G * N)], dim=-1)
             sig = torch.sigmoid(pre)
             g_pre = g_c * (sig * (1 + pre * (1 - sig)))
             w = mx.conv1d.weight[:, 0, :]
