@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from gradscope.analysis.cost import MODULE_CALL, REFERENCE, Rates, products_seconds
-from gradscope.analysis.lyapunov import BATCHES
+from gradscope.analysis.lyapunov import BATCHES, running_snapshots
 from gradscope.analysis.tape import KEEP_BYTES
 from gradscope.models.structure import JacobianStructure
 
@@ -203,7 +203,7 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
     work = {"flow": chunk * T * (D + 2) + rows + (chunk * D * D if flow_method == "jacobian" else 0),
             "grid": g * T * (T + 2 * square), "spectra": n * (T * (1 + k) + 3 * square),
             "gates": n * (T * (shape.gates + D) + 2 * shape.gates * square),
-            "lyapunov": m * (S * (shape.width + 2) + 2 * lyap_square + 4 * frame + (S // 10 + 12) * e
+            "lyapunov": m * (S * (shape.width + 2) + 2 * lyap_square + 4 * frame + (running_snapshots(S, e) + 12) * e
                              + (0 if s.is_dense else BATCHES * lyap_square))}  # a structure's per-batch sums
     estimated = methods or {}
     if estimated.get("flow") == "estimate":  # probes rows, a few copies, and the tape's states
@@ -215,7 +215,7 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
     if estimated.get("gates") == "estimate":
         work["gates"] = n * (T * (shape.gates + D) + 2 * probes * D)
     kept = {"flow": 2 * n * T, "grid": g * T * T, "spectra": n * T * (1 + k), "gates": n * T * shape.gates,
-            "lyapunov": m * (2 * S // 10 + 8) * e}
+            "lyapunov": m * (2 * running_snapshots(S, e) + 8) * e}
     return {p: 8 * (2 * n * T + work[p]) for p in work}, {p: 8 * kept[p] for p in kept}
 
 PROCESS_BYTES = 400 * 2**20  # the interpreter with torch, xarray and zarr loaded (measured maxrss: ~350 MB)

@@ -187,3 +187,21 @@ def test_store_table_and_report_carry_the_error_bars_and_old_stores_still_read(t
     news = [item]
     fig = lyapunov_figure(lyapunov_spectra(news), lyapunov_convergence(news), None, lyapunov_error_bars(news))
     assert len([t for t in fig.data if getattr(t, "fill", None) == "toself"]) == c * 3  # spectrum + λ_1 + λ_D
+
+
+def test_a_large_spectrum_keeps_a_bounded_running_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The running estimate's history holds at most RUNNING_NUMBERS numbers a trajectory (real-size states
+    keep millions of exponents): its interval widens to a multiple of checkpoint_every, the last snapshot
+    is still the final estimate, and the exponents are the same as with the full history."""
+    from gradscope.analysis import lyapunov
+
+    full = gaussian_run(3, B=2, T=205, D=3)
+    assert full.running_steps.tolist() == list(range(10, 201, 10))  # 3 × 20 numbers: far below the cap
+    monkeypatch.setattr(lyapunov, "RUNNING_NUMBERS", 3 * 5)  # room for 4 snapshots of 3, and the end
+    capped = gaussian_run(3, B=2, T=205, D=3)
+    assert capped.running_steps.tolist() == [50, 100, 150, 200]
+    assert capped.running.shape == (2, 4, 3) and capped.running.numel() // 2 <= 3 * 5
+    assert lyapunov.running_snapshots(200, 3) >= len(capped.running_steps)  # what the plan's memory counts
+    torch.testing.assert_close(capped.exponents, full.exponents, rtol=0, atol=0)
+    torch.testing.assert_close(capped.running[:, -1], full.running[:, -1], rtol=0, atol=0)
+    torch.testing.assert_close(capped.running[:, 0], full.running[:, 4], rtol=0, atol=0)
