@@ -50,10 +50,12 @@ class HFMamba2Core(LibraryCore):
     library = "transformers"
     family = "Mamba-2"
     # Its own products against the generic price (gradscope.analysis.cost.products_seconds) at mamba2-130m's
-    # size, one thread, this workplace's AMD EPYC, idle (2026-11-29): the flow's 16 cotangent rows 0.234 s a
-    # step (priced 3.2 s generic); 8 sequences × 5 tangents 0.49 s a step (priced 1.6 s). Mamba-1's general
-    # factors (0.5, 0.3) would price them 3× long: a head's state has no per-entry projections.
-    own_cost = {"jvp": 0.3, "vjp": 0.074}
+    # size, this workplace's AMD EPYC, idle (2026-11-29). vjp: the flow's 16 cotangent rows, 0.234 s a step
+    # on one thread where the generic price is 3.2 s. jvp: fitted to the whole stability sketch (its plan adds
+    # a flops term for the same work): 96 and 768 sequences at 4 units took 140.6 s and 1,036.8 s with two
+    # threads; this factor prices them at 132 s and 1,056 s (0.3 had said 198 s and 1,588 s). Mamba-1's
+    # general factors (0.5, 0.3) price these 2–4× long: a head's state has no per-entry projections.
+    own_cost = {"jvp": 0.15, "vjp": 0.074}
 
     def __init__(self, backbone: nn.Module) -> None:
         cfg = backbone.config
