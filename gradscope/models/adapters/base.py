@@ -149,6 +149,49 @@ def linear_jvp(layer: nn.Linear, a: Tensor, da: Tensor | None) -> tuple[Tensor, 
     return out, both[1:]
 
 
+def silu_grad(x: Tensor) -> Tensor:
+    """d silu(x)/dx = σ(x)(1 + x(1 − σ(x)))."""
+    sig = torch.sigmoid(x)
+    return sig * (1 + x * (1 - sig))
+
+
+def conv_pre(conv: nn.Conv1d, window: Tensor, u: Tensor) -> Tensor:
+    """A depthwise causal conv's output before its activation, one step: the window (…, C, K−1) of past
+    inputs, oldest first, then the new input u (…, C); plus the bias."""
+    w = conv.weight[:, 0, :]  # (C, K): the window's K − 1 inputs, then u
+    pre = (window * w[:, :-1]).sum(-1) + u * w[:, -1]
+    return pre if conv.bias is None else pre + conv.bias
+
+
+def conv_silu_jvp(conv: nn.Conv1d, window: Tensor, dwindow: Tensor, u: Tensor,
+                  du: Tensor | None) -> tuple[Tensor, Tensor]:
+    """silu(:func:`conv_pre`) and its tangents for window tangents dwindow (m, …, C, K−1) and input
+    tangents du (m, …, C) or None (no tangent)."""
+    w = conv.weight[:, 0, :]
+    pre = conv_pre(conv, window, u)
+    dpre = (dwindow * w[:, :-1]).sum(-1) + (0 if du is None else du * w[:, -1])
+    return F.silu(pre), dpre * silu_grad(pre)
+
+
+def shift_window_jvp(new: Tensor, dnew: Tensor, window: Tensor, dwindow: Tensor, u: Tensor,
+                     du: Tensor | None) -> None:
+    """Write window' = [window[1:], u] and its tangents into ``new`` (…, C, K−1) and ``dnew``."""
+    new[..., :-1], new[..., -1] = window[..., 1:], u
+    dnew[..., :-1] = dwindow[..., 1:]
+    dnew[..., -1] = 0 if du is None else du
+
+
+def conv_silu_vjp(conv: nn.Conv1d, pre: Tensor, g_c: Tensor, g_new: Tensor, g_window: Tensor) -> Tensor:
+    """The reverse of a conv step and its window shift: cotangents g_c (r, …, C) on silu(pre) and g_new
+    (r, …, C, K−1) on window'; writes the window's cotangent into ``g_window`` (r, …, C, K−1) and returns
+    the new input's (r, …, C)."""
+    w = conv.weight[:, 0, :]
+    g_pre = g_c * silu_grad(pre)
+    torch.mul(g_pre[..., None], w[:, :-1], out=g_window)
+    g_window[..., 1:] += g_new[..., :-1]  # window' = (window[1:], u)
+    return g_pre * w[:, -1] + g_new[..., -1]
+
+
 def rms_vjp(x: Tensor, g: Tensor, eps: float) -> Tensor:
     """g · ∂rms(x)/∂x for rows g (…, n) broadcasting against x (the Jacobian is symmetric: the same
     formula as :func:`rms_jvp`'s tangent)."""

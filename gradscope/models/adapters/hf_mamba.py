@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, hf_forward, linear_jvp, rms,
-                                            rms_jvp, rms_vjp, shift_blocks)
+from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_pre, conv_silu_jvp,
+                                            conv_silu_vjp, hf_forward, linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
+                                            shift_window_jvp, silu_grad)
 from gradscope.models.core import generic_step_cotangents, generic_step_tangents
 
 TOLERANCE = 1e-4
@@ -138,13 +139,7 @@ class HFMambaCore(LibraryCore):
             ug, dug = linear_jvp(mx.in_proj, hn, dhn)
             u, g = ug.chunk(2, dim=-1)
             du, dg = (None, None) if dug is None else dug.chunk(2, dim=-1)
-            w = mx.conv1d.weight[:, 0, :]  # (I, K): the window's K − 1 inputs, then u
-            pre = (window * w[:, :-1]).sum(-1) + u * w[:, -1]
-            dpre = (dwindow * w[:, :-1]).sum(-1) + (0 if du is None else du * w[:, -1])
-            if mx.conv1d.bias is not None:
-                pre = pre + mx.conv1d.bias
-            sig = torch.sigmoid(pre)
-            c, dc = pre * sig, dpre * (sig * (1 + pre * (1 - sig)))  # silu and its derivative
+            c, dc = conv_silu_jvp(mx.conv1d, window, dwindow, u, du)
             proj, dproj = linear_jvp(mx.x_proj, c, dc)
             dt, Bm, Cm = torch.split(proj, [self.R, N, N], dim=-1)
             ddt, dBm, dCm = torch.split(dproj, [self.R, N, N], dim=-1)
@@ -167,15 +162,11 @@ class HFMambaCore(LibraryCore):
             ds.addcmul_(dtc[..., None], dBm[:, :, None, :])
             out = (s @ Cm[..., None])[..., 0] + mx.D * c
             dout = (ds @ Cm[..., None])[..., 0] + (s @ dCm[..., None])[..., 0] + mx.D * dc
-            sg = torch.sigmoid(g)
-            gate = g * sg
-            dgated = dout * gate if dg is None else dout * gate + out * (dg * (sg * (1 + g * (1 - sg))))
+            gate = F.silu(g)
+            dgated = dout * gate if dg is None else dout * gate + out * (dg * silu_grad(g))
             res, dres = linear_jvp(mx.out_proj, out * gate, dgated)
             h, dh = h + res, dres if dh is None else dh + dres
-            new_window, dnew_window = z_out[:, sc].view(B, I, K - 1), dz_out[:, :, sc].view(m, B, I, K - 1)
-            new_window[..., :-1], new_window[..., -1] = window[..., 1:], u
-            dnew_window[..., :-1] = dwindow[..., 1:]
-            dnew_window[..., -1] = 0 if du is None else du
+            shift_window_jvp(z_out[:, sc].view(B, I, K - 1), dz_out[:, :, sc].view(m, B, I, K - 1), window, dwindow, u, du)
         f = self.model.norm_f
         y, dy = rms_jvp(h, dh, f.variance_epsilon)
         return y * f.weight, z_out, dy * f.weight, dz_out
@@ -203,10 +194,7 @@ class HFMambaCore(LibraryCore):
             s_prev = z[:, self._slices[f"l{i}/ssm"]].reshape(B, I, N)
             hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
             u, g = mx.in_proj(hn).chunk(2, dim=-1)
-            w = mx.conv1d.weight[:, 0, :]
-            pre = (window * w[:, :-1]).sum(-1) + u * w[:, -1]
-            if mx.conv1d.bias is not None:
-                pre = pre + mx.conv1d.bias
+            pre = conv_pre(mx.conv1d, window, u)
             c = F.silu(pre)
             raw = torch.split(mx.x_proj(c), [self.R, N, N], dim=-1)
             dt, Bm, Cm = raw
@@ -235,9 +223,8 @@ class HFMambaCore(LibraryCore):
                 g_total = g_s
             else:
                 g_gated = F.linear(g_h, mx.out_proj.weight.t())  # (r, B, I)
-                sg = torch.sigmoid(g)
-                g_out = g_gated * (g * sg)
-                g_g = g_gated * out * (sg * (1 + g * (1 - sg)))
+                g_out = g_gated * F.silu(g)
+                g_g = g_gated * out * silu_grad(g)
                 g_total = g_s + g_out[..., None] * Cm[:, None, :]  # on s: from z' and from the output
             g_prev = gz_out[:, :, ss].view(r, B, I, N)
             torch.mul(g_total, dA, out=g_prev)
@@ -257,13 +244,7 @@ class HFMambaCore(LibraryCore):
                 g_Bm = rms_vjp(raw[1], g_Bm, mx.b_layernorm.eps)
                 g_Cm = rms_vjp(raw[2], g_Cm, mx.c_layernorm.eps)
             g_c = g_c + F.linear(torch.cat([g_dtr, g_Bm, g_Cm], dim=-1), mx.x_proj.weight.t())
-            sig = torch.sigmoid(pre)
-            g_pre = g_c * (sig * (1 + pre * (1 - sig)))
-            w = mx.conv1d.weight[:, 0, :]
-            g_win = gz_out[:, :, sc].view(r, B, I, K - 1)
-            torch.mul(g_pre[..., None], w[:, :-1], out=g_win)
-            g_win[..., 1:] += g_win_new[..., :-1]  # window' = (window[1:], u)
-            g_u = g_pre * w[:, -1] + g_win_new[..., -1]
+            g_u = conv_silu_vjp(mx.conv1d, pre, g_c, g_win_new, gz_out[:, :, sc].view(r, B, I, K - 1))
             g_ug = torch.cat([g_u, g_g if g_g is not None else torch.zeros_like(g_u)], dim=-1)
             g_hn = F.linear(g_ug, mx.in_proj.weight.t()) * block.norm.weight
             g_in = rms_vjp(h, g_hn, block.norm.variance_epsilon)

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, hf_forward, linear_jvp, rms,
-                                            rms_jvp, rms_vjp, shift_blocks)
+from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_pre, conv_silu_jvp,
+                                            conv_silu_vjp, hf_forward, linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
+                                            shift_window_jvp, silu_grad)
 
 TOLERANCE = 1e-4
 SILU = ("silu", "swish")
@@ -163,13 +164,7 @@ class HFMamba2Core(LibraryCore):
             proj, dproj = linear_jvp(mx.in_proj, hn, dhn)
             g, xbc, raw = torch.split(proj, [I, C, H], dim=-1)
             dg, dxbc, draw = (None, None, None) if dproj is None else torch.split(dproj, [I, C, H], dim=-1)
-            w = mx.conv1d.weight[:, 0, :]  # (C, K): the window's K − 1 inputs, then xBC
-            pre = (window * w[:, :-1]).sum(-1) + xbc * w[:, -1]
-            dpre = (dwindow * w[:, :-1]).sum(-1) + (0 if dxbc is None else dxbc * w[:, -1])
-            if mx.conv1d.bias is not None:
-                pre = pre + mx.conv1d.bias
-            sig = torch.sigmoid(pre)
-            c, dc = pre * sig, dpre * (sig * (1 + pre * (1 - sig)))  # silu and its derivative
+            c, dc = conv_silu_jvp(mx.conv1d, window, dwindow, xbc, dxbc)
             xs, Bm, Cm = torch.split(c, [I, G * N, G * N], dim=-1)
             dxs, dBm, dCm = torch.split(dc, [I, G * N, G * N], dim=-1)
             dt, slope = self._dt(mx, raw)
@@ -193,18 +188,15 @@ class HFMamba2Core(LibraryCore):
             y = torch.linalg.vecdot(s, Cr) + mx.D[:, None] * xh  # (B, H, P)
             sdC = s.reshape(B, G, -1, N) @ dCm.reshape(m, B, G, N).permute(1, 2, 3, 0)  # a group's heads at once
             dy = torch.linalg.vecdot(ds, Cr) + sdC.reshape(B, H, P, m).permute(3, 0, 1, 2) + mx.D[:, None] * dxh
-            sg = torch.sigmoid(g)
-            gate = g * sg
+            gate = F.silu(g)
             y, dy = y.reshape(B, I), dy.reshape(m, B, I)
             yg = y * gate
-            dyg = dy * gate if dg is None else dy * gate + y * (dg * (sg * (1 + g * (1 - sg))))
+            dyg = dy * gate if dg is None else dy * gate + y * (dg * silu_grad(g))
             yn, dyn = rms_jvp(yg.reshape(B, G, I // G), dyg.reshape(m, B, G, I // G), mx.norm.variance_epsilon)
             res, dres = linear_jvp(mx.out_proj, yn.reshape(B, I) * mx.norm.weight, dyn.reshape(m, B, I) * mx.norm.weight)
             h, dh = h + res, dres if dh is None else dh + dres
-            new_window, dnew_window = z_out[:, sc].view(B, C, K - 1), dz_out[:, :, sc].view(m, B, C, K - 1)
-            new_window[..., :-1], new_window[..., -1] = window[..., 1:], xbc
-            dnew_window[..., :-1] = dwindow[..., 1:]
-            dnew_window[..., -1] = 0 if dxbc is None else dxbc
+            shift_window_jvp(z_out[:, sc].view(B, C, K - 1), dz_out[:, :, sc].view(m, B, C, K - 1), window, dwindow,
+                             xbc, dxbc)
         f = self.model.norm_f
         y, dy = rms_jvp(h, dh, f.variance_epsilon)
         return y * f.weight, z_out, dy * f.weight, dz_out
@@ -228,10 +220,7 @@ class HFMamba2Core(LibraryCore):
             s_prev = z[:, self._slices[f"l{i}/ssm"]].reshape(B, H, P, N)
             hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
             g, xbc, raw = torch.split(mx.in_proj(hn), [I, C, H], dim=-1)
-            w = mx.conv1d.weight[:, 0, :]
-            pre = (window * w[:, :-1]).sum(-1) + xbc * w[:, -1]
-            if mx.conv1d.bias is not None:
-                pre = pre + mx.conv1d.bias
+            pre = conv_pre(mx.conv1d, window, xbc)
             xs, Bm, Cm = torch.split(F.silu(pre), [I, G * N, G * N], dim=-1)
             dt, slope = self._dt(mx, raw)
             negA = -torch.exp(mx.A_log)
@@ -259,9 +248,8 @@ class HFMamba2Core(LibraryCore):
                 g_yn = F.linear(g_h, mx.out_proj.weight.t()) * mx.norm.weight  # (r, B, I)
                 g_yg = rms_vjp(yg.reshape(B, G, I // G), g_yn.reshape(r, B, G, I // G),
                                  mx.norm.variance_epsilon).reshape(r, B, I)
-                sg = torch.sigmoid(g)
-                g_y = (g_yg * (g * sg)).reshape(r, B, H, P)
-                g_g = g_yg * y * (sg * (1 + g * (1 - sg)))
+                g_y = (g_yg * F.silu(g)).reshape(r, B, H, P)
+                g_g = g_yg * y * silu_grad(g)
                 g_total = torch.addcmul(g_s, g_y[..., None], Ch[:, :, None, :])  # on s': from z' and the output
             # every product below is one pass over the (r, B, H, P, N) rows (no permuted copies)
             torch.mul(g_total, a[..., None, None], out=gz_out[:, :, ss].view(r, B, H, P, N))
@@ -276,13 +264,7 @@ class HFMamba2Core(LibraryCore):
             else:
                 g_Cm = torch.zeros_like(g_Bm)
             g_c = torch.cat([g_xh.reshape(r, B, I), g_Bm.reshape(r, B, G * N), g_Cm.reshape(r, B, G * N)], dim=-1)
-            sig = torch.sigmoid(pre)
-            g_pre = g_c * (sig * (1 + pre * (1 - sig)))
-            w = mx.conv1d.weight[:, 0, :]
-            g_win = gz_out[:, :, sc].view(r, B, C, K - 1)
-            torch.mul(g_pre[..., None], w[:, :-1], out=g_win)
-            g_win[..., 1:] += g_win_new[..., :-1]  # window' = (window[1:], xBC)
-            g_xbc = g_pre * w[:, -1] + g_win_new[..., -1]
+            g_xbc = conv_silu_vjp(mx.conv1d, pre, g_c, g_win_new, gz_out[:, :, sc].view(r, B, C, K - 1))
             g_proj = torch.cat([g_g if g_g is not None else g_xbc.new_zeros(r, B, I), g_xbc, g_dt * slope], dim=-1)
             g_hn = F.linear(g_proj, mx.in_proj.weight.t()) * block.norm.weight
             g_in = rms_vjp(h, g_hn, block.norm.variance_epsilon)
