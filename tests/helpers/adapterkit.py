@@ -271,3 +271,19 @@ def check_changed_mixer_refused(model: torch.nn.Module) -> None:
         assert "disagree" in str(err) and "\n" not in str(err)
     else:
         raise AssertionError("a changed mixer was not refused")
+
+
+def check_own_step_tangents(core: torch.nn.Module, x: Tensor, z: Tensor, dz: Tensor) -> None:
+    """A core's own ``step_tangents`` against ``torch.func`` (float64, to 1e-12): returned, and written into
+    given buffers (NaN-filled, so an entry left unwritten fails) that come back as the outputs."""
+    from gradscope.models.core import generic_step_tangents, step_tangents
+
+    with torch.no_grad():
+        ref = generic_step_tangents(core, x, z, dz)
+        ours = step_tangents(core, x, z, dz)
+        out = (torch.full_like(z, float("nan")), torch.full_like(dz, float("nan")))
+        into = step_tangents(core, x, z, dz, out=out)
+    for a, b, c in zip(ours, ref, into):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-13)
+    assert into[1] is out[0] and into[3] is out[1]

@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 import gradscope  # noqa: E402
 from tests.helpers.adapterkit import (Family, check_changed_mixer_refused, check_gradient_flow,  # noqa: E402
-                                      check_lyapunov_sum, check_stability, check_state_jacobian,
+                                      check_lyapunov_sum, check_own_step_tangents, check_stability,
+                                      check_state_jacobian,
                                       conv_cache_family, probes)
 
 
@@ -152,21 +153,12 @@ def test_hand_derived_step_tangents_equal_torch_func(falcon: bool, monkeypatch) 
     jvp_products against the exact J from the reverse engine)."""
     from gradscope.analysis.jacobian import jvp_products, state_jacobian
     from gradscope.models.adapters.hf_mamba import HFMambaCore
-    from gradscope.models.core import generic_step_tangents, step_tangents
 
     wrapped = gradscope.wrap(tiny(falcon))
     core = wrapped.core
     gen = torch.Generator().manual_seed(7)
     x, z, dz = _step_point(core, 4, gen)
-    with torch.no_grad():
-        ref = generic_step_tangents(core, x, z, dz)
-        ours = step_tangents(core, x, z, dz)
-        out = (torch.full_like(z, float("nan")), torch.full_like(dz, float("nan")))
-        into = step_tangents(core, x, z, dz, out=out)
-    for a, b, c in zip(ours, ref, into):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
-        torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-13)
-    assert into[1] is out[0] and into[3] is out[1]
+    check_own_step_tangents(core, x, z, dz)
     seq = tokens(5)
     V = torch.randn(B, 3, core.state_dim, generator=gen, dtype=torch.float64)
     _, P = jvp_products(wrapped, seq, 2, V)

@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 import gradscope  # noqa: E402
 from gradscope.errors import GradscopeError  # noqa: E402
 from tests.helpers.adapterkit import (Family, check_changed_mixer_refused, check_gradient_flow,  # noqa: E402
-                                      check_lyapunov_sum, check_stability, check_state_jacobian,
+                                      check_lyapunov_sum, check_own_step_tangents, check_stability,
+                                      check_state_jacobian,
                                       conv_cache_family, probes)
 
 B, T, V = 3, 6, 20
@@ -222,8 +223,7 @@ def test_hand_derived_step_products_equal_torch_func(limit, monkeypatch) -> None
     from gradscope.analysis.estimators import flow_hutchinson
     from gradscope.analysis.jacobian import jvp_products, state_jacobian
     from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
-    from gradscope.models.core import (generic_step_cotangents, generic_step_tangents, scan, step_cotangents,
-                                       step_tangents)
+    from gradscope.models.core import generic_step_cotangents, scan, step_cotangents
 
     wrapped = gradscope.wrap(tiny() if limit is None else tiny(time_step_limit=limit))
     core = wrapped.core
@@ -236,15 +236,7 @@ def test_hand_derived_step_products_equal_torch_func(limit, monkeypatch) -> None
         raw = torch.split(m.in_proj(torch.randn(B, HIDDEN, dtype=torch.float64)), [core.I, core.C, core.H], -1)[2]
         dt = torch.nn.functional.softplus(raw + m.dt_bias)
         assert ((dt < limit[0]) | (dt > limit[1])).any() and ((dt > limit[0]) & (dt < limit[1])).any()
-    with torch.no_grad():
-        ref = generic_step_tangents(core, x, z, dz)
-        ours = step_tangents(core, x, z, dz)
-        out = (torch.full_like(z, float("nan")), torch.full_like(dz, float("nan")))
-        into = step_tangents(core, x, z, dz, out=out)
-    for a, b, c in zip(ours, ref, into):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
-        torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-13)
-    assert into[1] is out[0] and into[3] is out[1]
+    check_own_step_tangents(core, x, z, dz)
     torch.testing.assert_close(step_cotangents(core, x, z, dz), generic_step_cotangents(core, x, z, dz),
                                rtol=1e-12, atol=1e-13)
     seq = tokens(5)
