@@ -357,9 +357,11 @@ def _result(exps: Tensor, flags: Tensor, running: list[Tensor], running_steps: l
 
 def _repeat(blk: StateBlock) -> int:
     """How many state entries each value of a block's accumulator stands for: a repeated diagonal's group
-    (``size``), a complex mode's two real entries, else 1 (per-head and dense blocks: one value an entry)."""
+    (``size``), a repeated block's copies (``repeat``), a complex mode's two real entries, else 1."""
     if blk.form == "diagonal":
         return blk.size
+    if blk.form == "block_diagonal":
+        return blk.repeat
     return 2 if blk.form == "complex_diagonal" else 1
 
 
@@ -376,8 +378,8 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             n = blk.width
             frames.append(torch.eye(n, dtype=qr_dtype, device=dev).expand(B, n, n).contiguous())
             accs.append(_Accumulator((B, n), n, qr_dtype, dev, batches))
-        elif blk.form == "block_diagonal":
-            h, s = blk.width // blk.size, blk.size
+        elif blk.form == "block_diagonal":  # one frame a distinct block: a repeated block's copies share it
+            h, s = blk.width // (blk.size * blk.repeat), blk.size
             frames.append(torch.eye(s, dtype=qr_dtype, device=dev).expand(B, h, s, s).contiguous())
             accs.append(_Accumulator((B, h, s), s, qr_dtype, dev, batches))
         else:
@@ -418,9 +420,11 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
                         if log_det is not None:  # a complex mode counts twice on the real view
                             log_det += float(_repeat(blk)) * logs.sum(-1)
                 else:
+                    if blk.form == "block_diagonal" and blk.repeat > 1:  # a repeated block's first copy
+                        d = d.reshape(d.shape[0], -1, blk.repeat, blk.size, blk.size)[:, :, 0]
                     dq = d.to(qr_dtype)
                     if log_det is not None and counted_step:
-                        log_det += torch.linalg.slogdet(dq.double()).logabsdet.reshape(B, -1).sum(-1)
+                        log_det += _repeat(blk) * torch.linalg.slogdet(dq.double()).logabsdet.reshape(B, -1).sum(-1)
                     products[i] = dq @ (frames[i] if t == start else products[i])
             z = z_next
         for i, blk in enumerate(structure.blocks):
@@ -461,7 +465,7 @@ def lyapunov_flops(D: int, k: int, B: int, T: int, structure: JacobianStructure 
             if blk.form == "dense":
                 per += n * n + 2 * n ** 3 + 8 / 3 * n ** 3
             elif blk.form == "block_diagonal":
-                per += (n // blk.size) * (2 + 8 / 3) * blk.size ** 3
+                per += (n // (blk.size * blk.repeat)) * (2 + 8 / 3) * blk.size ** 3
             else:
                 per += 4 * n
         return float(B) * T * per

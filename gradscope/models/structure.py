@@ -10,7 +10,10 @@ has a *form*:
 - ``complex_diagonal``: complex diagonal on the real view: coordinates (2m, 2m+1) hold the real and
   imaginary parts of mode m, and the block is a 2 × 2 rotation-scaling [[a, −b], [b, a]] per mode
   (S4D, with dA = a + ib);
-- ``block_diagonal``: ``size`` × ``size`` blocks along the diagonal, one per head (mLSTM-style).
+- ``block_diagonal``: ``size`` × ``size`` blocks along the diagonal, one per head (mLSTM-style); with
+  ``repeat`` > 1, each run of ``repeat`` consecutive blocks is one block repeated: M_t ⊗ I, as the gated
+  delta rule's S_t = M_t S_{t−1} + … acts on a head's d_v columns of d_k (the state laid out (d_v, d_k)
+  per head), so its exponents are the d_k of M's cocycle, each with multiplicity d_v.
 
 A core says so with ``jacobian_structure()`` and gives the compact diagonal blocks with
 ``diagonal_blocks(x, z)``: one tensor per block, (B, n) real for ``diagonal``, (B, n/2) complex for
@@ -46,6 +49,7 @@ class StateBlock:
     form: str = "dense"
     size: int = 1  # block_diagonal: the width of each head's block; diagonal: how many consecutive entries
     # share one value (a scalar per head, e.g. Mamba-2's exp(Δ_h A_h) over a head's P·N entries)
+    repeat: int = 1  # block_diagonal: how many consecutive blocks are the same block (M_t ⊗ I_repeat)
 
     def __post_init__(self) -> None:
         check(self.form in FORMS, f"form: got {self.form!r}; valid forms are {', '.join(FORMS)}")
@@ -57,6 +61,9 @@ class StateBlock:
               f"block {self.name}: {self.form} size {self.size} does not divide its width {n}")
         check(self.form in ("block_diagonal", "diagonal") or self.size == 1,
               f"block {self.name}: a {self.form} block takes no size; got {self.size}")
+        check(self.repeat >= 1 and (self.repeat == 1 or (self.form == "block_diagonal" and n % (self.size * self.repeat) == 0)),
+              f"block {self.name}: repeat {self.repeat} needs a block_diagonal block whose width {n} is a multiple "
+              f"of size × repeat")
 
     @property
     def width(self) -> int:
@@ -95,7 +102,7 @@ class JacobianStructure:
         layers named ``l0/…``, ``l1/…`` with the same blocks each are said once (``24 layers × (conv
         block_diagonal(3), ssm diagonal)``), so a real-size model's plan stays one readable line."""
         def one(name: str, b: StateBlock) -> str:
-            return f"{name} {b.form}" + (f"({b.size})" if b.form == "block_diagonal" else
+            return f"{name} {b.form}" + (f"({b.size}{f', ×{b.repeat}' if b.repeat > 1 else ''})" if b.form == "block_diagonal" else
                                          f"(×{b.size})" if b.form == "diagonal" and b.size > 1 else "")
 
         parts = ", ".join(one(b.name, b) for b in self.blocks)

@@ -172,7 +172,8 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
             if b.form == "dense":
                 per += 2.0 * w ** 3 * (MATMUL64 * c) + c * qr_seconds(w, w)
             elif b.form == "block_diagonal":
-                per += (w // b.size) * (2.0 * b.size ** 3 * (MATMUL64 * c) + c * qr_seconds(b.size, b.size)) + (ELEMENT * c) * w * b.size
+                per += (w // (b.size * b.repeat)) * (2.0 * b.size ** 3 * (MATMUL64 * c) + c * qr_seconds(b.size, b.size)) \
+                    + (ELEMENT * c) * w * b.size / b.repeat  # the distinct blocks, converted for the QR
             else:  # a repeated diagonal's accumulator holds one value a group
                 per += (ELEMENT * c) * 4 * (w // (b.size if b.form == "diagonal" else 1))
         return m * S * per + S * shape.overhead  # one step call a step (3 before issue #47: 6× long on minGRU)
@@ -197,7 +198,7 @@ def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int
         lyap_square, frame = D * D, D * e
     else:  # the structured engine: each block's own frame, never D × D
         lyap_square = sum(b.width * (b.width if b.form == "dense" else b.size if b.form == "block_diagonal" else 1)
-                          // (b.size if b.form == "diagonal" else 1) for b in s.blocks)  # a group's one value
+                          // (b.size if b.form == "diagonal" else b.repeat) for b in s.blocks)  # a group's one value
         frame = lyap_square
     rows = chunk * (3 * H * D if flow_method != "structured" else 2 * H * D)
     work = {"flow": chunk * T * (D + 2) + rows + (chunk * D * D if flow_method == "jacobian" else 0),

@@ -311,3 +311,69 @@ def test_a_repeated_diagonal_is_declared_checked_and_described() -> None:
         StateBlock("ssm", 0, 32, "diagonal", 5)
     with pytest.raises(GradscopeError, match="takes no size"):
         StateBlock("z", 0, 32, "dense", 4)
+
+
+class GatedDelta(Core):
+    """The gated delta rule, one layer: per head S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ
+    (k_t unit-norm; α, β ∈ (0, 1) read from the input), output S_tᵀ q_t. The state is laid out (heads,
+    d_v, d_k): row j of Sᵀ evolves by M_t = α_t (I − β_t k_t k_tᵀ), so J_t's own block is M_t ⊗ I_{d_v}:
+    block_diagonal of size d_k, each head's d_v copies one block (``repeat``). The blocks come from the
+    generic dense J (every copy), so the engine's reading of one copy a head is what is tested."""
+
+    name = "gated-delta-test"
+    gate_names = ("step",)
+
+    def __init__(self, heads: int, dk: int, dv: int, inputs: int, repeat: int | None = None) -> None:
+        super().__init__()
+        g = _gen(11)
+        self.h, self.dk, self.dv = heads, dk, dv
+        self.Wk = nn.Parameter(torch.randn(heads * dk, inputs, generator=g, dtype=F64))
+        self.Wq = nn.Parameter(torch.randn(heads * dk, inputs, generator=g, dtype=F64))
+        self.Wv = nn.Parameter(torch.randn(heads * dv, inputs, generator=g, dtype=F64))
+        self.Wab = nn.Parameter(torch.randn(2 * heads, inputs, generator=g, dtype=F64))
+        self.state_dim, self.out_dim = heads * dv * dk, heads * dv
+        self.repeat = dv if repeat is None else repeat
+
+    def step(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B = x.shape[0]
+        k = torch.nn.functional.normalize((x @ self.Wk.T).view(B, self.h, self.dk), dim=-1)
+        q = (x @ self.Wq.T).view(B, self.h, self.dk)
+        v = (x @ self.Wv.T).view(B, self.h, self.dv)
+        alpha, beta = torch.sigmoid(x @ self.Wab.T).view(B, 2, self.h).unbind(1)
+        X = z.view(B, self.h, self.dv, self.dk)  # Sᵀ per head
+        Xk = X @ k[..., None]  # (B, h, d_v, 1)
+        new = alpha[..., None, None] * (X - beta[..., None, None] * Xk * k[:, :, None, :]) \
+            + (beta[..., None] * v)[..., None] * k[:, :, None, :]
+        return (new @ q[..., None])[..., 0].reshape(B, -1), new.reshape(B, -1)
+
+    def jacobian_structure(self) -> JacobianStructure:
+        return JacobianStructure((StateBlock("s", 0, self.state_dim, "block_diagonal", self.dk, self.repeat),))
+
+
+def test_the_gated_delta_rule_as_a_repeated_block_equals_a_dense_qr_of_its_full_step_jacobian() -> None:
+    """Issue #49 part 1: M_t ⊗ I declared as a repeated block: the structured engine QRs one d_k × d_k
+    cocycle a head and counts each exponent d_v times; equal to Benettin/QR on the full D × D step
+    Jacobian (float64), and to the same structure declared without the repeat (every copy its own QR)."""
+    core = GatedDelta(heads=2, dk=3, dv=4, inputs=5)
+    x = torch.randn(2, 300, 5, generator=_gen(12), dtype=F64)
+    res = lyapunov_spectrum(core, x, warmup=20, sum_check=True)
+    assert res.engine == "structured" and "block_diagonal(3, ×4)" in res.structure
+    dense = lyapunov_spectrum(core, x, warmup=20, engine="dense", sum_check=True)
+    torch.testing.assert_close(res.exponents, dense.exponents, rtol=0, atol=1e-10)
+    torch.testing.assert_close(res.log_det_mean, dense.log_det_mean, rtol=1e-12, atol=1e-12)
+    unrepeated = lyapunov_spectrum(GatedDelta(heads=2, dk=3, dv=4, inputs=5, repeat=1), x, warmup=20)
+    torch.testing.assert_close(res.exponents, unrepeated.exponents, rtol=0, atol=1e-12)
+    for b in range(2):  # every value d_v times: 2 heads × 3 distinct exponents, each 4 times
+        values, counts = res.exponents[b].unique_consecutive(return_counts=True)
+        assert len(values) == 6 and (counts == 4).all()
+    part = lyapunov_spectrum(core, x, warmup=20, exponents=10)  # the top k of a repeated spectrum
+    torch.testing.assert_close(part.exponents, res.exponents[:, :10], rtol=0, atol=0)
+    assert part.running.shape[-1] == 10
+
+
+def test_a_repeat_needs_a_block_diagonal_block_it_tiles() -> None:
+    with pytest.raises(GradscopeError, match="repeat 2 needs a block_diagonal"):
+        StateBlock("s", 0, 8, "diagonal", 1, 2)
+    with pytest.raises(GradscopeError, match="multiple of size × repeat"):
+        StateBlock("s", 0, 12, "block_diagonal", 2, 4)
+    assert StateBlock("s", 0, 16, "block_diagonal", 2, 4).repeat == 4

@@ -67,6 +67,25 @@ def test_lyapunov_memory_uses_the_declared_structure() -> None:
     assert plan_bytes(plan, 1, 4, shape) < 8 * 2**30  # 62,808.7 GB before: D × D
 
 
+def test_a_repeated_block_is_priced_and_held_once_a_run() -> None:
+    """A gated-delta-rule-size block (heads of M_t ⊗ I: d_k = 128, d_v = 128, 16 heads): declared with
+    its repeat, the Lyapunov estimate prices one 128 × 128 QR a head, not d_v of them, and holds one
+    frame a head; the same state declared without the repeat costs d_v = 128 times as much in QRs (here
+    23× the whole estimate, the step's own cost included)."""
+    from gradscope.workflows.dynamics_cost import lyapunov_seconds, part_bytes
+
+    def shape(repeat: int) -> CoreShape:
+        structure = JacobianStructure((StateBlock("s", 0, 16 * 128 * 128, "block_diagonal", 128, repeat),))
+        return CoreShape(structure.state_dim, 2048, 2048, 1, structure, 2.0 * 1e8, False)
+
+    once, every = shape(128), shape(1)
+    t1, t128 = lyapunov_seconds(once, 1, 100, once.D), lyapunov_seconds(every, 1, 100, every.D)
+    assert 10 < t128 / t1 <= 128  # the QRs go from 2,048 to 16 a step; the step itself costs the same
+    kw = dict(n=1, T=4, grid_sequences=1, sv=1, trajectories=1, steps=100, exponents=once.D, flow_method="estimate")
+    work1, work128 = part_bytes(once, **kw)[0]["lyapunov"], part_bytes(every, **kw)[0]["lyapunov"]
+    assert work1 < work128
+
+
 def test_a_block_triangular_sample_is_estimated_matrix_free_with_error_bars_stored(tmp_path) -> None:
     """The shipped Mamba sample (D = 1,536, block-triangular): grid, step singular values and ‖J_t‖_F
     would form D × D (minutes); the plan estimates them from JVPs and the store keeps their errors."""
