@@ -246,6 +246,17 @@ MARGIN = 3.0
 HALF_CAP = 1e-2  # half precision is not measured: the eps-scaled bound would be vacuous there, so capped
 
 
+def adapt_backbone(model: nn.Module, core: Callable[[nn.Module], LibraryCore], family: str,
+                   tolerance: float) -> Adapted:
+    """The adapter of a transformers ``…ForCausalLM``/``…Model`` whose backbone has ``layers``, ``norm_f``
+    and ``embeddings`` (the Mamba families): ``core`` of the backbone, its embedding, the LM head if any."""
+    backbone = getattr(model, "backbone", model)
+    check(hasattr(backbone, "layers") and hasattr(backbone, "norm_f"),
+          f"model: {type(model).__name__} has no {family} backbone (layers, norm_f)")
+    return Adapted(core(backbone), TokenMap(backbone.embeddings), getattr(model, "lm_head", None),
+                   hf_forward(model), tolerance)
+
+
 def agreement_tolerance(depth: int, dtype: torch.dtype, floor: float = 0.0) -> float:
     """Relative tolerance of the wrap-time comparison with the library for a model of ``depth``
     layers whose weights are ``dtype``: MARGIN · ERROR_COEF · eps · depth^1.5 (eps: of ``dtype``, at

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_pre, conv_silu_jvp,
-                                            conv_silu_vjp, hf_forward, linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
+from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, adapt_backbone, conv_pre, conv_silu_jvp,
+                                            conv_silu_vjp, linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
                                             shift_window_jvp, silu_grad)
 from gradscope.models.core import generic_step_cotangents, generic_step_tangents
 
@@ -253,11 +253,7 @@ class HFMambaCore(LibraryCore):
 
 def adapt(model: nn.Module) -> Adapted:
     """The adapter of a ``MambaForCausalLM``/``MambaModel`` (or Falcon-Mamba)."""
-    backbone = getattr(model, "backbone", model)
-    check(hasattr(backbone, "layers") and hasattr(backbone, "norm_f"),
-          f"model: {type(model).__name__} has no Mamba backbone (layers, norm_f)")
-    return Adapted(HFMambaCore(backbone), TokenMap(backbone.embeddings), getattr(model, "lm_head", None),
-                   hf_forward(model), TOLERANCE)
+    return adapt_backbone(model, HFMambaCore, "Mamba", TOLERANCE)
 
 
 __all__ = ["HFMambaCore", "TOLERANCE", "adapt"]

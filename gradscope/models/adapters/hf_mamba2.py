@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_pre, conv_silu_jvp,
-                                            conv_silu_vjp, hf_forward, linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
+from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, adapt_backbone, conv_pre, conv_silu_jvp,
+                                            conv_silu_vjp, linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
                                             shift_window_jvp, silu_grad)
 
 TOLERANCE = 1e-4
@@ -272,14 +272,9 @@ class HFMamba2Core(LibraryCore):
         return gz_out
 
 
-
 def adapt(model: nn.Module) -> Adapted:
     """The adapter of a ``Mamba2ForCausalLM``/``Mamba2Model``."""
-    backbone = getattr(model, "backbone", model)
-    check(hasattr(backbone, "layers") and hasattr(backbone, "norm_f"),
-          f"model: {type(model).__name__} has no Mamba-2 backbone (layers, norm_f)")
-    return Adapted(HFMamba2Core(backbone), TokenMap(backbone.embeddings), getattr(model, "lm_head", None),
-                   hf_forward(model), TOLERANCE)
+    return adapt_backbone(model, HFMamba2Core, "Mamba-2", TOLERANCE)
 
 
 __all__ = ["HFMamba2Core", "TOLERANCE", "adapt"]
