@@ -232,7 +232,7 @@ def running_every(counted: int, k: int, every: int = 10) -> int:
     """The running estimate's interval over ``counted`` steps for ``k`` exponents: ``every``, widened to a
     multiple of it when the history (one snapshot of k an interval) would pass :data:`RUNNING_NUMBERS` a
     trajectory. Every model with k × counted/every below 33.5 M keeps every ``every`` steps; mamba2-130m's
-    4.8 M exponents over 1,000 steps are kept every 170."""
+    4.8 M exponents over 1,000 steps are kept every 200."""
     snapshots = max(1, RUNNING_NUMBERS // max(k, 1) - 1)  # the end adds one
     need = -(-counted // snapshots)  # the least interval that fits
     return max(every, -(-need // every) * every)
@@ -268,7 +268,8 @@ def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: i
     A block of k = ``reorth`` steps resolves exponent i only while (λ_1 − λ_i)·k stays well below
     −log(eps) (36 in float64, 16 in float32): keep k = 1 for wide spectra.
     checkpoint_every: the running estimate every that many counted steps (rounded up to a QR) and at
-    the end, widened by :func:`running_every` when the history of k exponents would be large. sum_check: also the mean log|det J_t| (float64 LU of each J_t, or of each block).
+    the end, widened by :func:`running_every` when the history of k exponents would be large.
+    sum_check: also the mean log|det J_t| (float64 LU of each J_t, or of each block).
     batches: blocks of the counted window for the batch-means error bars and the drift test (module
     docstring; fewer when the window has fewer QRs).
 
@@ -392,11 +393,10 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
     def flat(values: list[Tensor]) -> Tensor:  # per-block (B, …) → (B, D) in state order
         return torch.cat([v.reshape(B, -1) for v in values], dim=-1)
 
-    def expanded(i: int, v: Tensor) -> Tensor:  # complex modes count twice on the real view; a repeated
-        r = _repeat(structure.blocks[i])            # diagonal's one value stands for its whole group
-        return v.reshape(B, -1) if r == 1 else v.reshape(B, -1).repeat_interleave(r, dim=-1)
-
     reps = [_repeat(b) for b in structure.blocks]  # each accumulator value's multiplicity in the state
+
+    def expanded(i: int, v: Tensor) -> Tensor:  # each accumulator value once per state entry it stands for
+        return v.reshape(B, -1) if reps[i] == 1 else v.reshape(B, -1).repeat_interleave(reps[i], dim=-1)
     counts = torch.cat([torch.full((b.width // r,), r, dtype=torch.long, device=dev) for b, r in zip(structure.blocks, reps)])
 
     def top(values: list[Tensor]) -> Tensor:  # the top k of the expanded state, descending, without expanding
@@ -413,14 +413,13 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             for i, (blk, d) in enumerate(zip(structure.blocks, diag)):
                 if blk.form in ("diagonal", "complex_diagonal"):
                     if counted_step:
-                        r = blk.size if blk.form == "diagonal" else 1
-                        one = d if r == 1 else d.reshape(d.shape[0], -1, r)[..., 0]  # a group's one value
+                        one = d if blk.size == 1 else d.reshape(d.shape[0], -1, blk.size)[..., 0]  # a group's one value
                         logs = one.abs().double().log().expand(B, -1)
                         accs[i].add_logs(logs, _block_of(t - warmup + 1, T - warmup, batches))
                         if log_det is not None:  # a complex mode counts twice on the real view
                             log_det += float(_repeat(blk)) * logs.sum(-1)
                 else:
-                    if blk.form == "block_diagonal" and blk.repeat > 1:  # a repeated block's first copy
+                    if blk.repeat > 1:  # a repeated block's first copy
                         d = d.reshape(d.shape[0], -1, blk.repeat, blk.size, blk.size)[:, :, 0]
                     dq = d.to(qr_dtype)
                     if log_det is not None and counted_step:

@@ -61,7 +61,8 @@ class StateBlock:
               f"block {self.name}: {self.form} size {self.size} does not divide its width {n}")
         check(self.form in ("block_diagonal", "diagonal") or self.size == 1,
               f"block {self.name}: a {self.form} block takes no size; got {self.size}")
-        check(self.repeat >= 1 and (self.repeat == 1 or (self.form == "block_diagonal" and n % (self.size * self.repeat) == 0)),
+        tiles = self.form == "block_diagonal" and n % (self.size * self.repeat) == 0
+        check(self.repeat == 1 or (self.repeat > 1 and tiles),
               f"block {self.name}: repeat {self.repeat} needs a block_diagonal block whose width {n} is a multiple "
               f"of size × repeat")
 

@@ -24,7 +24,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -290,7 +290,7 @@ def plan_bytes(plan: DynamicsPlan, n: int, T: int, shape: CoreShape) -> int:
     return _total_bytes(work, kept, o.parts, plan.checkpoints)
 
 
-def _total_bytes(work: dict[str, int], kept: dict[str, int], parts, checkpoints: int) -> int:  # noqa: ANN001
+def _total_bytes(work: dict[str, int], kept: dict[str, int], parts: Sequence[str], checkpoints: int) -> int:
     """The largest working set of ``parts`` plus every checkpoint's kept results, twice (held, then copied
     once into the store)."""
     return max(work[p] for p in parts) + 2 * checkpoints * sum(kept[p] for p in parts)

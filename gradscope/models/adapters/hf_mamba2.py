@@ -30,17 +30,40 @@ blocks add the residual in float32 when ``residual_in_fp32``; the adapter keeps 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, adapt_backbone, conv_pre, conv_silu_jvp,
-                                            conv_silu_vjp, linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
-                                            shift_window_jvp, silu_grad)
+from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, adapt_backbone, conv_silu_jvp, conv_silu_vjp,
+                                            linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks, shift_window_jvp,
+                                            silu_grad)
 
 TOLERANCE = 1e-4
 SILU = ("silu", "swish")
+
+
+class _Layer(NamedTuple):
+    """One layer's step (:meth:`HFMamba2Core._layer`): the gate g, the conv input xBC and pre-activation,
+    the heads' x, B and C, Δ and ∂Δ/∂raw, −A, the decay a = exp(ΔA), the new state s, the output y before
+    and after its gate, and what the layer adds to the residual stream."""
+
+    g: Tensor
+    xbc: Tensor
+    pre: Tensor
+    xh: Tensor
+    Bh: Tensor
+    Ch: Tensor
+    dt: Tensor
+    slope: Tensor
+    negA: Tensor
+    a: Tensor
+    s: Tensor
+    y: Tensor
+    yg: Tensor
+    res: Tensor
 
 
 class HFMamba2Core(LibraryCore):
@@ -82,39 +105,40 @@ class HFMamba2Core(LibraryCore):
         limit = tuple(float(v) for v in getattr(cfg, "time_step_limit", (0.0, float("inf"))))
         self.limit = None if limit == (0.0, float("inf")) else limit
 
+    def _layer(self, block: nn.Module, h: Tensor, window: Tensor, s_prev: Tensor) -> _Layer:
+        """One layer's step from the residual stream h (B, hidden), its conv window (B, C, K−1) and matrix
+        state (B, H, P, N): everything :meth:`advance` and the reverse pass read (module docstring)."""
+        m, B = block.mixer, h.shape[0]
+        hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
+        g, xbc, raw = torch.split(m.in_proj(hn), [self.I, self.C, self.H], dim=-1)
+        pre = (torch.cat([window, xbc[..., None]], dim=-1) * m.conv1d.weight[:, 0, :]).sum(-1)  # (B, C)
+        if m.conv1d.bias is not None:
+            pre = pre + m.conv1d.bias
+        xs, Bm, Cm = torch.split(F.silu(pre), [self.I, self.G * self.N, self.G * self.N], dim=-1)
+        dt, slope = self._dt(m, raw)  # (B, H)
+        negA = -torch.exp(m.A_log)
+        a = torch.exp(dt * negA)  # (B, H): each head's one decay
+        xh, Bh, Ch = xs.reshape(B, self.H, self.P), self._heads(Bm), self._heads(Cm)
+        s = a[..., None, None] * s_prev + (dt[..., None] * xh)[..., None] * Bh[:, :, None, :]
+        y = ((s * Ch[:, :, None, :]).sum(-1) + m.D[:, None] * xh).reshape(B, self.I)
+        yg = y * F.silu(g)
+        yn = rms(yg.reshape(B, self.G, self.I // self.G), m.norm.variance_epsilon).reshape(B, self.I)
+        return _Layer(g, xbc, pre, xh, Bh, Ch, dt, slope, negA, a, s, y, yg, m.out_proj(yn * m.norm.weight))
+
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         B = x.shape[0]
         parts = self.unpack(z)
         new, diag = {}, {}
         h = x
-        rep = self.H // self.G
         for i, block in enumerate(self.model.layers):
-            m = block.mixer
-            hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
-            g, xbc, dt = torch.split(m.in_proj(hn), [self.I, self.C, self.H], dim=-1)
-            full = torch.cat([parts[f"l{i}/conv"], xbc[..., None]], dim=-1)  # (B, C, K)
-            c = (full * m.conv1d.weight[:, 0, :]).sum(-1)
-            if m.conv1d.bias is not None:
-                c = c + m.conv1d.bias
-            c = F.silu(c)
-            xs, Bm, Cm = torch.split(c, [self.I, self.G * self.N, self.G * self.N], dim=-1)
-            dt = F.softplus(dt + m.dt_bias)  # (B, H)
-            if self.limit is not None:
-                dt = dt.clamp(self.limit[0], self.limit[1])
-            dA = torch.exp(dt * -torch.exp(m.A_log))  # (B, H)
-            xh = xs.reshape(B, self.H, self.P)
-            Bh = Bm.reshape(B, self.G, 1, self.N).expand(B, self.G, rep, self.N).reshape(B, self.H, self.N)
-            Ch = Cm.reshape(B, self.G, 1, self.N).expand(B, self.G, rep, self.N).reshape(B, self.H, self.N)
-            s = dA[..., None, None] * parts[f"l{i}/ssm"] + (dt[..., None] * xh)[..., None] * Bh[:, :, None, :]
-            y = (s * Ch[:, :, None, :]).sum(-1) + m.D[:, None] * xh  # (B, H, P)
-            y = y.reshape(B, self.I) * F.silu(g)
-            y = rms(y.reshape(B, self.G, self.I // self.G), m.norm.variance_epsilon).reshape(B, self.I) * m.norm.weight
-            h = h + m.out_proj(y)
-            new[f"l{i}/conv"] = full[..., 1:]
-            new[f"l{i}/ssm"] = s
+            window = parts[f"l{i}/conv"]
+            L = self._layer(block, h, window, parts[f"l{i}/ssm"])
+            h = h + L.res
+            new[f"l{i}/conv"] = torch.cat([window[..., 1:], L.xbc[..., None]], dim=-1)
+            new[f"l{i}/ssm"] = L.s
             if diagonal:
                 diag[f"l{i}/conv"] = shift_blocks(B, self.C, self.K - 1, x)
-                diag[f"l{i}/ssm"] = dA[..., None, None].expand(B, self.H, self.P, self.N)
+                diag[f"l{i}/ssm"] = L.a[..., None, None].expand(B, self.H, self.P, self.N)
         f = self.model.norm_f
         y = rms(h, f.variance_epsilon) * f.weight
         return y, self.pack(new), self.flat_blocks(diag) if diagonal else []
@@ -215,29 +239,16 @@ class HFMamba2Core(LibraryCore):
         saved = []
         h = x
         for i, block in enumerate(self.model.layers):  # the forward pass, keeping what the reverse reads
-            mx = block.mixer
-            window = z[:, self._slices[f"l{i}/conv"]].reshape(B, C, K - 1)
             s_prev = z[:, self._slices[f"l{i}/ssm"]].reshape(B, H, P, N)
-            hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
-            g, xbc, raw = torch.split(mx.in_proj(hn), [I, C, H], dim=-1)
-            pre = conv_pre(mx.conv1d, window, xbc)
-            xs, Bm, Cm = torch.split(F.silu(pre), [I, G * N, G * N], dim=-1)
-            dt, slope = self._dt(mx, raw)
-            negA = -torch.exp(mx.A_log)
-            a = torch.exp(dt * negA)
-            xh, Bh, Ch = xs.reshape(B, H, P), self._heads(Bm), self._heads(Cm)
-            s = a[..., None, None] * s_prev + (dt[..., None] * xh)[..., None] * Bh[:, :, None, :]
-            y = (torch.linalg.vecdot(s, Ch[:, :, None, :]) + mx.D[:, None] * xh).reshape(B, I)
-            yg = y * F.silu(g)
-            yn = rms(yg.reshape(B, G, I // G), mx.norm.variance_epsilon).reshape(B, I)
-            saved.append((h, g, pre, xh, Bh, Ch, dt, slope, negA, a, s_prev, s, y, yg))
-            h = h + mx.out_proj(yn * mx.norm.weight)
+            L = self._layer(block, h, z[:, self._slices[f"l{i}/conv"]].reshape(B, C, K - 1), s_prev)
+            saved.append((h, s_prev, L))
+            h = h + L.res
         gz_out = torch.empty_like(gz)
         g_h = None  # the top layer's output feeds only y, not z'
         for i in range(len(self.model.layers) - 1, -1, -1):
             block = self.model.layers[i]
             mx = block.mixer
-            h, g, pre, xh, Bh, Ch, dt, slope, negA, a, s_prev, s, y, yg = saved[i]
+            h, s_prev, (g, _, pre, xh, Bh, Ch, dt, slope, negA, a, s, y, yg, _) = saved[i]
             sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
             g_s = gz[:, :, ss].reshape(r, B, H, P, N)
             g_win_new = gz[:, :, sc].reshape(r, B, C, K - 1)
