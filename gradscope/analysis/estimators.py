@@ -30,10 +30,11 @@ from gradscope.analysis.jacobian import state_readout
 from gradscope.analysis.reduce import sumsq_blocks
 from gradscope.analysis.tape import StateTape, state_at
 from gradscope.errors import GradscopeError
-from gradscope.models.core import own_products, step_at, step_cotangents, step_tangents
+from gradscope.models.core import own_products, span_cotangents, step_at, step_cotangents, step_tangents
 
 PROBES = 16  # Hutchinson vectors per value: se/value ≈ sqrt(2/probes) for a rank-one-dominated matrix
 ITERATIONS = 30  # subspace iterations for the top singular values
+FLOW_SPAN = 64  # steps a core with its own span_cotangents pulls back at once (its memory: one layer's states a step)
 OVERSAMPLE = 8  # extra subspace vectors beyond the k kept
 
 
@@ -185,7 +186,9 @@ def flow_hutchinson(core: nn.Module, x: Tensor, prev: Tensor | StateTape, *, pro
         U = torch.randn(B, probes, H, generator=generator, dtype=torch.float64).to(x.dtype).to(x.device)
 
     def norms(R: Tensor) -> tuple[Tensor, Tensor]:
-        sq = sumsq_blocks(R)  # float64 sums over the state
+        return from_squares(sumsq_blocks(R))  # float64 sums over the state
+
+    def from_squares(sq: Tensor) -> tuple[Tensor, Tensor]:  # (B, probes) squared norms
         if exact:
             fro = sq.sum(-1).sqrt()
             return fro, torch.zeros_like(fro)
@@ -207,6 +210,15 @@ def flow_hutchinson(core: nn.Module, x: Tensor, prev: Tensor | StateTape, *, pro
         R = pull(lambda z: step_at(core, xr, z, T - 1)[0], zr)  # uᵀ ∂y_T/∂z_{T−1}
         first = T - 1
     fro[:, first - 1], se[:, first - 1] = norms(R)
+    if "span" in own_products(core):  # the core pulls a span of steps back at once, with each step's norms
+        rows, end = R.transpose(0, 1).contiguous(), first  # (probes, B, D) on z_end
+        while end > 1:
+            start = max(1, end - FLOW_SPAN)  # steps reading x[:, start:end], from z_start
+            rows, sq = span_cotangents(core, x[:, start:end], state_at(prev, start), rows, sumsq_blocks, start)
+            for q in range(end - start):  # sq[..., q]: the rows on z_{start+q}, column start+q−1
+                fro[:, start + q - 1], se[:, start + q - 1] = from_squares(sq[..., q].transpose(0, 1))
+            end = start
+        return fro, se
     for k in range(first - 1, 0, -1):  # R ← R · J_{k+1}: step k+1 reads x[:, k] at z_k
         R = _vjp_rows(core, x[:, k], state_at(prev, k), R, k)
         fro[:, k - 1], se[:, k - 1] = norms(R)

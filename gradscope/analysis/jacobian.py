@@ -46,7 +46,7 @@ from torch.func import jacrev, jvp, vjp, vmap
 
 from gradscope.fields import ENGINES
 from gradscope.errors import GradscopeError, check
-from gradscope.models.core import initial_state, own_products, scan, step_at, step_tangents
+from gradscope.models.core import chain_tangents, initial_state, scan, step_at
 
 
 @dataclass(frozen=True)
@@ -112,18 +112,14 @@ def _vjp_engine(core: nn.Module, x: Tensor, zs: Tensor, p: int) -> Tensor:
 def _jvp_chain(core: nn.Module, x: Tensor, z_p: Tensor, p: int, tangents: Tensor) -> tuple[Tensor, Tensor]:
     """Forward chaining from z_p (B, D) with tangents (B, m, D): (y_T (B, H), ∂y_T/∂z_p · tangents
     (B, H, m)). Steps p+1 … T run once for the primal and batched for the m tangents
-    (:func:`gradscope.models.core.step_tangents`: the core's own hand-derived products where it has them,
+    (:func:`gradscope.models.core.chain_tangents`: the core's own hand-derived products where it has them,
     else ``vmap`` of ``torch.func.jvp``), so the cost is about (1 + m) forward passes of the tail and
     nothing of size H × D is formed."""
     T = x.shape[1]
     if p == T:
         return vmap(lambda v: jvp(lambda a: state_readout(core, x[:, T - 1], a), (z_p,), (v,)),
                     in_dims=1, out_dims=(None, 2))(tangents)
-    z, dz = z_p, tangents.movedim(1, 0).contiguous()  # (m, B, D)
-    own = "jvp" in own_products(core)  # only a core's own method writes into the buffers
-    spare = [(torch.empty_like(z), torch.empty_like(dz)) if own else None for _ in range(2)]
-    for t in range(p, T):  # 0-based step t reads x[:, t]; its outputs go to the buffer its inputs are not in
-        y, z, dy, dz = step_tangents(core, x[:, t], z, dz, t, out=spare[t % 2])
+    y, dy = chain_tangents(core, x[:, p:], z_p, tangents.movedim(1, 0).contiguous(), p)  # dy (m, B, H)
     return y, dy.permute(1, 2, 0)
 
 

@@ -148,13 +148,16 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     def columns(u: int) -> int:
         return 2 * u if complex_pairs else u
 
+    chain = own_cost(core).get("chain")  # a core's own span products price the whole tangent chain
+
     def sketch(u: int) -> tuple[float, int]:
         products = products_seconds("jvp", chunks * tail, batch * columns(u), D=D, modules=modules,
                                     params=weight_count(core), step_flops=0.0,  # the flops are counted at rate
-                                    own="jvp" in own_products(core), rates=rates,
+                                    own=chain is None and "jvp" in own_products(core), rates=rates,
                                     own_factor=own_cost(core).get("jvp"))
         sketch_rate = SKETCH_FLOPS * (1 if element_size <= 4 else 0.5)
-        return (sequences * (steps * f + tail * columns(u) * f) / sketch_rate * c + scan_s + SKETCH_PRODUCTS * products,
+        tangents = sequences * tail * columns(u) * f / sketch_rate * c + SKETCH_PRODUCTS * products
+        return (sequences * steps * f / sketch_rate * c + scan_s + tangents * (1.0 if chain is None else chain),
                 3 * 8 * columns(u) * D * element_size)
 
     def sketched(u: int, why: str) -> StabilityPlan:

@@ -26,7 +26,10 @@ with them, whoever wrote it. A core may also provide, and gradscope's own cores 
   step spectra's estimators), and ``step_tangents(x, z, dz, t, out=None)``: the step with its
   forward-mode products, (y, z', dy, dz') for tangents dz (m, B, D) (the stability sketch's chain;
   :func:`step_tangents`), and ``step_cotangents(x, z, gz, t)``: gz · ∂z'/∂z for rows gz (r, B, D)
-  (the gradient flow's reverse chain; :func:`step_cotangents`);
+  (the gradient flow's reverse chain; :func:`step_cotangents`); ``chain_tangents(x, z, dz, t)``: the last
+  output of L steps over x (B, L, in) and its tangents, where a core can do a span at once
+  (:func:`chain_tangents`), and ``span_cotangents(x, z, gz, sumsq, t)``: rows pulled back through L steps with
+  the squared norm of the rows before each (:func:`span_cotangents`);
 - ``init_state(batch, like)``: the state every scan, probe and trajectory starts from (default zero;
   e.g. RWKV's running maximum starts at −1e30);
 - ``position_dependent = True`` with ``step(x, z, t)``: the step also reads its 0-based time index t
@@ -40,7 +43,7 @@ without the methods (a user's) gets the generic ``torch.func`` Jacobian.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -269,6 +272,23 @@ def step_tangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.T
     return method(x, z, dz, t, out=out) if callable(method) else generic_step_tangents(core, x, z, dz, t)
 
 
+def chain_tangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, dz: torch.Tensor, start: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last output of the steps over x (B, L, in) from z (B, D), and its forward-mode products for
+    tangents dz (m, B, D) on z: (y_L (B, H), ∂y_L/∂z · dz (m, B, H)). The core's own ``chain_tangents``
+    where it has one (transformers' Mamba-2: the span layer by layer in the SSD form), else
+    :func:`step_tangents` chained L times, alternating two buffers. start: the first step's time index
+    (position-dependent cores)."""
+    method = getattr(core, "chain_tangents", None)
+    if callable(method):
+        return method(x, z, dz, start)
+    own = callable(getattr(core, "step_tangents", None))  # only a core's own method writes into the buffers
+    spare = [(torch.empty_like(z), torch.empty_like(dz)) if own else None for _ in range(2)]
+    for k in range(x.shape[1]):  # each step's outputs go to the buffer its inputs are not in
+        y, z, dy, dz = step_tangents(core, x[:, k], z, dz, start + k, out=spare[k % 2])
+    return y, dy
+
+
 def generic_step_cotangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, gz: torch.Tensor,
                             t: int | None = None) -> torch.Tensor:
     """gz · ∂z'/∂z of one step by ``torch.func.vjp``, the r rows riding in the batch: x (B, in), z (B, D),
@@ -287,6 +307,27 @@ def step_cotangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, gz: torch
     return method(x, z, gz, t) if callable(method) else generic_step_cotangents(core, x, z, gz, t)
 
 
+def span_cotangents(core: nn.Module, x: torch.Tensor, z: torch.Tensor, gz: torch.Tensor,
+                    sumsq: Callable[[torch.Tensor], torch.Tensor], start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cotangent rows gz (r, B, D) on the state after the steps over x (B, L, in) from z (B, D), pulled back
+    through the L steps: (the rows on z (r, B, D), sq (r, B, L) float64, sq[..., k] = ``sumsq`` of the rows
+    on the state before step k). The core's own ``span_cotangents`` where it has one (transformers'
+    Mamba-2: layer by layer over the span), else the states run forward from z and
+    :func:`step_cotangents` chained back. start: the first step's time index."""
+    method = getattr(core, "span_cotangents", None)
+    if callable(method):
+        return method(x, z, gz, sumsq, start)
+    L = x.shape[1]
+    zs = [z]
+    for k in range(L - 1):
+        zs.append(step_at(core, x[:, k], zs[-1], start + k)[1])
+    sq = torch.zeros(*gz.shape[:2], L, dtype=torch.float64, device=gz.device)
+    for k in range(L - 1, -1, -1):
+        gz = step_cotangents(core, x[:, k], zs[k], gz, start + k)
+        sq[..., k] = sumsq(gz)
+    return gz, sq
+
+
 def weight_count(core: nn.Module) -> int:
     """Weights a step of ``core`` multiplies by: its parameters outside embeddings (each tensor once; a
     wrapped library backbone holds its token embedding, which a step never multiplies by)."""
@@ -299,17 +340,20 @@ def weight_count(core: nn.Module) -> int:
 
 
 def own_products(core: nn.Module) -> frozenset[str]:
-    """The products ``core`` derives by hand: "jvp" (its own ``step_tangents``), "vjp" (``step_cotangents``);
-    the plans price them apart (:data:`gradscope.analysis.cost.OWN_FACTOR`)."""
-    names = {"jvp": "step_tangents", "vjp": "step_cotangents"}
+    """The products ``core`` derives by hand: "jvp" (its own ``step_tangents``), "vjp" (``step_cotangents``),
+    "chain" (``chain_tangents``, a span of steps at once), "span" (``span_cotangents``, a span of steps
+    back at once); the plans price them apart
+    (:data:`gradscope.analysis.cost.OWN_FACTOR`, :func:`own_cost`)."""
+    names = {"jvp": "step_tangents", "vjp": "step_cotangents", "chain": "chain_tangents", "span": "span_cotangents"}
     return frozenset(kind for kind, name in names.items() if callable(getattr(core, name, None)))
 
 
 def own_cost(core: nn.Module) -> dict[str, float]:
     """The cost factors a core declares for its own products (class attribute ``own_cost``, e.g.
     ``{"vjp": 0.074}``: the hand-derived product's time against the generic price of a step's products at
-    the same size, measured where the core was written); the plans use the general factors for the kinds
-    it leaves out (:data:`gradscope.analysis.cost.OWN_FACTOR`)."""
+    the same size, measured where the core was written; "chain": its ``chain_tangents`` against the
+    generic price of the whole tangent chain, flops and products); the plans use the general factors for
+    the kinds it leaves out (:data:`gradscope.analysis.cost.OWN_FACTOR`)."""
     declared = getattr(core, "own_cost", None) or {}
     return {kind: float(declared[kind]) for kind in own_products(core) if kind in declared}
 

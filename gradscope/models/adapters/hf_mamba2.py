@@ -30,7 +30,8 @@ blocks add the residual in float32 when ``residual_in_fp32``; the adapter keeps 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -75,11 +76,13 @@ class HFMamba2Core(LibraryCore):
     family = "Mamba-2"
     # Its own products against the generic price (gradscope.analysis.cost.products_seconds) at mamba2-130m's
     # size, this workplace's AMD EPYC, idle (2026-11-29). vjp: the flow's 16 cotangent rows, 0.234 s a step
-    # on one thread where the generic price is 3.2 s. jvp: fitted to the whole stability sketch (its plan adds
-    # a flops term for the same work): 96 and 768 sequences at 4 units took 140.6 s and 1,036.8 s with two
-    # threads; this factor prices them at 132 s and 1,056 s (0.3 had said 198 s and 1,588 s). Mamba-1's
-    # general factors (0.5, 0.3) price these 2–4× long: a head's state has no per-entry projections.
-    own_cost = {"jvp": 0.15, "vjp": 0.074}
+    # on one thread where the generic price is 3.2 s. jvp: one step's tangents (the step spectra's
+    # estimators), fitted to whole stability sketches run step by step (96 and 768 sequences at 4 units:
+    # 140.6 s and 1,036.8 s with two threads). chain: the sketch's tangent chain as chain_tangents runs it,
+    # fitted to the same two runs (62.1 s and 369.1 s, load included): 0.457 s a sequence of 32 steps, of
+    # which the plan's primal flops price 0.136 s and this factor the rest. Mamba-1's general factors (0.5,
+    # 0.3) price these 2–4× long: a head's state has no per-entry projections.
+    own_cost = {"jvp": 0.15, "vjp": 0.074, "chain": 0.062}
 
     def __init__(self, backbone: nn.Module) -> None:
         cfg = backbone.config
@@ -224,6 +227,229 @@ class HFMamba2Core(LibraryCore):
         f = self.model.norm_f
         y, dy = rms_jvp(h, dh, f.variance_epsilon)
         return y * f.weight, z_out, dy * f.weight, dz_out
+
+    def chain_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None) -> tuple[Tensor, Tensor]:
+        """The last output of steps over x (B, L, in) from z (B, D), and its forward-mode products for
+        tangents dz (m, B, D) on z: (y_L (B, H), ∂y_L/∂z · dz (m, B, H)) (:func:`gradscope.models.core.chain_tangents`).
+
+        Equal to chaining :meth:`step_tangents` L times, but layer by layer over spans of up to
+        :attr:`SPAN` steps in the SSD (dual) form: with ℓ_j = Δ_j A and α_j = exp(Σ_{ρ≤j} ℓ_ρ), a head's
+        state is s_j = α_j s_0 + Σ_{σ≤j} (α_j/α_σ) u_σ ⊗ B_σ (u = Δ x), so its output s_j C_j and every
+        tangent of it need s_0 and ds_0 only through the products s_0 C and ds_0 C over the span: one
+        matrix product per layer reads the m tangent states once, where a chain of steps reads and writes
+        them about nine times a step, and each projection multiplies the span's (1 + m)·B·L rows at once.
+        The tangent of the decays is the tangent of the exponent: d(α_j/α_σ) = (α_j/α_σ)(dℓ-sums). The
+        state and its tangent are formed only at a span's end. The tests compare it with chained
+        :meth:`step_tangents` and with ``torch.func`` in float64."""
+        with torch.no_grad():
+            L = x.shape[1]
+            for start in range(0, L, self.SPAN):
+                last = start + self.SPAN >= L
+                y, dy, z, dz = self._span(x[:, start:start + self.SPAN], z, dz, state=not last)
+            return y, dy
+
+    SPAN = 64  # steps a span: its (B, H, L, L) decay and Gram matrices stay small
+
+    def _span(self, x: Tensor, z: Tensor, dz: Tensor, *, state: bool
+              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        B, L, m = x.shape[0], x.shape[1], dz.shape[0]
+        I, C, K, H, P, N, G = self.I, self.C, self.K, self.H, self.P, self.N, self.G
+        R = H // G  # heads a group
+        z_out = torch.empty_like(z) if state else None
+        dz_out = torch.empty_like(dz) if state else None
+        tril = torch.ones(L, L, dtype=torch.bool, device=x.device).triu()  # [σ, j]: σ ≤ j
+        rows = dz.reshape(m * B, -1)  # the m·B tangent rows, one stride apart
+
+        def per_group(v: Tensor) -> Tensor:  # (…, B, G, …) group quantity → (…, B, H, …), each head its group's
+            lead = v.shape[:-4]
+            return v.unsqueeze(-3).expand(*lead, B, G, R, *v.shape[-2:]).reshape(*lead, B, H, *v.shape[-2:])
+
+        h, dh = x, None  # (B, L, hidden), (m, B, L, hidden): the span's inputs have no tangent
+        for i, block in enumerate(self.model.layers):
+            mx = block.mixer
+            sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
+            window, dwindow = z[:, sc].reshape(B, C, K - 1), dz[:, :, sc].reshape(m, B, C, K - 1)
+            s0 = z[:, ss].reshape(B, G, R * P, N)
+            if dh is None:
+                hn, dhn = rms(h, block.norm.variance_epsilon) * block.norm.weight, None
+            else:
+                hn, dhn = rms_jvp(h, dh, block.norm.variance_epsilon)
+                hn, dhn = hn * block.norm.weight, dhn * block.norm.weight
+            proj, dproj = linear_jvp(mx.in_proj, hn, dhn)
+            g, xbc, raw = torch.split(proj, [I, C, H], dim=-1)  # (B, L, ·)
+            dg, dxbc, draw = (None, None, None) if dproj is None else torch.split(dproj, [I, C, H], dim=-1)
+            # the causal conv over [window, xBC_0 … xBC_{L−1}]: step j reads entries j … j+K−1
+            w = mx.conv1d.weight[:, 0, :, None]  # (C, K, 1)
+            seq = torch.cat([window, xbc.transpose(1, 2)], dim=-1)  # (B, C, K−1+L)
+            dnew = dxbc.transpose(-1, -2) if dxbc is not None else dwindow.new_zeros(m, B, C, L)
+            dseq = torch.cat([dwindow, dnew], dim=-1)
+            pre = sum(seq[..., k:k + L] * w[:, k] for k in range(K))  # (B, C, L)
+            if mx.conv1d.bias is not None:
+                pre = pre + mx.conv1d.bias[:, None]
+            dpre = sum(dseq[..., k:k + L] * w[:, k] for k in range(K))  # (m, B, C, L)
+            c, dc = F.silu(pre).transpose(1, 2), (dpre * silu_grad(pre)).transpose(-1, -2)  # (·, B, L, C)
+            xs, Bm, Cm = torch.split(c, [I, G * N, G * N], dim=-1)
+            dxs, dBm, dCm = torch.split(dc, [I, G * N, G * N], dim=-1)
+            dt, slope = self._dt(mx, raw)  # (B, L, H)
+            negA = -torch.exp(mx.A_log)  # (H,)
+            cum = (dt * negA).transpose(1, 2).cumsum(-1)  # (B, H, L): log α_j, the sum of log a over the span
+            alpha = cum.exp()
+            W = (cum[..., None, :] - cum[..., :, None]).masked_fill(~tril, -math.inf).exp()  # [σ, j] = α_j/α_σ
+            xh, dxh = xs.reshape(B, L, H, P), dxs.reshape(m, B, L, H, P)
+            u = dt[..., None] * xh  # (B, L, H, P)
+            du = dt[..., None] * dxh if draw is None else dt[..., None] * dxh + (draw * slope)[..., None] * xh
+            Bg, dBg = Bm.reshape(B, L, G, N).transpose(1, 2), dBm.reshape(m, B, L, G, N).transpose(-3, -2)  # (·, B, G, L, N)
+            Cg, dCg = Cm.reshape(B, L, G, N).permute(0, 2, 3, 1), dCm.reshape(m, B, L, G, N).permute(0, 1, 3, 4, 2)
+            us, dus = u.permute(0, 2, 3, 1), du.permute(0, 1, 3, 4, 2)  # (·, B, H, P, L)
+            Gm = per_group(Bg @ Cg)  # (B, H, L, L): [σ, j] = B_σ · C_j
+            WG = W * Gm
+            s0C = (s0 @ Cg).reshape(B, H, P, L)  # s_0 · C_j
+            s0dC = (s0 @ dCg.permute(1, 2, 3, 0, 4).reshape(B, G, N, m * L)).reshape(B, H, P, m, L).permute(3, 0, 1, 2, 4)
+            ds0C = torch.empty(m, B, H, P, L, dtype=x.dtype, device=x.device)  # ds_0 · C_j: one read of the tangents
+            for q in range(G):
+                heads = rows[:, ss].view(m * B, H, P, N)[:, q * R:(q + 1) * R].reshape(m * B, R * P, N)
+                ds0C.view(m * B, H, P, L)[:, q * R:(q + 1) * R].copy_(
+                    torch.bmm(heads, Cg[:, q].repeat(m, 1, 1)).view(m * B, R, P, L))
+            y = alpha[..., None, :] * s0C + us @ WG  # (B, H, P, L): s_j · C_j
+            dgap = 0.0
+            if draw is not None:
+                dcum = ((draw * slope) * negA).transpose(-1, -2).cumsum(-1)  # (m, B, H, L): the exponents' tangents
+                dgap = dcum[..., None, :] - dcum[..., :, None]  # [σ, j]: dcum_j − dcum_σ
+                dy = alpha[..., None, :] * (dcum[..., None, :] * s0C + ds0C + s0dC)
+            else:
+                dy = alpha[..., None, :] * (ds0C + s0dC)
+            dWG = W * (dgap * Gm + per_group(dBg @ Cg + Bg @ dCg))  # (m, B, H, L, L)
+            dy = dy + us @ dWG + dus @ WG
+            y = y.permute(0, 3, 1, 2) + mx.D[:, None] * xh  # (B, L, H, P)
+            dy = dy.permute(0, 1, 4, 2, 3) + mx.D[:, None] * dxh
+            if state:  # the span's last state and its tangent: s_L = α s_0 + Σ_σ W[σ, L] u_σ ⊗ B_σ
+                wl, a_end = W[..., None, :, -1], alpha[..., -1, None, None]  # (B, H, 1, L): [σ, L−1]; (B, H, 1, 1)
+                s_end = z_out[:, ss].view(B, H, P, N)
+                torch.mul(z[:, ss].view(B, H, P, N), a_end, out=s_end)
+                s_end.add_(((us * wl).reshape(B, G, R * P, L) @ Bg).view(B, H, P, N))
+                ds_end = dz_out[:, :, ss].view(m, B, H, P, N)
+                torch.mul(dz[:, :, ss].view(m, B, H, P, N), a_end, out=ds_end)
+                back = dus * wl
+                if draw is not None:
+                    ds_end.addcmul_(dcum[..., -1, None, None] * a_end, z[:, ss].view(B, H, P, N))
+                    back = back + us * (wl * dgap[..., None, :, -1])
+                ds_end.add_((back.reshape(m, B, G, R * P, L) @ Bg).view(m, B, H, P, N))
+                ds_end.add_(((us * wl).reshape(B, G, R * P, L) @ dBg).view(m, B, H, P, N))
+                z_out[:, sc].view(B, C, K - 1).copy_(seq[..., L:])
+                dz_out[:, :, sc].view(m, B, C, K - 1).copy_(dseq[..., L:])
+            gate = F.silu(g)
+            y, dy = y.reshape(B, L, I), dy.reshape(m, B, L, I)
+            yg = y * gate
+            dyg = dy * gate if dg is None else dy * gate + y * (dg * silu_grad(g))
+            yn, dyn = rms_jvp(yg.reshape(B, L, G, I // G), dyg.reshape(m, B, L, G, I // G), mx.norm.variance_epsilon)
+            res, dres = linear_jvp(mx.out_proj, yn.reshape(B, L, I) * mx.norm.weight,
+                                   dyn.reshape(m, B, L, I) * mx.norm.weight)
+            h, dh = h + res, dres if dh is None else dh + dres
+        f = self.model.norm_f
+        y, dy = rms_jvp(h[:, -1], dh[:, :, -1], f.variance_epsilon)
+        return y * f.weight, dy * f.weight, z_out, dz_out
+
+    def span_cotangents(self, x: Tensor, z: Tensor, gz: Tensor, sumsq: Callable[[Tensor], Tensor],
+                        t: int | None = None) -> tuple[Tensor, Tensor]:
+        """Cotangent rows gz (r, B, D) on the state after the steps over x (B, L, in) from z (B, D), pulled
+        back through all L steps: (the rows on z (r, B, D), sq (r, B, L) float64 with sq[..., k] =
+        ‖the rows on the state before step k‖², k = 0 … L−1, by ``sumsq`` (Σ x² over the last axis in
+        float64) summed over the layers) (:func:`gradscope.models.core.span_cotangents`; what the
+        estimated flow needs of every step). Equal to :meth:`step_cotangents` chained L times, but layer by
+        layer over the span: a layer's rows (r × H·P·N) stay in cache while its L steps go back, the
+        projections multiply the span's r·B·L rows at once, and the primal runs once for the span, layer
+        by layer (each layer's states are run again from its first in the reverse)."""
+        with torch.no_grad():
+            return self._span_cotangents(x, z, gz, sumsq)
+
+    def _span_cotangents(self, x: Tensor, z: Tensor, gz: Tensor,
+                         sumsq: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+        B, L, r = x.shape[0], x.shape[1], gz.shape[0]
+        I, C, K, H, P, N, G = self.I, self.C, self.K, self.H, self.P, self.N, self.G
+        saved = []
+        h = x
+        for i, block in enumerate(self.model.layers):  # the primal over the span, layer by layer
+            m = block.mixer
+            s0 = z[:, self._slices[f"l{i}/ssm"]].reshape(B, H, P, N)
+            window = z[:, self._slices[f"l{i}/conv"]].reshape(B, C, K - 1)
+            hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
+            g, xbc, raw = torch.split(m.in_proj(hn), [I, C, H], dim=-1)  # (B, L, ·)
+            w = m.conv1d.weight[:, 0, :, None]
+            seq = torch.cat([window, xbc.transpose(1, 2)], dim=-1)  # (B, C, K−1+L)
+            pre = sum(seq[..., k:k + L] * w[:, k] for k in range(K))
+            if m.conv1d.bias is not None:
+                pre = pre + m.conv1d.bias[:, None]
+            pre = pre.transpose(1, 2)  # (B, L, C)
+            xs, Bm, Cm = torch.split(F.silu(pre), [I, G * N, G * N], dim=-1)
+            dt, slope = self._dt(m, raw)  # (B, L, H)
+            negA = -torch.exp(m.A_log)
+            a = torch.exp(dt * negA)
+            xh, Bh, Ch = xs.reshape(B, L, H, P), self._heads(Bm), self._heads(Cm)
+            u = dt[..., None] * xh
+            y = torch.empty(B, L, H, P, dtype=x.dtype, device=x.device)
+            s = s0
+            for j in range(L):
+                s = a[:, j, :, None, None] * s + u[:, j, :, :, None] * Bh[:, j, :, None, :]
+                y[:, j] = torch.linalg.vecdot(s, Ch[:, j, :, None, :])
+            y = (y + m.D[:, None] * xh).reshape(B, L, I)
+            yg = y * F.silu(g)
+            yn = rms(yg.reshape(B, L, G, I // G), m.norm.variance_epsilon).reshape(B, L, I)
+            saved.append((h, s0, g, pre, xh, Bh, Ch, dt, slope, negA, a, u, y, yg))
+            h = h + m.out_proj(yn * m.norm.weight)
+        g_out = torch.empty_like(gz)
+        sq = torch.zeros(r, B, L, dtype=torch.float64, device=x.device)
+        states = torch.empty(L, B, H, P, N, dtype=x.dtype, device=x.device)
+        g_h = None  # the top layer's output feeds only y, not z'
+        for i in range(len(self.model.layers) - 1, -1, -1):
+            block = self.model.layers[i]
+            mx = block.mixer
+            h, s0, g, pre, xh, Bh, Ch, dt, slope, negA, a, u, y, yg = saved[i]
+            sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
+            s = s0
+            for j in range(L):  # the layer's states again (one layer's: L × B·H·P·N)
+                s = torch.mul(a[:, j, :, None, None], s, out=states[j])
+                s.addcmul_(u[:, j, :, :, None], Bh[:, j, :, None, :])
+            if g_h is None:
+                g_y = g_g = None
+            else:
+                g_yn = F.linear(g_h, mx.out_proj.weight.t()) * mx.norm.weight  # (r, B, L, I)
+                g_yg = rms_vjp(yg.reshape(B, L, G, I // G), g_yn.reshape(r, B, L, G, I // G),
+                               mx.norm.variance_epsilon).reshape(r, B, L, I)
+                g_y = (g_yg * F.silu(g)).reshape(r, B, L, H, P)
+                g_g = g_yg * y * silu_grad(g)
+            g_s = gz[:, :, ss].reshape(r, B, H, P, N).clone()  # the rows on the layer's state, carried back
+            g_win = gz[:, :, sc].reshape(r, B, C, K - 1)
+            g_dt = torch.empty(r, B, L, H, dtype=x.dtype, device=x.device)
+            g_xbc = torch.empty(r, B, L, C, dtype=x.dtype, device=x.device)
+            for j in range(L - 1, -1, -1):
+                s_prev = states[j - 1] if j else s0
+                if g_y is not None:  # on s_j: from the later steps and from its own output
+                    g_s.addcmul_(g_y[:, :, j, :, :, None], Ch[:, j, :, None, :])
+                g_u = torch.linalg.vecdot(g_s, Bh[:, j, :, None, :])  # (r, B, H, P)
+                g_Bm = (u[:, j].reshape(B, G, 1, -1) @ g_s.reshape(r, B, G, -1, N))[..., 0, :]  # (r, B, G, N)
+                g_dt[:, :, j] = ((negA * a[:, j]) * torch.linalg.vecdot(g_s.flatten(-2), s_prev.flatten(-2))
+                                 + torch.linalg.vecdot(g_u, xh[:, j]))
+                g_xh = g_u * dt[:, j, :, None]
+                if g_y is not None:
+                    g_xh = g_xh + g_y[:, :, j] * mx.D[:, None]
+                    g_Cm = (g_y[:, :, j].reshape(r, B, G, -1).permute(1, 2, 0, 3)
+                            @ states[j].reshape(B, G, -1, N)).permute(2, 0, 1, 3)
+                else:
+                    g_Cm = torch.zeros_like(g_Bm)
+                g_c = torch.cat([g_xh.reshape(r, B, I), g_Bm.reshape(r, B, G * N), g_Cm.reshape(r, B, G * N)], dim=-1)
+                g_prev_win = torch.empty_like(g_win)
+                g_xbc[:, :, j] = conv_silu_vjp(mx.conv1d, pre[:, j], g_c, g_win, g_prev_win)
+                g_win = g_prev_win
+                g_s.mul_(a[:, j, :, None, None])  # on s_{j−1}: the state before step j
+                sq[..., j] += sumsq(g_s.reshape(r, B, -1)) + sumsq(g_win.reshape(r, B, -1))
+            g_out[:, :, ss] = g_s.reshape(r, B, -1)
+            g_out[:, :, sc] = g_win.reshape(r, B, -1)
+            g_proj = torch.cat([g_g if g_g is not None else g_xbc.new_zeros(r, B, L, I), g_xbc,
+                                g_dt * slope], dim=-1)
+            g_hn = F.linear(g_proj, mx.in_proj.weight.t()) * block.norm.weight
+            g_in = rms_vjp(h, g_hn, block.norm.variance_epsilon)
+            g_h = g_in if g_h is None else g_h + g_in
+        return g_out, sq
 
     def step_cotangents(self, x: Tensor, z: Tensor, gz: Tensor, t: int | None = None) -> Tensor:
         """gz · ∂z'/∂z for cotangent rows gz (r, B, D) on the new state: (r, B, D), derived by hand (the

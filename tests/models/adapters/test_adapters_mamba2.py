@@ -249,10 +249,80 @@ def test_hand_derived_step_products_equal_torch_func(limit, monkeypatch) -> None
         prev = torch.cat([torch.zeros_like(inputs[:, :1, :1]).expand(-1, 1, core.state_dim),
                           scan(core, inputs)[1][:, :-1]], dim=1)
     ours = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(HFMamba2Core, "chain_tangents", None)
+    monkeypatch.setattr(HFMamba2Core, "span_cotangents", None)
     monkeypatch.setattr(HFMamba2Core, "step_tangents", None)
     monkeypatch.setattr(HFMamba2Core, "step_cotangents", None)
     torch.testing.assert_close(jvp_products(wrapped, seq, 2, V)[1], P, rtol=1e-12, atol=1e-13)
     ref = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13, equal_nan=True)
+    assert torch.isfinite(ours[0][:, :-1]).all()
+
+
+@pytest.mark.parametrize("limit", [None, (0.4, 0.9)])
+def test_a_span_in_the_dual_form_equals_the_chained_steps(limit, monkeypatch) -> None:  # noqa: ANN001
+    """``chain_tangents`` (a span layer by layer in the SSD form: what the stability sketch runs) against
+    the hand-derived steps chained and against ``torch.func``'s, in float64: the last output and its m
+    tangents, over spans of 1 to 9 steps that cross span boundaries (SPAN = 4) so the state and its
+    tangent handed from one span to the next count too; a bare model with a time-step limit that clamps."""
+    from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
+    from gradscope.models.core import chain_tangents, generic_step_tangents
+
+    core = gradscope.wrap(tiny(bare=limit is not None, **({} if limit is None else {"time_step_limit": limit}))).core
+    monkeypatch.setattr(HFMamba2Core, "SPAN", 4)
+    gen = torch.Generator().manual_seed(11)
+    for L in (1, 4, 5, 9):
+        x = torch.randn(B, L, HIDDEN, generator=gen, dtype=torch.float64)
+        z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
+        dz = torch.randn(3, B, core.state_dim, generator=gen, dtype=torch.float64)
+        y, dy = chain_tangents(core, x, z, dz)
+        zs, dzs = z, dz
+        for t in range(L):
+            y_ref, zs, dy_ref, dzs = generic_step_tangents(core, x[:, t], zs, dzs)
+        torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(dy, dy_ref, rtol=1e-11, atol=1e-13, msg=f"{L} steps")
+        with monkeypatch.context() as mp:  # the fallback (each step's own products, chained) agrees too
+            mp.setattr(HFMamba2Core, "chain_tangents", None)
+            torch.testing.assert_close(chain_tangents(core, x, z, dz)[1], dy_ref, rtol=1e-11, atol=1e-13)
+
+
+@pytest.mark.parametrize("limit", [None, (0.4, 0.9)])
+def test_a_span_pulled_back_layer_by_layer_equals_the_chained_steps(limit, monkeypatch) -> None:  # noqa: ANN001
+    """``span_cotangents`` (rows pulled back through a span layer by layer, with every step's squared norm:
+    what the estimated flow runs) against ``torch.func``'s reverse steps chained, in float64: the rows on
+    the span's first state and the float64 squared norms before each step; then the estimated flow over
+    spans of 2 steps against the flow step by step."""
+    from gradscope.analysis import estimators
+    from gradscope.analysis.estimators import flow_hutchinson
+    from gradscope.analysis.reduce import sumsq_blocks
+    from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
+    from gradscope.models.core import generic_step_cotangents, scan, span_cotangents, step_at
+
+    wrapped = gradscope.wrap(tiny(bare=limit is not None, **({} if limit is None else {"time_step_limit": limit})))
+    core = wrapped.core
+    gen = torch.Generator().manual_seed(13)
+    for L in (1, 2, 5):
+        x = torch.randn(B, L, HIDDEN, generator=gen, dtype=torch.float64)
+        z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
+        gz = torch.randn(4, B, core.state_dim, generator=gen, dtype=torch.float64)
+        rows, sq = span_cotangents(core, x, z, gz, sumsq_blocks)
+        states = [z]
+        for k in range(L - 1):
+            states.append(step_at(core, x[:, k], states[-1], k)[1])
+        ref = gz
+        for k in range(L - 1, -1, -1):
+            ref = generic_step_cotangents(core, x[:, k], states[k], ref)
+            torch.testing.assert_close(sq[..., k], (ref ** 2).sum(-1), rtol=1e-12, atol=0, msg=f"step {k} of {L}")
+        torch.testing.assert_close(rows, ref, rtol=1e-12, atol=1e-13)
+    with torch.no_grad():
+        inputs = wrapped.core_inputs(tokens(8, length=7))
+        prev = torch.cat([torch.zeros_like(inputs[:, :1, :1]).expand(-1, 1, core.state_dim),
+                          scan(core, inputs)[1][:, :-1]], dim=1)
+    monkeypatch.setattr(estimators, "FLOW_SPAN", 2)
+    ours = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(HFMamba2Core, "span_cotangents", None)
+    ref = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(2))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-13, equal_nan=True)
     assert torch.isfinite(ours[0][:, :-1]).all()
