@@ -75,7 +75,7 @@ class CoreShape:
     modules: int = 1  # submodules of the core: a step call's Python overhead grows with them
     params: int = 0  # the core's parameters (0: step_flops / 2)
     fused: bool = False  # the core gives a step and its diagonal blocks from one pass (step_and_blocks)
-    own: frozenset[str] = frozenset()  # products the core derives by hand: "jvp" (step_tangents), "vjp" (step_cotangents)
+    own: frozenset[str] = frozenset()  # products the core derives by hand (models.core.own_products)
     rates: Rates = REFERENCE  # the machine's rates against the constants' CPU (gradscope.rates.machine_rates)
     own_cost: tuple[tuple[str, float], ...] = ()  # the factors the core declares for them (models.core.own_cost)
 
@@ -84,12 +84,15 @@ class CoreShape:
         """Seconds of Python dispatch of one (batched) step call, whatever the batch."""
         return MODULE_CALL * self.modules * self.rates.call
 
-    def products_seconds(self, kind: str, calls: int, columns: int) -> float:
+    def products_seconds(self, kind: str, calls: int, columns: int, own: str | None = None) -> float:
         """``calls`` batched JVPs (kind "jvp") or VJPs ("vjp") through the step, ``columns`` columns (rows)
-        each, all sequences of the batch together (:func:`gradscope.analysis.cost.products_seconds`)."""
+        each, all sequences of the batch together (:func:`gradscope.analysis.cost.products_seconds`).
+        ``own``: the core's own product that runs them where it has it and declares its factor ("span": a
+        span of steps pulled back at once), else the kind's."""
+        own = own if own in self.own and own in dict(self.own_cost) else kind
         return products_seconds(kind, calls, columns, D=self.D, modules=self.modules,
                                 params=self.params or self.step_flops / 2, step_flops=self.step_flops,
-                                own=kind in self.own, rates=self.rates, own_factor=dict(self.own_cost).get(kind))
+                                own=own in self.own, rates=self.rates, own_factor=dict(self.own_cost).get(own))
 
     def form_seconds(self) -> float:
         """Forming one J_t (D × D) for one sequence: analytic O(D²), else D reverse passes of a step."""
@@ -145,7 +148,7 @@ def estimator_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, 
     grid_products = sum(shape.products_seconds("jvp", 1, g * probes * (end - 1)) for end in range(2, T + 1))
     out = {"grid": scan + grid_products + g * T * T / 2 * probes * (ELEMENT * c) * shape.D + T * 8 * (CALL * d),
            # flow: one reverse chain of n · probes rows; the state tape scans once more for long runs
-           "flow": 2 * scan + shape.products_seconds("vjp", T, n * min(probes, shape.H)) + n * T * probes * (ELEMENT * c) * shape.D
+           "flow": 2 * scan + shape.products_seconds("vjp", T, n * min(probes, shape.H), own="span") + n * T * probes * (ELEMENT * c) * shape.D
            + T * 6 * (CALL * d)}
     if not s.is_dense:  # the radius from the blocks, exactly; the singular values by subspace iteration
         width = min(shape.D, sv + 8)

@@ -67,6 +67,30 @@ def test_lyapunov_memory_uses_the_declared_structure() -> None:
     assert plan_bytes(plan, 1, 4, shape) < 8 * 2**30  # 62,808.7 GB before: D × D
 
 
+def test_the_flow_is_priced_by_a_cores_own_span_factor() -> None:
+    """A core that pulls a span of steps back at once (own "span", with its declared factor) has the flow's
+    reverse chain priced by that factor; the step spectra's VJPs keep the "vjp" factor; without a declared
+    span factor the flow keeps "vjp" too."""
+    from gradscope.workflows.dynamics_cost import estimator_seconds
+
+    structure = _mamba130m()
+    D = structure.state_dim
+
+    def shape(own: frozenset[str], cost: tuple[tuple[str, float], ...]) -> CoreShape:
+        return CoreShape(D, 768, 768, 1, structure, 2.0 * 130e6, False, 221, 129_000_000, own=own, own_cost=cost)
+
+    est = dict(n=1, T=256, grid_sequences=1, sv=4, probes=16, iterations=3)
+    vjp = shape(frozenset({"vjp"}), (("vjp", 0.08),))
+    span = shape(frozenset({"vjp", "span"}), (("span", 0.02), ("vjp", 0.08)))
+    undeclared = shape(frozenset({"vjp", "span"}), (("vjp", 0.08),))
+    assert span.products_seconds("vjp", 256, 16, own="span") == pytest.approx(
+        vjp.products_seconds("vjp", 256, 16) * 0.02 / 0.08)
+    a, b, c = (estimator_seconds(s, **est) for s in (vjp, span, undeclared))
+    assert b["flow"] < a["flow"] and c["flow"] == pytest.approx(a["flow"])
+    assert b["spectra"] == pytest.approx(a["spectra"])
+    assert a["flow"] - b["flow"] == pytest.approx(vjp.products_seconds("vjp", 256, 16) * (1 - 0.02 / 0.08))
+
+
 def test_a_repeated_block_is_priced_and_held_once_a_run() -> None:
     """A gated-delta-rule-size block (heads of M_t ⊗ I: d_k = 128, d_v = 128, 16 heads): declared with
     its repeat, the Lyapunov estimate prices one 128 × 128 QR a head, not d_v of them, and holds one

@@ -81,8 +81,10 @@ class HFMamba2Core(LibraryCore):
     # 140.6 s and 1,036.8 s with two threads). chain: the sketch's tangent chain as chain_tangents runs it,
     # fitted to the same two runs (62.1 s and 369.1 s, load included): 0.457 s a sequence of 32 steps, of
     # which the plan's primal flops price 0.136 s and this factor the rest. Mamba-1's general factors (0.5,
-    # 0.3) price these 2–4× long: a head's state has no per-entry projections.
-    own_cost = {"jvp": 0.15, "vjp": 0.074, "chain": 0.062}
+    # 0.3) price these 2–4× long: a head's state has no per-entry projections. span: the flow's 16 rows
+    # pulled back through 255 steps by span_cotangents, 32.3 s on one thread and 18.9 s on two, where the
+    # generic price is 829 s.
+    own_cost = {"jvp": 0.15, "vjp": 0.074, "chain": 0.062, "span": 0.036}
 
     def __init__(self, backbone: nn.Module) -> None:
         cfg = backbone.config
@@ -230,7 +232,8 @@ class HFMamba2Core(LibraryCore):
 
     def chain_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None) -> tuple[Tensor, Tensor]:
         """The last output of steps over x (B, L, in) from z (B, D), and its forward-mode products for
-        tangents dz (m, B, D) on z: (y_L (B, H), ∂y_L/∂z · dz (m, B, H)) (:func:`gradscope.models.core.chain_tangents`).
+        tangents dz (m, B, D) on z: (y_L (B, H), ∂y_L/∂z · dz (m, B, H))
+        (:func:`gradscope.models.core.chain_tangents`).
 
         Equal to chaining :meth:`step_tangents` L times, but layer by layer over spans of up to
         :attr:`SPAN` steps in the SSD (dual) form: with ℓ_j = Δ_j A and α_j = exp(Σ_{ρ≤j} ℓ_ρ), a head's
@@ -260,7 +263,7 @@ class HFMamba2Core(LibraryCore):
         tril = torch.ones(L, L, dtype=torch.bool, device=x.device).triu()  # [σ, j]: σ ≤ j
         rows = dz.reshape(m * B, -1)  # the m·B tangent rows, one stride apart
 
-        def per_group(v: Tensor) -> Tensor:  # (…, B, G, …) group quantity → (…, B, H, …), each head its group's
+        def per_group(v: Tensor) -> Tensor:  # (…, B, G, …) → (…, B, H, …): each head its group's
             lead = v.shape[:-4]
             return v.unsqueeze(-3).expand(*lead, B, G, R, *v.shape[-2:]).reshape(*lead, B, H, *v.shape[-2:])
 
@@ -298,13 +301,15 @@ class HFMamba2Core(LibraryCore):
             xh, dxh = xs.reshape(B, L, H, P), dxs.reshape(m, B, L, H, P)
             u = dt[..., None] * xh  # (B, L, H, P)
             du = dt[..., None] * dxh if draw is None else dt[..., None] * dxh + (draw * slope)[..., None] * xh
-            Bg, dBg = Bm.reshape(B, L, G, N).transpose(1, 2), dBm.reshape(m, B, L, G, N).transpose(-3, -2)  # (·, B, G, L, N)
+            Bg = Bm.reshape(B, L, G, N).transpose(1, 2)  # (B, G, L, N)
+            dBg = dBm.reshape(m, B, L, G, N).transpose(-3, -2)
             Cg, dCg = Cm.reshape(B, L, G, N).permute(0, 2, 3, 1), dCm.reshape(m, B, L, G, N).permute(0, 1, 3, 4, 2)
             us, dus = u.permute(0, 2, 3, 1), du.permute(0, 1, 3, 4, 2)  # (·, B, H, P, L)
             Gm = per_group(Bg @ Cg)  # (B, H, L, L): [σ, j] = B_σ · C_j
             WG = W * Gm
             s0C = (s0 @ Cg).reshape(B, H, P, L)  # s_0 · C_j
-            s0dC = (s0 @ dCg.permute(1, 2, 3, 0, 4).reshape(B, G, N, m * L)).reshape(B, H, P, m, L).permute(3, 0, 1, 2, 4)
+            s0dC = (s0 @ dCg.permute(1, 2, 3, 0, 4).reshape(B, G, N, m * L)).reshape(B, H, P, m, L)
+            s0dC = s0dC.permute(3, 0, 1, 2, 4)  # (m, B, H, P, L): s_0 · dC_j
             ds0C = torch.empty(m, B, H, P, L, dtype=x.dtype, device=x.device)  # ds_0 · C_j: one read of the tangents
             for q in range(G):
                 heads = rows[:, ss].view(m * B, H, P, N)[:, q * R:(q + 1) * R].reshape(m * B, R * P, N)
@@ -384,17 +389,22 @@ class HFMamba2Core(LibraryCore):
             dt, slope = self._dt(m, raw)  # (B, L, H)
             negA = -torch.exp(m.A_log)
             a = torch.exp(dt * negA)
-            xh, Bh, Ch = xs.reshape(B, L, H, P), self._heads(Bm), self._heads(Cm)
-            u = dt[..., None] * xh
-            y = torch.empty(B, L, H, P, dtype=x.dtype, device=x.device)
+            xh = xs.reshape(B, L, H, P)
+            # time-major copies (L, B, …): each step's slice is contiguous, which torch's broadcast products need
+            # to run at speed (a strided slice of (B, L, …) ran them ~15× slower)
+            aT, dtT, xT = (v.transpose(0, 1).contiguous() for v in (a, dt, xh))
+            BT, CT = self._heads(Bm.transpose(0, 1).contiguous()), self._heads(Cm.transpose(0, 1).contiguous())
+            uT = dtT[..., None] * xT  # (L, B, H, P): Δ x
+            yT = torch.empty(L, B, H, P, dtype=x.dtype, device=x.device)
             s = s0
             for j in range(L):
-                s = a[:, j, :, None, None] * s + u[:, j, :, :, None] * Bh[:, j, :, None, :]
-                y[:, j] = torch.linalg.vecdot(s, Ch[:, j, :, None, :])
-            y = (y + m.D[:, None] * xh).reshape(B, L, I)
+                s = torch.mul(s, aT[j][..., None, None])
+                s.addcmul_(uT[j][..., None], BT[j][:, :, None, :])
+                yT[j] = torch.linalg.vecdot(s, CT[j][:, :, None, :])
+            y = (yT.transpose(0, 1) + m.D[:, None] * xh).reshape(B, L, I)
             yg = y * F.silu(g)
             yn = rms(yg.reshape(B, L, G, I // G), m.norm.variance_epsilon).reshape(B, L, I)
-            saved.append((h, s0, g, pre, xh, Bh, Ch, dt, slope, negA, a, u, y, yg))
+            saved.append((h, s0, g, pre, xT, BT, CT, dtT, slope, negA, aT, uT, y, yg))
             h = h + m.out_proj(yn * m.norm.weight)
         g_out = torch.empty_like(gz)
         sq = torch.zeros(r, B, L, dtype=torch.float64, device=x.device)
@@ -403,46 +413,60 @@ class HFMamba2Core(LibraryCore):
         for i in range(len(self.model.layers) - 1, -1, -1):
             block = self.model.layers[i]
             mx = block.mixer
-            h, s0, g, pre, xh, Bh, Ch, dt, slope, negA, a, u, y, yg = saved[i]
+            h, s0, g, pre, xT, BT, CT, dtT, slope, negA, aT, uT, y, yg = saved[i]
             sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
             s = s0
             for j in range(L):  # the layer's states again (one layer's: L × B·H·P·N)
-                s = torch.mul(a[:, j, :, None, None], s, out=states[j])
-                s.addcmul_(u[:, j, :, :, None], Bh[:, j, :, None, :])
+                s = torch.mul(aT[j][..., None, None], s, out=states[j])
+                s.addcmul_(uT[j][..., None], BT[j][:, :, None, :])
             if g_h is None:
                 g_y = g_g = None
             else:
                 g_yn = F.linear(g_h, mx.out_proj.weight.t()) * mx.norm.weight  # (r, B, L, I)
                 g_yg = rms_vjp(yg.reshape(B, L, G, I // G), g_yn.reshape(r, B, L, G, I // G),
                                mx.norm.variance_epsilon).reshape(r, B, L, I)
-                g_y = (g_yg * F.silu(g)).reshape(r, B, L, H, P)
-                g_g = g_yg * y * silu_grad(g)
-            g_s = gz[:, :, ss].reshape(r, B, H, P, N).clone()  # the rows on the layer's state, carried back
+                g_y = (g_yg * F.silu(g)).reshape(r, B, L, G, H // G, P).permute(2, 1, 3, 0, 4, 5).contiguous()
+                g_g = g_yg * y * silu_grad(g)  # g_y: (L, B, G, r, R, P), a step's slice laid out as the rows below
+            # the rows on the layer's state, carried back, laid out (B, G, r, R·P, N): a sequence's group is one
+            # block, so each contraction below is a matrix–vector product over it
+            Rh = H // G
+            gs = gz[:, :, ss].reshape(r, B, G, Rh * P, N).permute(1, 2, 0, 3, 4).contiguous()
+            heads = gs.view(B, G, r, Rh, P, N)
             g_win = gz[:, :, sc].reshape(r, B, C, K - 1)
             g_dt = torch.empty(r, B, L, H, dtype=x.dtype, device=x.device)
             g_xbc = torch.empty(r, B, L, C, dtype=x.dtype, device=x.device)
+            g_u = torch.empty(r, B, G, Rh * P, dtype=x.dtype, device=x.device)
+            g_ss = torch.empty(r, B, H, dtype=x.dtype, device=x.device)  # ⟨rows, s_{j−1}⟩ a head
+            g_Bm = torch.empty(r, B, G, N, dtype=x.dtype, device=x.device)
+            g_Cm = torch.zeros(r, B, G, N, dtype=x.dtype, device=x.device)
+            g_c = torch.empty(r, B, C, dtype=x.dtype, device=x.device)  # on the conv's output: x, B, C
+            Bj_all, uj_all = BT.view(L, B, G, Rh, N)[:, :, :, 0], uT.reshape(L, B, G, Rh * P)
             for j in range(L - 1, -1, -1):
-                s_prev = states[j - 1] if j else s0
+                s_prev = (states[j - 1] if j else s0).view(B, G, Rh, P * N)
                 if g_y is not None:  # on s_j: from the later steps and from its own output
-                    g_s.addcmul_(g_y[:, :, j, :, :, None], Ch[:, j, :, None, :])
-                g_u = torch.linalg.vecdot(g_s, Bh[:, j, :, None, :])  # (r, B, H, P)
-                g_Bm = (u[:, j].reshape(B, G, 1, -1) @ g_s.reshape(r, B, G, -1, N))[..., 0, :]  # (r, B, G, N)
-                g_dt[:, :, j] = ((negA * a[:, j]) * torch.linalg.vecdot(g_s.flatten(-2), s_prev.flatten(-2))
-                                 + torch.linalg.vecdot(g_u, xh[:, j]))
-                g_xh = g_u * dt[:, j, :, None]
+                    heads.addcmul_(g_y[j][..., None], CT[j].view(B, G, 1, Rh, 1, N))
+                for b in range(B):
+                    for q in range(G):
+                        blk = gs[b, q]  # (r, R·P, N)
+                        g_u[:, b, q] = torch.mv(blk.view(-1, N), Bj_all[j, b, q]).view(r, -1)
+                        g_Bm[:, b, q] = torch.bmm(uj_all[j, b, q].view(1, 1, -1).expand(r, 1, -1), blk)[:, 0]
+                        g_ss[:, b, q * Rh:(q + 1) * Rh] = torch.bmm(  # a head's rows against its s_{j−1}
+                            s_prev[b, q].view(Rh, 1, P * N), blk.view(r, Rh, P * N).permute(1, 2, 0))[:, 0].t()
+                        if g_y is not None:
+                            g_Cm[:, b, q] = g_y[j, b, q].reshape(r, Rh * P) @ states[j][b].view(G, Rh * P, N)[q]
+                gu = g_u.view(r, B, H, P)
+                g_dt[:, :, j] = (negA * aT[j]) * g_ss + torch.linalg.vecdot(gu, xT[j])
+                g_xh = gu * dtT[j][..., None]
                 if g_y is not None:
-                    g_xh = g_xh + g_y[:, :, j] * mx.D[:, None]
-                    g_Cm = (g_y[:, :, j].reshape(r, B, G, -1).permute(1, 2, 0, 3)
-                            @ states[j].reshape(B, G, -1, N)).permute(2, 0, 1, 3)
-                else:
-                    g_Cm = torch.zeros_like(g_Bm)
-                g_c = torch.cat([g_xh.reshape(r, B, I), g_Bm.reshape(r, B, G * N), g_Cm.reshape(r, B, G * N)], dim=-1)
+                    g_xh = g_xh + g_y[j].permute(2, 0, 1, 3, 4).reshape(r, B, H, P) * mx.D[:, None]
+                g_c[..., :I] = g_xh.reshape(r, B, I)
+                g_c[..., I:I + G * N], g_c[..., I + G * N:] = g_Bm.view(r, B, -1), g_Cm.view(r, B, -1)
                 g_prev_win = torch.empty_like(g_win)
                 g_xbc[:, :, j] = conv_silu_vjp(mx.conv1d, pre[:, j], g_c, g_win, g_prev_win)
                 g_win = g_prev_win
-                g_s.mul_(a[:, j, :, None, None])  # on s_{j−1}: the state before step j
-                sq[..., j] += sumsq(g_s.reshape(r, B, -1)) + sumsq(g_win.reshape(r, B, -1))
-            g_out[:, :, ss] = g_s.reshape(r, B, -1)
+                heads.mul_(aT[j].view(B, G, 1, Rh, 1, 1))  # on s_{j−1}: the state before step j
+                sq[..., j] += sumsq(gs.view(B, G, r, -1)).sum(1).t() + sumsq(g_win.reshape(r, B, -1))
+            g_out[:, :, ss] = gs.permute(2, 0, 1, 3, 4).reshape(r, B, -1)
             g_out[:, :, sc] = g_win.reshape(r, B, -1)
             g_proj = torch.cat([g_g if g_g is not None else g_xbc.new_zeros(r, B, L, I), g_xbc,
                                 g_dt * slope], dim=-1)
