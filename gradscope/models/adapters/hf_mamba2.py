@@ -361,9 +361,10 @@ class HFMamba2Core(LibraryCore):
         ‖the rows on the state before step k‖², k = 0 … L−1, by ``sumsq`` (Σ x² over the last axis in
         float64) summed over the layers) (:func:`gradscope.models.core.span_cotangents`; what the
         estimated flow needs of every step). Equal to :meth:`step_cotangents` chained L times, but layer by
-        layer over the span: a layer's rows (r × H·P·N) stay in cache while its L steps go back, the
-        projections multiply the span's r·B·L rows at once, and the primal runs once for the span, layer
-        by layer (each layer's states are run again from its first in the reverse)."""
+        layer over the span: a layer's rows (r × H·P·N, laid out so that a sequence's group is one block)
+        go back through its L steps while they stay in cache, each contraction with B, the state or x one
+        matrix–vector product over the block; the projections multiply the span's r·B·L rows at once; the
+        primal runs once for the span, layer by layer (each layer's states run again in the reverse)."""
         with torch.no_grad():
             return self._span_cotangents(x, z, gz, sumsq)
 
