@@ -150,6 +150,15 @@ def linear_jvp(layer: nn.Linear, a: Tensor, da: Tensor | None) -> tuple[Tensor, 
     return out, both[1:]
 
 
+def norm_linear_jvp(norm: nn.Module, layer: nn.Linear, h: Tensor, dh: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """``layer(RMSNorm(h))`` (the norm's weight and ``variance_epsilon``) and its tangents for dh (m, …) or
+    None (no tangent): a Mamba block's input projection."""
+    if dh is None:
+        return layer(rms(h, norm.variance_epsilon) * norm.weight), None
+    hn, dhn = rms_jvp(h, dh, norm.variance_epsilon)
+    return linear_jvp(layer, hn * norm.weight, dhn * norm.weight)
+
+
 def silu_grad(x: Tensor) -> Tensor:
     """d silu(x)/dx = σ(x)(1 + x(1 − σ(x)))."""
     sig = torch.sigmoid(x)

@@ -34,8 +34,8 @@ from torch import Tensor, nn
 
 from gradscope.errors import check
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, adapt_backbone, conv_pre, conv_silu_jvp,
-                                            conv_silu_vjp, linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
-                                            shift_window_jvp, silu_grad)
+                                            conv_silu_vjp, linear_jvp, norm_linear_jvp, rms, rms_jvp, rms_vjp,
+                                            shift_blocks, shift_window_jvp, silu_grad)
 from gradscope.models.core import generic_step_cotangents, generic_step_tangents
 
 TOLERANCE = 1e-4
@@ -131,12 +131,7 @@ class HFMambaCore(LibraryCore):
             sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
             window, dwindow = z[:, sc].reshape(B, I, K - 1), dz[:, :, sc].reshape(m, B, I, K - 1)
             s_prev, ds_prev = z[:, ss].reshape(B, I, N), dz[:, :, ss].reshape(m, B, I, N)
-            if dh is None:
-                hn, dhn = rms(h, block.norm.variance_epsilon) * block.norm.weight, None
-            else:
-                hn, dhn = rms_jvp(h, dh, block.norm.variance_epsilon)
-                hn, dhn = hn * block.norm.weight, dhn * block.norm.weight
-            ug, dug = linear_jvp(mx.in_proj, hn, dhn)
+            ug, dug = norm_linear_jvp(block.norm, mx.in_proj, h, dh)
             u, g = ug.chunk(2, dim=-1)
             du, dg = (None, None) if dug is None else dug.chunk(2, dim=-1)
             c, dc = conv_silu_jvp(mx.conv1d, window, dwindow, u, du)

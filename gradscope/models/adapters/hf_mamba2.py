@@ -39,8 +39,8 @@ from torch import Tensor, nn
 
 from gradscope.errors import check
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, adapt_backbone, conv_silu_jvp, conv_silu_vjp,
-                                            linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks, shift_window_jvp,
-                                            silu_grad)
+                                            linear_jvp, norm_linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
+                                            shift_window_jvp, silu_grad)
 
 TOLERANCE = 1e-4
 SILU = ("silu", "swish")
@@ -185,12 +185,7 @@ class HFMamba2Core(LibraryCore):
             sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
             window, dwindow = z[:, sc].reshape(B, C, K - 1), dz[:, :, sc].reshape(m, B, C, K - 1)
             s_prev, ds_prev = z[:, ss].reshape(B, H, P, N), dz[:, :, ss].reshape(m, B, H, P, N)
-            if dh is None:
-                hn, dhn = rms(h, block.norm.variance_epsilon) * block.norm.weight, None
-            else:
-                hn, dhn = rms_jvp(h, dh, block.norm.variance_epsilon)
-                hn, dhn = hn * block.norm.weight, dhn * block.norm.weight
-            proj, dproj = linear_jvp(mx.in_proj, hn, dhn)
+            proj, dproj = norm_linear_jvp(block.norm, mx.in_proj, h, dh)
             g, xbc, raw = torch.split(proj, [I, C, H], dim=-1)
             dg, dxbc, draw = (None, None, None) if dproj is None else torch.split(dproj, [I, C, H], dim=-1)
             c, dc = conv_silu_jvp(mx.conv1d, window, dwindow, xbc, dxbc)
@@ -273,12 +268,7 @@ class HFMamba2Core(LibraryCore):
             sc, ss = self._slices[f"l{i}/conv"], self._slices[f"l{i}/ssm"]
             window, dwindow = z[:, sc].reshape(B, C, K - 1), dz[:, :, sc].reshape(m, B, C, K - 1)
             s0 = z[:, ss].reshape(B, G, R * P, N)
-            if dh is None:
-                hn, dhn = rms(h, block.norm.variance_epsilon) * block.norm.weight, None
-            else:
-                hn, dhn = rms_jvp(h, dh, block.norm.variance_epsilon)
-                hn, dhn = hn * block.norm.weight, dhn * block.norm.weight
-            proj, dproj = linear_jvp(mx.in_proj, hn, dhn)
+            proj, dproj = norm_linear_jvp(block.norm, mx.in_proj, h, dh)
             g, xbc, raw = torch.split(proj, [I, C, H], dim=-1)  # (B, L, ·)
             dg, dxbc, draw = (None, None, None) if dproj is None else torch.split(dproj, [I, C, H], dim=-1)
             # the causal conv over [window, xBC_0 … xBC_{L−1}]: step j reads entries j … j+K−1
