@@ -255,7 +255,8 @@ class HFMamba2Core(LibraryCore):
         R = H // G  # heads a group
         z_out = torch.empty_like(z) if state else None
         dz_out = torch.empty_like(dz) if state else None
-        tril = torch.ones(L, L, dtype=torch.bool, device=x.device).triu()  # [σ, j]: σ ≤ j
+        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).triu()  # [σ, j]: σ ≤ j
+        later = causal.triu(1)  # [σ, ρ]: ρ > σ
         rows = dz.reshape(m * B, -1)  # the m·B tangent rows, one stride apart
 
         def per_group(v: Tensor) -> Tensor:  # (…, B, G, …) → (…, B, H, …): each head its group's
@@ -285,9 +286,12 @@ class HFMamba2Core(LibraryCore):
             dxs, dBm, dCm = torch.split(dc, [I, G * N, G * N], dim=-1)
             dt, slope = self._dt(mx, raw)  # (B, L, H)
             negA = -torch.exp(mx.A_log)  # (H,)
-            cum = (dt * negA).transpose(1, 2).cumsum(-1)  # (B, H, L): log α_j, the sum of log a over the span
-            alpha = cum.exp()
-            W = (cum[..., None, :] - cum[..., :, None]).masked_fill(~tril, -math.inf).exp()  # [σ, j] = α_j/α_σ
+            ell = (dt * negA).transpose(1, 2)  # (B, H, L): log a_j
+            alpha = ell.cumsum(-1).exp()  # α_j
+            # [σ, j] = α_j/α_σ = exp(Σ_{σ<ρ≤j} ℓ_ρ), each segment summed on its own (a difference of two long
+            # cumulative sums would lose the short segments' digits in float32), 0 below the diagonal
+            seg = ell[..., None, :].expand(*ell.shape, L).masked_fill(~later, 0.0)  # [σ, ρ] = ℓ_ρ for ρ > σ
+            W = seg.cumsum(-1).masked_fill(~causal, -math.inf).exp()
             xh, dxh = xs.reshape(B, L, H, P), dxs.reshape(m, B, L, H, P)
             u = dt[..., None] * xh  # (B, L, H, P)
             du = dt[..., None] * dxh if draw is None else dt[..., None] * dxh + (draw * slope)[..., None] * xh
