@@ -198,7 +198,8 @@ def test_hand_derived_step_cotangents_equal_torch_func(falcon: bool, monkeypatch
     ``torch.func.vjp`` of its step in float64, and the estimated flow with and without it."""
     from gradscope.analysis.estimators import flow_hutchinson
     from gradscope.models.adapters.hf_mamba import HFMambaCore
-    from gradscope.models.core import generic_step_cotangents, scan, step_cotangents
+    from gradscope.analysis.dynamics import previous_states
+    from gradscope.models.core import generic_step_cotangents, step_cotangents
 
     wrapped = gradscope.wrap(tiny(falcon))
     core = wrapped.core
@@ -208,8 +209,7 @@ def test_hand_derived_step_cotangents_equal_torch_func(falcon: bool, monkeypatch
                                rtol=1e-12, atol=1e-13)
     with torch.no_grad():
         inputs = wrapped.core_inputs(tokens(6))
-        prev = torch.cat([torch.zeros_like(inputs[:, :1, :1]).expand(-1, 1, core.state_dim),
-                          scan(core, inputs)[1][:, :-1]], dim=1)
+        prev = previous_states(core, inputs)
     ours = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(HFMambaCore, "step_cotangents", None)
     ref = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
