@@ -223,7 +223,8 @@ def test_hand_derived_step_products_equal_torch_func(limit, monkeypatch) -> None
     from gradscope.analysis.estimators import flow_hutchinson
     from gradscope.analysis.jacobian import jvp_products, state_jacobian
     from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
-    from gradscope.models.core import generic_step_cotangents, scan, step_cotangents
+    from gradscope.analysis.dynamics import previous_states
+    from gradscope.models.core import generic_step_cotangents, step_cotangents
 
     wrapped = gradscope.wrap(tiny() if limit is None else tiny(time_step_limit=limit))
     core = wrapped.core
@@ -246,8 +247,7 @@ def test_hand_derived_step_products_equal_torch_func(limit, monkeypatch) -> None
     torch.testing.assert_close(P, J @ V.transpose(1, 2), rtol=1e-10, atol=1e-12)
     with torch.no_grad():
         inputs = wrapped.core_inputs(tokens(6))
-        prev = torch.cat([torch.zeros_like(inputs[:, :1, :1]).expand(-1, 1, core.state_dim),
-                          scan(core, inputs)[1][:, :-1]], dim=1)
+        prev = previous_states(core, inputs)
     ours = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(HFMamba2Core, "chain_tangents", None)
     monkeypatch.setattr(HFMamba2Core, "span_cotangents", None)
@@ -297,7 +297,8 @@ def test_a_span_pulled_back_layer_by_layer_equals_the_chained_steps(limit, monke
     from gradscope.analysis.estimators import flow_hutchinson
     from gradscope.analysis.reduce import sumsq_blocks
     from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
-    from gradscope.models.core import generic_step_cotangents, scan, span_cotangents, step_at
+    from gradscope.analysis.dynamics import previous_states
+    from gradscope.models.core import generic_step_cotangents, span_cotangents, step_at
 
     wrapped = gradscope.wrap(tiny(bare=limit is not None, **({} if limit is None else {"time_step_limit": limit})))
     core = wrapped.core
@@ -315,10 +316,14 @@ def test_a_span_pulled_back_layer_by_layer_equals_the_chained_steps(limit, monke
             ref = generic_step_cotangents(core, x[:, k], states[k], ref)
             torch.testing.assert_close(sq[..., k], (ref ** 2).sum(-1), rtol=1e-12, atol=0, msg=f"step {k} of {L}")
         torch.testing.assert_close(rows, ref, rtol=1e-12, atol=1e-13)
+        with monkeypatch.context() as mp:  # the fallback (states run forward, each step's own reverse) agrees
+            mp.setattr(HFMamba2Core, "span_cotangents", None)
+            rows_fb, sq_fb = span_cotangents(core, x, z, gz, sumsq_blocks)
+        torch.testing.assert_close(rows_fb, ref, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(sq_fb, sq, rtol=1e-12, atol=0)
     with torch.no_grad():
         inputs = wrapped.core_inputs(tokens(8, length=7))
-        prev = torch.cat([torch.zeros_like(inputs[:, :1, :1]).expand(-1, 1, core.state_dim),
-                          scan(core, inputs)[1][:, :-1]], dim=1)
+        prev = previous_states(core, inputs)
     monkeypatch.setattr(estimators, "FLOW_SPAN", 2)
     ours = flow_hutchinson(core, inputs, prev, probes=4, generator=torch.Generator().manual_seed(2))
     monkeypatch.setattr(HFMamba2Core, "span_cotangents", None)
