@@ -289,17 +289,22 @@ def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: i
           f"checkpoint_every: got {checkpoint_every!r}; it must be a positive integer")
     check(z0 is None or (isinstance(z0, Tensor) and tuple(z0.shape) == (B, D)),
           f"z0: expected a state (B, D) = ({B}, {D}); got {tuple(z0.shape) if isinstance(z0, Tensor) else z0!r}")
-    k = D if exponents is None else exponents
-    check(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= D,
-          f"exponents: got {exponents!r}; it must be an integer in [1, {D}] (the state width) or None for all")
+    structure = structure_of(core)
+    own = spectrum_width(structure)  # the held attention caches are inputs, not state, here
+    k = own if exponents is None else exponents
+    check(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= own,
+          f"exponents: got {exponents!r}; it must be an integer in [1, {own}] (the "
+          f"{'recurrent ' if own < D else ''}state width) or None for all")
     check(qr_dtype in (torch.float32, torch.float64), f"qr_dtype: got {qr_dtype}; expected torch.float32 or torch.float64")
     check(engine in ENGINES, f"engine: got {engine!r}; valid values are {', '.join(ENGINES)}")
     check(isinstance(batches, int) and not isinstance(batches, bool) and batches >= 1,
           f"batches: got {batches!r}; it must be a positive integer (10: the default)")
-    structure = structure_of(core)
     checkpoint_every = running_every(T - warmup, k, checkpoint_every)
     if engine == "auto":
         engine = "dense" if structure.is_dense else "structured"
+    check(engine == "structured" or own == D,
+          f"engine: {type(core).__name__}'s attention caches grow with the position, so its step map is not square; "
+          f"its spectrum is the recurrent layers' own, with the caches held as inputs: use engine='structured'")
     with torch.no_grad():
         z = initial_state(core, B, inputs) if z0 is None else z0.to(inputs)
         if engine == "structured":
@@ -356,6 +361,12 @@ def _result(exps: Tensor, flags: Tensor, running: list[Tensor], running_steps: l
                           batches=batches)
 
 
+def spectrum_width(structure: JacobianStructure) -> int:
+    """How many exponents the spectrum has: the state's entries but those of held blocks (attention caches,
+    which grow with the position: :attr:`~gradscope.models.structure.StateBlock.held`)."""
+    return sum(b.width for b in structure.blocks if not b.held)
+
+
 def _repeat(blk: StateBlock) -> int:
     """How many state entries each value of a block's accumulator stands for: a repeated diagonal's group
     (``size``), a repeated block's copies (``repeat``), a complex mode's two real entries, else 1."""
@@ -372,9 +383,12 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
     per-head blocks by Benettin/QR on their own width."""
     B, T, _ = x.shape
     dev = x.device
+    own = [i for i, b in enumerate(structure.blocks) if not b.held]  # the held caches are inputs along the trajectory
+    blocks = [structure.blocks[i] for i in own]
+    width = sum(b.width for b in blocks)
     frames: list[Tensor | None] = []
     accs: list[_Accumulator] = []
-    for blk in structure.blocks:
+    for blk in blocks:
         if blk.form == "dense":
             n = blk.width
             frames.append(torch.eye(n, dtype=qr_dtype, device=dev).expand(B, n, n).contiguous())
@@ -393,11 +407,11 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
     def flat(values: list[Tensor]) -> Tensor:  # per-block (B, …) → (B, D) in state order
         return torch.cat([v.reshape(B, -1) for v in values], dim=-1)
 
-    reps = [_repeat(b) for b in structure.blocks]  # each accumulator value's multiplicity in the state
+    reps = [_repeat(b) for b in blocks]  # each accumulator value's multiplicity in the state
 
     def expanded(i: int, v: Tensor) -> Tensor:  # each accumulator value once per state entry it stands for
         return v.reshape(B, -1) if reps[i] == 1 else v.reshape(B, -1).repeat_interleave(reps[i], dim=-1)
-    counts = torch.cat([torch.full((b.width // r,), r, dtype=torch.long, device=dev) for b, r in zip(structure.blocks, reps)])
+    counts = torch.cat([torch.full((b.width // r,), r, dtype=torch.long, device=dev) for b, r in zip(blocks, reps)])
 
     def top(values: list[Tensor]) -> Tensor:  # the top k of the expanded state, descending, without expanding
         compact = torch.cat([v.reshape(B, -1) for v in values], dim=-1)
@@ -410,7 +424,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
         for t in range(start, end):
             z_next, diag = step_and_blocks(core, x[:, t], z, t)  # one pass where the core offers it
             counted_step = t >= warmup
-            for i, (blk, d) in enumerate(zip(structure.blocks, diag)):
+            for i, (blk, d) in enumerate(zip(blocks, (diag[j] for j in own))):
                 if blk.form in ("diagonal", "complex_diagonal"):
                     if counted_step:
                         one = d if blk.size == 1 else d.reshape(d.shape[0], -1, blk.size)[..., 0]  # a group's one value
@@ -426,7 +440,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
                         log_det += _repeat(blk) * torch.linalg.slogdet(dq.double()).logabsdet.reshape(B, -1).sum(-1)
                     products[i] = dq @ (frames[i] if t == start else products[i])
             z = z_next
-        for i, blk in enumerate(structure.blocks):
+        for i, blk in enumerate(blocks):
             if frames[i] is None:
                 continue
             a, tau = torch.geqrf(products[i])
@@ -438,7 +452,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             if counted >= mark or end == T:
                 # the top k only (what _result keeps): a history of all D at a real model's size is GBs
                 running.append(flat([expanded(i, acc.logs) for i, acc in enumerate(accs)]) / counted
-                               if k == core.state_dim else top([acc.logs / counted for acc in accs]))
+                               if k == width else top([acc.logs / counted for acc in accs]))
                 running_steps.append(counted)
                 mark = (counted // checkpoint_every + 1) * checkpoint_every
         start = end
@@ -448,7 +462,7 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
     errs = [acc.errors() for acc in accs]
     errors = tuple(flat([expanded(i, e[j]) for i, e in enumerate(errs)]) for j in range(3))
     return _result(exps, flags, running, running_steps, log_det, T - warmup, warmup, reorth, "structured",
-                   structure.describe(), k=None if k == core.state_dim else k, errors=errors, batches=batches)
+                   structure.describe(), k=None if k == width else k, errors=errors, batches=batches)
 
 
 def lyapunov_flops(D: int, k: int, B: int, T: int, structure: JacobianStructure | None = None, apply: str = "jacobian",

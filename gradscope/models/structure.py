@@ -50,6 +50,8 @@ class StateBlock:
     size: int = 1  # block_diagonal: the width of each head's block; diagonal: how many consecutive entries
     # share one value (a scalar per head, e.g. Mamba-2's exp(Δ_h A_h) over a head's P·N entries)
     repeat: int = 1  # block_diagonal: how many consecutive blocks are the same block (M_t ⊗ I_repeat)
+    held: bool = False  # an attention layer's keys and values: no fixed-size state of its own, so the Lyapunov and
+    # step spectra hold it as an input along the trajectory and report the other blocks only
 
     def __post_init__(self) -> None:
         check(self.form in FORMS, f"form: got {self.form!r}; valid forms are {', '.join(FORMS)}")

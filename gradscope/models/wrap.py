@@ -18,6 +18,7 @@ batch; a disagreement above ``tolerance`` is an error, never a silently wrong Ja
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -164,7 +165,8 @@ def _check_now(model: WrappedModel, seed: int) -> None:
 
 
 def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.Module | None = None, *,
-                 tolerance: float | None = None, seed: int = 0, checks: bool = True) -> WrappedModel:
+                 tolerance: float | None = None, seed: int = 0, checks: bool = True,
+                 positions: int | None = None) -> WrappedModel:
     """A library model → a gradscope model (its own modules, no copies), checked against the library.
 
     inputs / readout: only for a model without its own (mambapy's bare ``Mamba`` reads float vectors
@@ -174,12 +176,19 @@ def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.
     measured float32 error model, never below the adapter's stated one). The wrapped model records
     ``library_error`` (the measured difference) and ``library_tolerance``. seed: of the small random
     check batch. checks: also run the protocol checks (batched = per-sample step; vjp = func engine).
+    positions: a model with attention layers: its attention caches' slots, the longest sequence it will
+    read (default :data:`~gradscope.models.adapters.attention.POSITIONS`); refused for a model without.
     """
     name = adapter_for(model)
     if name is None:
         raise TypeError(f"no adapter for {type(model).__name__}")
     module = importlib.import_module(f"gradscope.models.adapters.{name}")
-    adapted = module.adapt(model)
+    if positions is None:
+        adapted = module.adapt(model)
+    else:
+        check("positions" in inspect.signature(module.adapt).parameters,
+              f"positions: a {type(model).__name__} has no attention layers, so no attention cache to size")
+        adapted = module.adapt(model, positions=positions)
     core = adapted.core
     kind = type(model).__name__
     check(inputs is None or adapted.inputs is None,
@@ -215,7 +224,7 @@ def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.
 
 def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
          readout: Callable[[Tensor], Tensor] | None = None, *, tolerance: float | None = None,
-         seed: int = 0, checks: bool = True) -> WrappedModel:
+         seed: int = 0, checks: bool = True, positions: int | None = None) -> WrappedModel:
     """A user's recurrent model, ready for :func:`gradscope.state_jacobian` and :func:`gradscope.stability`.
 
     rnn: an ``nn.RNN`` (tanh), ``nn.GRU`` or ``nn.LSTM`` (any number of layers, ``batch_first``
@@ -231,7 +240,11 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     (nn.RNN/GRU/LSTM: 1e-5; library models: scaled with depth and dtype, :func:`wrap_library`).
     seed: of the check batches.
     checks: run the protocol checks (:mod:`gradscope.models.protocol`) on a protocol core or adapter.
+    positions: a library model with attention layers (Qwen3-Next): the slots of its attention caches, the
+    longest sequence an analysis may feed it (:mod:`gradscope.models.adapters.attention`).
     """
+    check(positions is None or adapter_for(rnn) is not None,
+          f"positions: only a library model with attention layers has an attention cache to size; got {type(rnn).__name__}")
     warn_nonfinite(rnn, f"model: {type(rnn).__name__}")  # NaN/Inf weights named before any work (issue #36)
     half = next(((n, t.dtype) for n, t in rnn.state_dict().items() if t.dtype in (torch.float16, torch.bfloat16)), None)
     check(half is None, f"model: {type(rnn).__name__} holds {str(half[1]).replace('torch.', '')} tensors ({half[0]}, …); "
@@ -244,7 +257,7 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     elif isinstance(rnn, WrappedModel):
         raise GradscopeError("rnn: this model is already wrapped")
     elif adapter_for(rnn) is not None:
-        return wrap_library(rnn, inputs, readout, tolerance=tolerance, seed=seed, checks=checks)
+        return wrap_library(rnn, inputs, readout, tolerance=tolerance, seed=seed, checks=checks, positions=positions)
     else:
         missing = [name for name in PROTOCOL if not hasattr(rnn, name)]
         check(not missing, f"rnn: {type(rnn).__name__} is neither an nn.RNN/GRU/LSTM nor a core: it lacks "

@@ -9,10 +9,13 @@ transformers              ``RwkvForCausalLM``, ``RwkvModel``                    
 transformers              ``xLSTMForCausalLM``, ``xLSTMModel`` (mLSTM)                ``hf_xlstm``
 transformers              ``RecurrentGemmaForCausalLM``, ``RecurrentGemmaModel``       ``hf_recurrent_gemma``
 transformers              ``Mamba2ForCausalLM``, ``Mamba2Model``                      ``hf_mamba2``
+transformers              ``Qwen3NextForCausalLM``, ``Qwen3NextModel``                ``hf_qwen3_next``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
-Each adapter module has ``adapt(model) → Adapted`` (:mod:`gradscope.models.adapters.base`).
+Each adapter module has ``adapt(model) → Adapted`` (:mod:`gradscope.models.adapters.base`); one whose model
+has attention layers also takes ``positions``, its attention caches' slots
+(:mod:`gradscope.models.adapters.attention`).
 :func:`gradscope.models.wrap.wrap_library` builds the wrapped model, compares it with the library's own
 forward and runs the protocol checks (:mod:`gradscope.models.protocol`).
 """
@@ -32,6 +35,8 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "RecurrentGemmaModel"): "hf_recurrent_gemma",
     ("transformers", "Mamba2ForCausalLM"): "hf_mamba2",
     ("transformers", "Mamba2Model"): "hf_mamba2",
+    ("transformers", "Qwen3NextForCausalLM"): "hf_qwen3_next",
+    ("transformers", "Qwen3NextModel"): "hf_qwen3_next",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
     ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels

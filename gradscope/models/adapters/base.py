@@ -43,6 +43,7 @@ class Entry:
     form: str = "dense"
     size: int = 1
     repeat: int = 1  # block_diagonal: consecutive blocks that are one block repeated (StateBlock.repeat)
+    held: bool = False  # an attention cache: held as an input along the trajectory by the spectra (StateBlock.held)
 
     @property
     def width(self) -> int:
@@ -77,7 +78,7 @@ class LibraryCore(Core):
     def jacobian_structure(self) -> JacobianStructure:
         """One block per entry, lower-triangular in the entries' order."""
         return JacobianStructure(tuple(StateBlock(e.name, self._slices[e.name].start, self._slices[e.name].stop,
-                                                  e.form, e.size, e.repeat) for e in self.entries))
+                                                  e.form, e.size, e.repeat, e.held) for e in self.entries))
 
     def unpack(self, z: Tensor) -> dict[str, Tensor]:
         """z (B, D) → entry name → (B, *shape) (views where possible). One ``torch.split``, not a slice per

@@ -27,6 +27,7 @@ failure of transformers or safetensors while loading is a :class:`GradscopeError
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,64 @@ def _fill(model: nn.Module, values: Any, where: Path) -> None:
             done[g] = name
 
 
+EXPERT = re.compile(r"^(?P<pre>.+\.experts)\.(?P<e>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _expert_groups(names: list[str]) -> dict[str, dict[int, dict[str, str]]]:
+    """Per-expert MoE weights (``….experts.<e>.{gate,up,down}_proj.weight``, the layout ``save_pretrained``
+    writes) by module prefix → expert → part → name."""
+    groups: dict[str, dict[int, dict[str, str]]] = {}
+    for name in names:
+        m = EXPERT.match(name)
+        if m:
+            groups.setdefault(m["pre"], {}).setdefault(int(m["e"]), {})[m["part"]] = name
+    return groups
+
+
+def fuse_expert_headers(tensors: dict[str, TensorInfo], where: Path) -> dict[str, TensorInfo]:
+    """The headers with each MoE block's per-expert weights replaced by the fused tensors transformers' model
+    holds (as its own loading converts them): ``experts.gate_up_proj`` (E, 2I, hidden), each expert's gate rows
+    then its up rows, and ``experts.down_proj`` (E, hidden, I). An incomplete or ragged set is refused."""
+    groups = _expert_groups(list(tensors))
+    if not groups:
+        return tensors
+    out = {k: v for k, v in tensors.items() if not EXPERT.match(k)}
+    for pre, experts in groups.items():
+        E = len(experts)
+        ok = sorted(experts) == list(range(E)) and all(set(parts) == {"gate_proj", "up_proj", "down_proj"}
+                                                         for parts in experts.values())
+        check(ok, f"checkpoint: {where}: the experts of {pre} are incomplete (each of experts 0 … {E - 1} needs "
+                  f"gate_proj, up_proj and down_proj weights)")
+        shapes = {part: {tensors[experts[e][part]].shape for e in experts} for part in ("gate_proj", "up_proj", "down_proj")}
+        check(all(len(v) == 1 for v in shapes.values()) and shapes["gate_proj"] == shapes["up_proj"],
+              f"checkpoint: {where}: the experts of {pre} differ in shape")
+        (inter, hidden), = shapes["gate_proj"]
+        first = tensors[experts[0]["gate_proj"]]
+        out[f"{pre}.gate_up_proj"] = TensorInfo(first.dtype, (E, 2 * inter, hidden), first.file)
+        out[f"{pre}.down_proj"] = TensorInfo(first.dtype, (E, *next(iter(shapes["down_proj"]))), first.file)
+    return out
+
+
+def fuse_expert_values(values: Any, names: list[str]):  # noqa: ANN201 - a generator of (name, tensor)
+    """(name, tensor) with per-expert MoE weights fused as :func:`fuse_expert_headers` says, each block's
+    tensors once all its experts have been read."""
+    groups = _expert_groups(names)
+    pending: dict[str, dict[str, torch.Tensor]] = {pre: {} for pre in groups}
+    for name, value in values:
+        m = EXPERT.match(name)
+        if not m:
+            yield name, value
+            continue
+        pre = m["pre"]
+        pending[pre][name] = value
+        experts = groups[pre]
+        if len(pending[pre]) == 3 * len(experts):
+            got = pending.pop(pre)
+            parts = [experts[e] for e in range(len(experts))]
+            yield f"{pre}.gate_up_proj", torch.stack([torch.cat([got[p["gate_proj"]], got[p["up_proj"]]]) for p in parts])
+            yield f"{pre}.down_proj", torch.stack([got[p["down_proj"]] for p in parts])
+
+
 def _safetensors_values(files: list[Path]):  # noqa: ANN202 - a generator of (name, tensor)
     try:
         from safetensors import safe_open
@@ -218,9 +277,10 @@ def _load_hf(transformers: Any, spec: str, path: Path, config: Path | None) -> n
             name = archs[0]
         cls = _class(transformers, name)
         files, weight_map = weight_files(path)
-        tensors = read_headers(files, weight_map)
+        stored = read_headers(files, weight_map)
+        tensors = fuse_expert_headers(stored, path)
         model = _build(cls, _config(cls, data, cfg_file, "checkpoint", tensors), name, cfg_file, path, tensors, _auto_dtype(data, tensors))
-        _fill(model, _safetensors_values(files), path)
+        _fill(model, fuse_expert_values(_safetensors_values(files), list(stored)), path)
     else:
         check(bool(name), "model_factory: with a weights file give the class, e.g. --model-factory hf:MambaForCausalLM")
         check(config is not None, f"config: hf:{name} with a weights file needs --config config.json")
@@ -229,18 +289,19 @@ def _load_hf(transformers: Any, spec: str, path: Path, config: Path | None) -> n
         data = read_json(cfg_file, "config")
         check(path.is_file(), f"checkpoint: {path} does not exist")
         if path.suffix == ".safetensors":
-            tensors = safetensors_header(path)
+            stored = safetensors_header(path)
+            tensors = fuse_expert_headers(stored, path)
             cfg = _config(cls, data, cfg_file, "config", tensors)
             model = _build(cls, cfg, name, cfg_file, path, tensors, None)
-            _fill(model, _safetensors_values([path]), path)
+            _fill(model, fuse_expert_values(_safetensors_values([path]), list(stored)), path)
         else:
             check(path.suffix in PICKLES, f"checkpoint: {path} is neither .safetensors nor one of {', '.join(PICKLES)}")
             check_bytes(path.stat().st_size, f"checkpoint: {path}")
             state = read_weights(path)
-            tensors = {k: TensorInfo(v.dtype, tuple(v.shape), path) for k, v in state.items()}
+            tensors = fuse_expert_headers({k: TensorInfo(v.dtype, tuple(v.shape), path) for k, v in state.items()}, path)
             cfg = _config(cls, data, cfg_file, "config", tensors)
             model = _build(cls, cfg, name, cfg_file, path, tensors, None, extra_bytes=path.stat().st_size)
-            _fill(model, state.items(), path)
+            _fill(model, fuse_expert_values(state.items(), list(state)), path)
     return model.eval()  # its NaN/Inf weights, if any, are named by gradscope.wrap
 
 

@@ -1,0 +1,238 @@
+"""gradscope.wrap(transformers Qwen3NextForCausalLM / Qwen3NextModel): Gated DeltaNet layers, a gated attention
+layer whose keys and values are part of the state, dense and MoE MLPs, against a float64 brute force through
+transformers' own forward and cache (tests/helpers/adapterkit.py): the state Jacobian, the state's size,
+S(A, A) = 1 and its invariance to a permutation of the state, the delta rule's exponents against a dense QR
+of its full step Jacobian, and the CLI on a saved model directory (issue #49)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import gradscope  # noqa: E402
+from gradscope.errors import GradscopeError  # noqa: E402
+from tests.helpers.adapterkit import Family, check_stability, check_state_jacobian, probes  # noqa: E402
+
+B, T, V = 2, 7, 40
+RTOL = 2e-6  # transformers runs its delta rule, RMSNorms and router in float32 even for a float64 model
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 8
+HV, HK, DK, DV, KERNEL = 4, 2, 4, 3, 3
+TYPES = ["linear_attention", "full_attention", "linear_attention"]  # a hybrid: the attention layer in the middle
+
+
+def config(**extra) -> "transformers.Qwen3NextConfig":  # noqa: ANN003
+    base = dict(vocab_size=V, hidden_size=HIDDEN, intermediate_size=24, num_hidden_layers=len(TYPES),
+                layer_types=TYPES, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                linear_num_value_heads=HV, linear_num_key_heads=HK, linear_key_head_dim=DK,
+                linear_value_head_dim=DV, linear_conv_kernel_dim=KERNEL, num_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=8, shared_expert_intermediate_size=8, decoder_sparse_step=2,
+                max_position_embeddings=64, experts_implementation="eager", attn_implementation="eager")
+    base.update(extra)
+    return transformers.Qwen3NextConfig(**base)
+
+
+def tiny(bare: bool = False, **extra) -> torch.nn.Module:  # noqa: ANN003
+    torch.manual_seed(0)
+    cls = transformers.Qwen3NextModel if bare else transformers.Qwen3NextForCausalLM
+    model = cls(config(**extra)).eval()
+    with torch.no_grad():  # the default init leaves the (1 + w) norms at 1 and a zero router: make every term count
+        gen = torch.Generator().manual_seed(10)
+        for name, p in model.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.normal_(0.0, 0.3, generator=gen)
+            elif "experts" in name or "mlp.gate." in name:
+                p.normal_(0.0, 0.3, generator=gen)
+            elif "dt_bias" in name:
+                p.normal_(0.0, 0.5, generator=gen)
+    return model.double()
+
+
+def family(model: torch.nn.Module, positions: int) -> Family:
+    """Qwen3-Next's cache in the documented layout: per linear-attention layer the conv window without its
+    oldest input and the delta state transposed (H_v, d_v, d_k); per attention layer its keys and values
+    (positions, H_kv, d), zero beyond the tokens read. The library's one-token path, token by token."""
+    bb = getattr(model, "model", model)
+    types = model.config.layer_types
+
+    def read(cache) -> list[torch.Tensor]:  # noqa: ANN001
+        out = []
+        for l, kind in enumerate(types):
+            layer = cache.layers[l]
+            if kind == "linear_attention":
+                out += [layer.conv_states[0][:, :, 1:].double(), layer.recurrent_states[0].transpose(-1, -2).double()]
+            else:
+                for kv in (layer.keys, layer.values):  # (B, H_kv, n, d) → (B, positions, H_kv, d), zero-padded
+                    pad = kv.new_zeros(kv.shape[0], kv.shape[1], positions - kv.shape[2], kv.shape[3])
+                    out.append(torch.cat([kv, pad], dim=2).transpose(1, 2))
+        return out
+
+    def state(tokens: torch.Tensor) -> list[torch.Tensor]:
+        return [q.clone() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
+
+    def step(parts: list[torch.Tensor], columns: torch.Tensor, t0: int):  # noqa: ANN202
+        with torch.no_grad():
+            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
+        it = iter(parts)
+        for l, kind in enumerate(types):
+            layer = cache.layers[l]
+            if kind == "linear_attention":
+                window = next(it)
+                layer.conv_states[0] = torch.cat([torch.zeros_like(window[:, :, :1]), window], dim=-1)
+                layer.recurrent_states[0] = next(it).transpose(-1, -2).contiguous()
+            else:
+                layer.keys, layer.values = (next(it)[:, :t0].transpose(1, 2).contiguous() for _ in range(2))
+        for t in range(columns.shape[1]):  # the one-token path, token by token
+            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
+        return y, read(cache)
+
+    return Family(model, state, step, V)
+
+
+POSITIONS = 12
+
+
+@pytest.fixture(scope="module")
+def qwen():  # noqa: ANN201
+    model = tiny()
+    return model, gradscope.wrap(model, positions=POSITIONS), family(model, POSITIONS)
+
+
+def tokens(seed: int, n: int = B, length: int = T) -> torch.Tensor:
+    return torch.randint(0, V, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_wrap_runs_on_the_model_itself_with_the_configured_state() -> None:
+    model = tiny()
+    wrapped = gradscope.wrap(model, positions=POSITIONS)
+    core = wrapped.core
+    assert core.model is model.model and wrapped.readout is model.lm_head
+    ours = {p.data_ptr() for p in wrapped.parameters()}
+    assert all(p.data_ptr() in ours for p in model.parameters())  # the same tensors, no copies
+    assert list(core.state_layout()) == ["l0/conv", "l0/delta", "l1/keys", "l1/values", "l2/conv", "l2/delta"]
+    conv = 2 * HK * DK + HV * DV
+    assert core.state_dim == 2 * (conv * (KERNEL - 1) + HV * DK * DV) + 2 * POSITIONS * KV_HEADS * HEAD_DIM
+    held = [b.name for b in core.jacobian_structure().blocks if b.held]
+    assert held == ["l1/keys", "l1/values"]
+    with torch.no_grad():
+        logits = model(input_ids=tokens(9), use_cache=False).logits
+        assert float((wrapped(tokens(9)) - logits).abs().max()) < 1e-5 * max(1.0, float(logits.abs().max()))
+    assert isinstance(model.model.layers[1].mlp, transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextSparseMoeBlock)
+
+
+@pytest.mark.parametrize("p,method", [(1, "vjp"), (3, "func"), (T - 1, "auto")])
+def test_state_jacobian_matches_the_library_cache(qwen, p: int, method: str) -> None:  # noqa: ANN001
+    """J = ∂y_T/∂z_p, recurrent states and keys/values at positions ≤ p, equals the library's own, set in its
+    cache at p and run token by token, one autograd row per output."""
+    model, wrapped, fam = qwen
+    check_state_jacobian(fam, wrapped, tokens(1), p, method, RTOL)
+
+
+def test_stability_matches_the_library_is_one_with_itself_and_ignores_the_states_order(qwen) -> None:  # noqa: ANN001
+    from gradscope.analysis.scores import default_score
+
+    model, wrapped, fam = qwen
+    check_stability(fam, wrapped, L=6, p=3, rtol=1e-6)
+    jac = gradscope.state_jacobian(wrapped, tokens(5), position=3).jac
+    same = default_score(jac, jac)
+    assert torch.allclose(same, torch.ones_like(same), rtol=0, atol=1e-12)
+    other = gradscope.state_jacobian(wrapped, tokens(6), position=3).jac
+    perm = torch.randperm(jac.shape[-1], generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(default_score(jac[..., perm], other[..., perm]), default_score(jac, other),
+                               rtol=1e-12, atol=1e-14)
+
+
+def test_a_sequence_beyond_the_cache_is_refused_in_one_line(qwen) -> None:  # noqa: ANN001
+    _, wrapped, _ = qwen
+    with pytest.raises(GradscopeError, match="holds 12 positions") as err:
+        gradscope.state_jacobian(wrapped, tokens(2, length=POSITIONS + 1), position=2)
+    assert "\n" not in str(err.value)
+    with pytest.raises(GradscopeError, match="no attention cache"):
+        gradscope.wrap(transformers.MambaForCausalLM(transformers.MambaConfig(
+            vocab_size=V, hidden_size=8, num_hidden_layers=1, state_size=2)).eval(), positions=8)
+
+
+def test_the_delta_rules_exponents_equal_a_dense_qr_of_its_step_jacobian() -> None:
+    """A Gated DeltaNet layer alone: the structured engine's exponents (M_t's d_k × d_k cocycle, each d_v times)
+    equal Benettin's QR of the delta state's full (d_k·d_v per head) step Jacobian from torch.func, which knows
+    nothing of M_t ⊗ I; the conv window's are −∞. (The delta block alone: in a QR of the whole J_t the
+    nilpotent conv columns die after K − 1 steps and leave their frame vectors free to take delta directions.)"""
+    from gradscope.analysis.lyapunov import lyapunov_spectrum
+    from gradscope.models.core import generic_step_jacobian, initial_state, step_at
+
+    model = tiny(num_hidden_layers=1, layer_types=["linear_attention"])
+    wrapped = gradscope.wrap(model)
+    core = wrapped.core
+    x = wrapped.core_inputs(tokens(3, n=1, length=80))
+    warmup = 5
+    delta = core.jacobian_structure().blocks[1]
+    assert delta.name == "l0/delta" and (delta.size, delta.repeat) == (DK, DV)
+    own = slice(delta.start, delta.stop)
+    with torch.no_grad():
+        got = lyapunov_spectrum(core, x, warmup=warmup).exponents.reshape(-1)
+        z = initial_state(core, 1, x)
+        Q = torch.eye(delta.width, dtype=torch.float64)[None]
+        sums = torch.zeros(delta.width, dtype=torch.float64)
+        for t in range(x.shape[1]):
+            J = generic_step_jacobian(core, x[:, t], z, t)[:, own, own]
+            z = step_at(core, x[:, t], z, t)[1]
+            if t < warmup:
+                continue
+            Q, R = torch.linalg.qr(J @ Q)
+            sums += R[0].diagonal().abs().log()
+        dense = (sums / (x.shape[1] - warmup)).sort(descending=True).values
+    finite = got[torch.isfinite(got)].sort(descending=True).values
+    assert finite.numel() == delta.width  # the delta state's exponents; the conv window's are −∞
+    assert int(torch.isneginf(got).sum()) == (2 * HK * DK + HV * DV) * (KERNEL - 1)
+    torch.testing.assert_close(finite, dense, rtol=0, atol=0.05)  # a finite window: the frames' O(1/T) transients
+    counts = torch.unique_consecutive(finite.round(decimals=8), return_counts=True)[1]
+    assert bool((counts % DV == 0).all())  # each of M's exponents d_v times
+
+
+def test_lyapunov_of_the_hybrid_holds_the_attention_cache_as_input(qwen) -> None:  # noqa: ANN001
+    """The spectra are of the recurrent layers' states only: as many exponents as the non-held blocks'
+    entries, equal to the structured engine's on the recurrent blocks."""
+    from gradscope.analysis.lyapunov import lyapunov_spectrum
+
+    _, wrapped, _ = qwen
+    core = wrapped.core
+    with torch.no_grad():
+        res = lyapunov_spectrum(core, wrapped.core_inputs(tokens(4, n=1, length=POSITIONS)), warmup=2)
+    recurrent = sum(b.width for b in core.jacobian_structure().blocks if not b.held)
+    assert res.exponents.shape[-1] == recurrent
+    assert int(torch.isfinite(res.exponents).sum()) == 2 * HV * DK * DV
+
+
+def test_the_bare_model_and_dense_mlps() -> None:
+    bare = tiny(bare=True, num_experts=0)
+    wrapped = gradscope.wrap(bare, positions=POSITIONS)
+    assert wrapped.readout is None
+    check_state_jacobian(family(bare, POSITIONS), wrapped, tokens(4), 2, "vjp", RTOL)
+
+
+def test_cli_stability_on_a_saved_directory(runner, tmp_path) -> None:  # noqa: ANN001
+    import numpy as np
+    import xarray as xr
+
+    from gradscope.cli.app import app
+
+    model = tiny().float()
+    model.save_pretrained(tmp_path / "q3n")
+    assert json.loads((tmp_path / "q3n" / "config.json").read_text())["architectures"] == ["Qwen3NextForCausalLM"]
+    from gradscope.models.adapters.load import load_hf
+
+    loaded = load_hf("hf", tmp_path / "q3n")  # the experts, saved one by one, fused back as the model holds them
+    want = model.state_dict()
+    assert set(loaded.state_dict()) == set(want)
+    assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items())
+    probes_file = tmp_path / "p.npy"
+    np.save(probes_file, probes(V, 3, 6, 2, seed=6).numpy())
+    out = tmp_path / "s.zarr"
+    result = runner.invoke(app, ["stability", str(tmp_path / "q3n"), "--model-factory", "hf", "--probes",
+                                 str(probes_file), "--target-pos", "2", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.stderr
+    ds = xr.open_zarr(out)
+    assert np.isfinite(ds["score_default"].values).all()
