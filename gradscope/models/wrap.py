@@ -222,6 +222,23 @@ def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.
     return wrapped
 
 
+def fit_positions(model: nn.Module, length: int) -> nn.Module:
+    """``model`` with its attention caches sized to sequences of ``length`` tokens: for a library model with
+    attention layers (its core has ``positions``), a wrapped model sharing every module whose core holds
+    exactly ``length`` slots, so no analysis carries empty slots or overruns them; any other model as it is.
+    The analyses that know their sequences' length call it (stability, dynamics, the text workflows)."""
+    core = getattr(model, "core", None)
+    positions = getattr(core, "positions", None)
+    if positions is None or positions == length or not hasattr(core, "with_positions"):
+        return model
+    check(isinstance(length, int) and length >= 1, f"length: got {length!r}; expected a positive number of tokens")
+    fitted = WrappedModel(core.with_positions(length), model.inputs, model.readout, model.source)
+    for name in ("library_error", "library_tolerance", "protocol_checked", "check_seed"):
+        if hasattr(model, name):
+            setattr(fitted, name, getattr(model, name))
+    return fitted.train(model.training)
+
+
 def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
          readout: Callable[[Tensor], Tensor] | None = None, *, tolerance: float | None = None,
          seed: int = 0, checks: bool = True, positions: int | None = None) -> WrappedModel:

@@ -41,6 +41,7 @@ from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.analysis import estimators as est
 from gradscope.analysis.estimators import ITERATIONS, PROBES
 from gradscope.analysis.tape import StateTape
+from gradscope.analysis.held import held_blocks, held_names, recurrent_view
 from gradscope.analysis.cost import OVERRUN, REFERENCE, PlanWarning, Rates
 from gradscope.rates import current_rates
 from gradscope.workflows.dynamics_cost import CoreShape, estimator_seconds, part_bytes, part_seconds
@@ -53,6 +54,7 @@ from gradscope.workflows.families import evaluation_of
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
+from gradscope.models.wrap import WrappedModel, fit_positions
 from gradscope.workflows.common import (MAX_COUNT, as_count, conditions_for, config_attrs,
                                         checkpoint_sources, expand_checkpoints, load_source, warn_diverged)
 from gradscope.workflows.options import (LADDERS, PARTS, QR_DTYPE_NAMES, RENAMED_DYNAMICS, DynamicsOptions,
@@ -412,6 +414,7 @@ class DynamicsRun:
     device: str = "cpu"
     nonfinite: dict[str, int] = field(default_factory=dict)  # part → NaN/Inf values (see nonfinite_counts)
     plan: DynamicsPlan | None = None  # how many Lyapunov exponents, by which engine, and why
+    held: str = ""  # the attention caches the step spectra, gates and Lyapunov spectrum hold as inputs (analysis.held)
 
     def to_xarray(self) -> xr.Dataset:
         tokens = self.probes.tokens[:, 0].numpy()  # the base members
@@ -423,6 +426,8 @@ class DynamicsRun:
                               options=applied_options(self.options), config=self.config,
                               command=self.command, device=self.device)
         ds.attrs["nonfinite_values"] = json.dumps(self.nonfinite)
+        if self.held:
+            ds.attrs["held"] = self.held
         if self.plan is not None:
             ds.attrs["lyapunov_plan"] = json.dumps({"exponents": self.plan.exponents, "engine": self.plan.engine,
                                                     "note": self.plan.note})
@@ -484,6 +489,15 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
         if any(methods.get(p) == "estimate" for p in opts.parts):
             x = model.core_inputs(probes_inputs)
             prev = StateTape(core, x)  # never T × D for long runs: segments recomputed from checkpoints
+        # the step spectra, gates and Lyapunov spectrum: the recurrent blocks', attention caches held (analysis.held)
+        rcore, rmodel, rtokens = core, model, probes_inputs
+        if held_blocks(core) and any(p in opts.parts for p in ("spectra", "gates")):
+            rcore, rtokens = recurrent_view(core, model.core_inputs(probes_inputs))
+            rmodel = WrappedModel(rcore, None, None, getattr(model, "source", ""))
+            if any(methods.get(p) == "estimate" for p in ("spectra", "gates")):
+                rx, rprev = rtokens, StateTape(rcore, rtokens)
+        elif any(methods.get(p) == "estimate" for p in opts.parts):
+            rx, rprev = x, prev
         if wanted("flow") and methods.get("flow") == "estimate":
             fro, se = est.flow_hutchinson(core, x, prev, generator=gen)
             parts["flow_fro"], parts["flow_fro_se"] = cpu(fro), cpu(se)
@@ -498,23 +512,29 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
             grid = dyn.tT_grid(model, probes_inputs[:opts.grid_sequences])
             parts["grid"] = cpu(grid)
         if wanted("spectra") and methods.get("spectra") == "estimate":
-            k = min(opts.sv, core.state_dim)
-            parts["radius"] = cpu(dyn.block_radius(core, x, prev))
-            values, bound = est.step_top_singular(core, x, prev, k, generator=gen)
+            k = min(opts.sv, rcore.state_dim)
+            parts["radius"] = cpu(dyn.block_radius(rcore, rx, rprev))
+            values, bound = est.step_top_singular(rcore, rx, rprev, k, generator=gen)
             parts["singular"], parts["singular_bound"] = cpu(values), cpu(bound)
         elif run["spectra"]:
-            spectra = dyn.step_spectra(model, probes_inputs, top_k=min(opts.sv, core.state_dim))
+            spectra = dyn.step_spectra(rmodel, rtokens, top_k=min(opts.sv, rcore.state_dim))
             parts["radius"] = cpu(spectra["radius"])
             parts["singular"] = cpu(spectra["singular_values"][..., :opts.sv])
         if wanted("gates") and methods.get("gates") == "estimate":
-            names = tuple(getattr(core, "gate_names", ("step",)))
-            fro, se = est.step_fro_hutchinson(core, x, prev, generator=gen)
+            names = tuple(getattr(rcore, "gate_names", ("step",)))
+            fro, se = est.step_fro_hutchinson(rcore, rx, rprev, generator=gen)
             parts["gates"], parts["gates_se"] = cpu(fro[..., None]), cpu(se[..., None])
         elif run["gates"]:
-            names, norms = dyn.gate_norms(core, model.core_inputs(probes_inputs))
+            names, norms = dyn.gate_norms(rcore, rmodel.core_inputs(rtokens))
             parts["gates"] = cpu(norms)
         if wanted("lyapunov") and trajectories is not None:
-            res = dyn.lyapunov_spectrum(core, trajectories, warmup=opts.lyap_warmup, reorth=opts.reorth,
+            lcore, ltraj = core, trajectories
+            if held_blocks(core):  # the caches of the whole trajectory, held as its inputs
+                if getattr(core, "positions", trajectories.shape[1]) < trajectories.shape[1]:
+                    lcore = core.with_positions(trajectories.shape[1])
+                lcore, ltraj = recurrent_view(lcore, trajectories)
+                exponents = None if exponents is None else min(exponents, lcore.state_dim)
+            res = dyn.lyapunov_spectrum(lcore, ltraj, warmup=opts.lyap_warmup, reorth=opts.reorth,
                                         exponents=exponents, qr_dtype=QR_DTYPES[opts.qr_dtype])
             parts["lyapunov"] = cpu(res.exponents)
             parts["lyapunov_below_resolution"] = res.below_resolution.to("cpu", torch.int64).numpy()
@@ -630,6 +650,7 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
             check(ids.shape[0] >= 1 and ids.shape[1] >= 1, f"{name}: shape {tuple(ids.shape)}; expected (n >= 1, T >= 1)")
             if vocab is not None:
                 check_ids(ids, name, int(vocab))
+    model = fit_positions(model, tokens.shape[1])  # attention caches: the probes' slots (Lyapunov sizes its own)
     width = model.core_inputs(tokens[:1, :1].to(next(model.parameters()).device)).shape[-1]
     core = model.core
     n, T = tokens.shape
@@ -667,7 +688,7 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
               "task_config": {}, "train_config": {}}
     result = DynamicsResult(Path("<in memory>"), -1, "", parts, blocks)
     out = DynamicsRun(config, probes, classes, [result], names, lyap_steps, lyap, command, str(device),
-                      nonfinite_counts(parts), plan)
+                      nonfinite_counts(parts), plan, held_names(core))
     warn_diverged_values(out)
     return out
 

@@ -22,6 +22,7 @@ from gradscope.analysis.cost import OVERRUN, PlanWarning, Rates
 from gradscope.analysis.stability import PAIRS, StabilityPlan, StabilityResult, plan_stability, probe_stability
 from gradscope.rates import current_rates
 from gradscope.config import ModelConfig
+from gradscope.models.wrap import fit_positions
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes
 from gradscope.store.parts import record_checkpoint_configs
@@ -366,7 +367,7 @@ def run_model_stability(model: nn.Module, opts: StabilityOptions, *, probes: Pro
         on_start(len(probes))
     own_query = getattr(model, "query_token", None)
     output_phase = own_query if own_query is not None and opts.filler is None else opts.filler
-    model = model.to(device)
+    model = fit_positions(model, probes.length * (1 if output_phase is None else 2)).to(device)
     result, plan, _ = watched_stability(model, probes, position, opts, output_phase, current_rates(), on_progress,
                                         on_plan)
     path = Path(source) if source is not None else Path("<in memory>")

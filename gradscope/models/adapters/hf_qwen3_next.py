@@ -123,6 +123,10 @@ class HFQwen3NextCore(LibraryCore):
         super().__init__(backbone, entries, int(cfg.hidden_size))
         self.num_layers = len(self.types)
 
+    def with_positions(self, positions: int) -> "HFQwen3NextCore":
+        """The same model's core with ``positions`` attention cache slots (the library model by reference)."""
+        return type(self)(self.model, positions)
+
     def _delta(self, layer: nn.Module, hn: Tensor, window: Tensor, St: Tensor
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One Gated DeltaNet step from the normed stream hn (B, hidden), the conv window (B, C, K−1) and the
