@@ -631,6 +631,24 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     return out
 
 
+STEP_PARTS = ("spectra", "gates", "lyapunov")  # defined on a recurrent state's own step map (SPEC §7, §8)
+
+
+def defined_parts(core: nn.Module, opts: DynamicsOptions) -> DynamicsOptions:
+    """``opts`` for a core whose state is all attention caches (a pure transformer): the step spectra, gates and
+    Lyapunov spectrum are not defined there (no recurrent state; the caches grow with the position), so they
+    are refused in one line when asked for and left out of the default parts; any other core's ``opts`` as given."""
+    blocks = structure_of(core).blocks
+    if not blocks or not all(b.held for b in blocks):
+        return opts
+    asked = [p for p in (opts.parts or ()) if p in STEP_PARTS]
+    family = getattr(core, "family", type(core).__name__)
+    check(not asked, f"parts: {', '.join(asked)} not defined for a {family} transformer: its state is its attention "
+                     f"caches, which grow with the position, and it has no recurrent state of its own; the flow "
+                     f"and grid are defined")
+    return opts if opts.parts is not None else dataclasses.replace(opts, parts=tuple(p for p in PARTS if p not in STEP_PARTS))
+
+
 def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOptions = DynamicsOptions(), *,
                        trajectory_tokens: torch.Tensor | None = None, counts: torch.Tensor | None = None,
                        command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
@@ -653,6 +671,8 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
     model = fit_positions(model, tokens.shape[1])  # attention caches: the probes' slots (Lyapunov sizes its own)
     width = model.core_inputs(tokens[:1, :1].to(next(model.parameters()).device)).shape[-1]
     core = model.core
+    chosen = opts.parts is None  # the plan may leave out parts it chose, never ones the caller asked for
+    opts = defined_parts(core, opts)
     n, T = tokens.shape
     fixed = {} if trajectory_tokens is None else {"steps": trajectory_tokens.shape[1],
                                                   "trajectories": trajectory_tokens.shape[0]}
@@ -676,7 +696,7 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
         groups = frequency_groups(torch.as_tensor(counts))
         for name in ("frequent", "rare"):
             classes[np.isin(tokens.numpy(), groups[name].numpy())] = name
-    watch = PartWatch(plan, may_drop=opts.parts is None)
+    watch = PartWatch(plan, may_drop=chosen)
     parts, blocks, names, lyap_steps = analyse_model(model, tokens.to(device), traj, lyap, plan.exponents,
                                                      plan.methods, gate=watch)
     plan = watch.applied(plan)

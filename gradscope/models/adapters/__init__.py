@@ -10,6 +10,7 @@ transformers              ``xLSTMForCausalLM``, ``xLSTMModel`` (mLSTM)          
 transformers              ``RecurrentGemmaForCausalLM``, ``RecurrentGemmaModel``       ``hf_recurrent_gemma``
 transformers              ``Mamba2ForCausalLM``, ``Mamba2Model``                      ``hf_mamba2``
 transformers              ``Qwen3NextForCausalLM``, ``Qwen3NextModel``                ``hf_qwen3_next``
+transformers              ``LlamaForCausalLM``, ``LlamaModel``, ``Qwen3…``            ``hf_llama``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
@@ -37,6 +38,10 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "Mamba2Model"): "hf_mamba2",
     ("transformers", "Qwen3NextForCausalLM"): "hf_qwen3_next",
     ("transformers", "Qwen3NextModel"): "hf_qwen3_next",
+    ("transformers", "LlamaForCausalLM"): "hf_llama",
+    ("transformers", "LlamaModel"): "hf_llama",
+    ("transformers", "Qwen3ForCausalLM"): "hf_llama",
+    ("transformers", "Qwen3Model"): "hf_llama",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
     ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels
