@@ -34,6 +34,19 @@ CONFIGS = {  # name → (transformers config class, its arguments)
                                          head_dim=64, num_heads=24, expand=2, n_groups=1, conv_kernel=4)),
     "mamba2-tiny": ("Mamba2Config", dict(hidden_size=16, num_hidden_layers=2, vocab_size=64, state_size=8, head_dim=16,
                                          num_heads=2, expand=2, n_groups=1, conv_kernel=4)),
+    # issue #49: a Qwen3-Next hybrid (Gated DeltaNet ×3, then gated attention, ×3 = 12 layers; dense MLPs) of
+    # 124,894,956 parameters: per delta layer 6 value heads of 128 × 128 states, per attention layer the KV cache
+    "qwen3next-125m": ("Qwen3NextConfig", dict(hidden_size=768, num_hidden_layers=12, vocab_size=50288,
+                                               intermediate_size=2048, num_experts=0, num_attention_heads=8,
+                                               num_key_value_heads=2, head_dim=128, linear_num_value_heads=6,
+                                               linear_num_key_heads=3, linear_key_head_dim=128,
+                                               linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                                               tie_word_embeddings=True)),
+    "qwen3next-tiny": ("Qwen3NextConfig", dict(hidden_size=16, num_hidden_layers=4, vocab_size=64, intermediate_size=32,
+                                               num_experts=0, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                               linear_num_value_heads=2, linear_num_key_heads=1,
+                                               linear_key_head_dim=8, linear_value_head_dim=8,
+                                               linear_conv_kernel_dim=4)),
     "rwkv-169m": ("RwkvConfig", dict(hidden_size=768, num_hidden_layers=12, vocab_size=50277,
                                      attention_hidden_size=768, intermediate_size=3072)),
     "mamba-tiny": ("MambaConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=64, state_size=4, expand=2,
@@ -41,7 +54,8 @@ CONFIGS = {  # name → (transformers config class, its arguments)
     "rwkv-tiny": ("RwkvConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=64, attention_hidden_size=32,
                                      intermediate_size=64)),
 }
-MODELS = {"MambaConfig": "MambaForCausalLM", "Mamba2Config": "Mamba2ForCausalLM", "RwkvConfig": "RwkvForCausalLM"}
+MODELS = {"MambaConfig": "MambaForCausalLM", "Mamba2Config": "Mamba2ForCausalLM", "RwkvConfig": "RwkvForCausalLM",
+          "Qwen3NextConfig": "Qwen3NextForCausalLM"}
 
 
 def save_model(name: str, directory: Path, seed: int = 0) -> tuple[Path, Path]:
@@ -98,7 +112,15 @@ def measure_stability(name: str, directory: Path, *, triplets: int = 64, length:
     D = 0
     if proc.returncode == 0 and store.exists():  # D from the model's config (a store does not record it)
         cfg = json.loads((model / "config.json").read_text())
-        if "state_size" in cfg:  # Mamba: per layer a conv window (I, K − 1) and an SSM state (I, N)
+        if "linear_num_value_heads" in cfg:  # Qwen3-Next: delta layers' conv windows and states; attention KV caches
+            kinds = cfg["layer_types"]
+            conv = 2 * cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"] + \
+                cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
+            delta = conv * (cfg["linear_conv_kernel_dim"] - 1) + cfg["linear_num_value_heads"] * \
+                cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"]
+            kv = 2 * length * cfg["num_key_value_heads"] * cfg["head_dim"]
+            D = sum(delta if k == "linear_attention" else kv for k in kinds)
+        elif "state_size" in cfg:  # Mamba: per layer a conv window (I, K − 1) and an SSM state (I, N)
             inner = cfg.get("intermediate_size") or cfg["expand"] * cfg["hidden_size"]
             D = cfg["num_hidden_layers"] * inner * (cfg["conv_kernel"] - 1 + cfg["state_size"])
         else:  # RWKV: per layer two shifts (H) and the WKV numerator, denominator and maximum (A)

@@ -12,6 +12,8 @@ and the model; the valid and test splits together are the held-out text that is 
     python experiments/text_models/train.py model mamba --steps 1000 --minutes 16   # docs/real-text.md: 834 s
     python experiments/text_models/train.py model rwkv --steps 1000 --minutes 16    # 348 s
     python experiments/text_models/train.py model mamba2 --steps 1000 --minutes 16  # issue #48
+    python experiments/text_models/train.py model gdn --steps 1000 --minutes 30     # issue #49: Qwen3-Next hybrid
+    python experiments/text_models/train.py model llama --steps 1000 --minutes 30   # issue #49: a transformer
 
 Every step is deterministic given its seed except where the wall-time bound stops training: the
 learning-rate schedule is laid out over ``--steps`` and training stops at ``--steps`` or after
@@ -142,8 +144,8 @@ def make_counts(root: Path) -> None:
 
 
 def build_model(s: TrainSettings, vocab: int, eot: int) -> torch.nn.Module:
-    """A small ``MambaForCausalLM``, ``Mamba2ForCausalLM`` or ``RwkvForCausalLM`` from its config, initialised
-    from ``s.seed``."""
+    """A small ``MambaForCausalLM``, ``Mamba2ForCausalLM``, ``RwkvForCausalLM``, ``Qwen3NextForCausalLM`` (a Gated
+    DeltaNet layer, then an attention layer) or ``LlamaForCausalLM`` from its config, initialised from ``s.seed``."""
     from transformers import MambaConfig, MambaForCausalLM, RwkvConfig, RwkvForCausalLM
 
     torch.manual_seed(s.seed)  # transformers initialises from the global generator
@@ -160,6 +162,25 @@ def build_model(s: TrainSettings, vocab: int, eot: int) -> torch.nn.Module:
                            expand=2, head_dim=32, num_heads=2 * s.hidden // 32, n_groups=1, conv_kernel=4,
                            chunk_size=64, pad_token_id=eot, bos_token_id=eot, eos_token_id=eot)
         return Mamba2ForCausalLM(cfg)
+    if s.arch == "gdn":  # issue #49: a Gated DeltaNet hybrid (Qwen3-Next's layers): delta rule, then gated attention
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        types = ["linear_attention"] * (s.layers - 1) + ["full_attention"]
+        cfg = Qwen3NextConfig(vocab_size=vocab, hidden_size=s.hidden, intermediate_size=2 * s.hidden,
+                              num_hidden_layers=s.layers, layer_types=types, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=32, linear_num_value_heads=4, linear_num_key_heads=2,
+                              linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                              num_experts=0, max_position_embeddings=4 * s.max_length, tie_word_embeddings=True,
+                              pad_token_id=eot, bos_token_id=eot, eos_token_id=eot)
+        return Qwen3NextForCausalLM(cfg)
+    if s.arch == "llama":  # issue #49: a Llama-style transformer of the same width and depth
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=s.hidden, intermediate_size=2 * s.hidden,
+                          num_hidden_layers=s.layers, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                          max_position_embeddings=4 * s.max_length, tie_word_embeddings=True,
+                          pad_token_id=eot, bos_token_id=eot, eos_token_id=eot)
+        return LlamaForCausalLM(cfg)
     cfg = RwkvConfig(vocab_size=vocab, hidden_size=s.hidden, num_hidden_layers=s.layers, context_length=s.max_length,
                      bos_token_id=eot, eos_token_id=eot, rescale_every=0)
     return RwkvForCausalLM(cfg)
@@ -257,7 +278,7 @@ def train_model(root: Path, s: TrainSettings) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["data", "tokenizer", "counts", "model"])
-    p.add_argument("arch", nargs="?", choices=["mamba", "mamba2", "rwkv"])
+    p.add_argument("arch", nargs="?", choices=["mamba", "mamba2", "rwkv", "gdn", "llama"])
     p.add_argument("--root", type=Path, default=ROOT, help=f"output folder (default {ROOT})")
     p.add_argument("--vocab", type=int, default=2048, help="tokenizer: BPE types, EOT included")
     for f in dataclasses.fields(TrainSettings):
@@ -273,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         make_counts(a.root)
     else:
         if a.arch is None:
-            p.error("model: name the architecture, mamba, mamba2 or rwkv")
+            p.error("model: name the architecture, mamba, mamba2, rwkv, gdn or llama")
         s = TrainSettings(**{f.name: getattr(a, f.name) for f in dataclasses.fields(TrainSettings)})
         train_model(a.root, s)
 

@@ -102,16 +102,18 @@ class JacobianStructure:
 
     def describe(self) -> str:
         """One line, e.g. ``lower-triangular over 2 blocks: modes1 complex_diagonal, modes2 complex_diagonal``;
-        layers named ``l0/…``, ``l1/…`` with the same blocks each are said once (``24 layers × (conv
-        block_diagonal(3), ssm diagonal)``), so a real-size model's plan stays one readable line."""
+        layers named ``l0/…``, ``l1/…`` are said once per kind of layer (``24 layers × (conv block_diagonal(3),
+        ssm diagonal)``; a hybrid's ``9 layers × (…), 3 layers × (…)``), a run of per-head blocks once
+        (``delta ×6 heads``), and held blocks as such, so a real-size model's plan stays one readable line."""
         def one(name: str, b: StateBlock) -> str:
             return f"{name} {b.form}" + (f"({b.size}{f', ×{b.repeat}' if b.repeat > 1 else ''})" if b.form == "block_diagonal" else
-                                         f"(×{b.size})" if b.form == "diagonal" and b.size > 1 else "")
+                                         f"(×{b.size})" if b.form == "diagonal" and b.size > 1 else "") + \
+                (" held" if b.held else "")
 
         parts = ", ".join(one(b.name, b) for b in self.blocks)
         if len(self.blocks) == 1:
             return parts
-        layers: list[list[tuple[str, str, int]]] = []
+        layers: list[list[StateBlock]] = []
         for b in self.blocks:
             head, sep, rest = b.name.partition("/")
             if not (sep and head[:1] == "l" and head[1:].isdigit()):
@@ -123,11 +125,28 @@ class JacobianStructure:
             elif index != len(layers) - 1:
                 layers = []
                 break
-            layers[-1].append((rest, b.form, b.size))
-        if len(layers) > 1 and all(layer == layers[0] for layer in layers):
-            first = [b for b in self.blocks if b.name.startswith("l0/")]
-            parts = f"{len(layers)} layers × ({', '.join(one(b.name.partition('/')[2], b) for b in first)})"
+            layers[-1].append(b)
+        if len(layers) > 1:
+            kinds: dict[str, int] = {}
+            for layer in layers:
+                kinds[self._layer_kind(layer, one)] = kinds.get(self._layer_kind(layer, one), 0) + 1
+            if len(kinds) == 1 or sum(len(layer) for layer in layers) > len(kinds) * 2:
+                parts = ", ".join(f"{n} layer{'s' if n > 1 else ''} × ({k})" for k, n in kinds.items())
         return f"lower-triangular over {len(self.blocks)} blocks: {parts}"
+
+    @staticmethod
+    def _layer_kind(layer: list[StateBlock], one) -> str:  # noqa: ANN001 - describe's block formatter
+        """A layer's blocks without its index; a run of blocks ``<name>/h<j>`` of one form said once (``×n heads``)."""
+        out: list[tuple[str, int]] = []
+        for b in layer:
+            rest = b.name.partition("/")[2]
+            stem, sep, tail = rest.rpartition("/h")
+            text = one(stem if sep and tail.isdigit() else rest, b)
+            if sep and tail.isdigit() and out and out[-1][0] == text:
+                out[-1] = (text, out[-1][1] + 1)
+            else:
+                out.append((text, 1))
+        return ", ".join(t if n == 1 else f"{t} ×{n} heads" for t, n in out)
 
 
 def dense_structure(state_dim: int) -> JacobianStructure:

@@ -21,8 +21,8 @@ runs its delta rule, RMSNorms and router in float32; the adapter does not)::
 State layout, layer 0 first: a linear-attention layer has ``l<i>/conv`` (C, K−1), the last K−1 conv inputs
 per channel, oldest first (C = 2 H_k d_k + H_v d_v), and ``l<i>/delta`` (H_v, d_v, d_k): each head's S
 **transposed**, so that the step on it, M_t ⊗ I over S's d_v columns with M_t = α(I − β k kᵀ), is d_v
-consecutive copies of the d_k × d_k block M_t (block_diagonal, size d_k, repeat d_v): a head's exponents
-are M's cocycle's d_k, each with multiplicity d_v. A full-attention layer has ``l<i>/keys`` and
+consecutive copies of the d_k × d_k block M_t (block_diagonal, size d_k, repeat d_v; one declared block a
+head, ``l<i>/delta/h<j>``): a head's exponents are M's cocycle's d_k, each with multiplicity d_v. A full-attention layer has ``l<i>/keys`` and
 ``l<i>/values`` (positions, H_kv, d): its KV cache (:mod:`~gradscope.models.adapters.attention`), held by
 the spectra. The step is position-dependent (rotary embedding, cache slot).
 
@@ -42,6 +42,7 @@ from gradscope.errors import check
 from gradscope.models.adapters.attention import (POSITIONS, attend, check_position, held_blocks, rope, rotary,
                                                  write_slot)
 from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
+from gradscope.models.structure import JacobianStructure, StateBlock
 
 TOLERANCE = 1e-4
 L2_EPS = 1e-6  # the library's l2norm on q and k (as FLA's)
@@ -169,10 +170,26 @@ class HFQwen3NextCore(LibraryCore):
         o = attend(q, keys, values, t, a.scaling).reshape(B, self.Hq * d)
         return a.o_proj(o * torch.sigmoid(gate.reshape(B, self.Hq * d))), keys, values
 
+    def jacobian_structure(self) -> JacobianStructure:
+        """One block per entry, but each delta entry one block per value head (``l<i>/delta/h<j>``): a head's
+        block is its own M_t repeated d_v times, which :meth:`diagonal_blocks` gives as an expanded view of
+        one d_k × d_k matrix (no d_v copies in memory: at real size they were GBs a step)."""
+        blocks = []
+        width = self.dv * self.dk
+        for e in self.entries:
+            sl = self._slices[e.name]
+            if e.name.endswith("/delta"):
+                blocks += [StateBlock(f"{e.name}/h{j}", sl.start + j * width, sl.start + (j + 1) * width,
+                                      "block_diagonal", self.dk, self.dv) for j in range(self.Hv)]
+            else:
+                blocks.append(StateBlock(e.name, sl.start, sl.stop, e.form, e.size, e.repeat, e.held))
+        return JacobianStructure(tuple(blocks))
+
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         B = x.shape[0]
         parts = self.unpack(z)
-        new, diag = {}, {}
+        new: dict[str, Tensor] = {}
+        diag: list[Tensor] = []  # the blocks of jacobian_structure, in order
         h = x
         for i, layer in enumerate(self.model.layers[:self.num_layers]):
             hn = norm1p(layer.input_layernorm, h)
@@ -182,20 +199,18 @@ class HFQwen3NextCore(LibraryCore):
                 new[f"l{i}/conv"] = torch.cat([window[..., 1:], u[..., None]], dim=-1)
                 new[f"l{i}/delta"] = St
                 if diagonal:
-                    diag[f"l{i}/conv"] = shift_blocks(B, self.C, self.K - 1, x)
-                    diag[f"l{i}/delta"] = M[:, :, None].expand(B, self.Hv, self.dv, self.dk, self.dk).reshape(
-                        B, self.Hv * self.dv, self.dk, self.dk)
+                    diag.append(shift_blocks(B, self.C, self.K - 1, x))
+                    diag += [M[:, j, None].expand(B, self.dv, self.dk, self.dk) for j in range(self.Hv)]
             else:
                 step = check_position(t, self.positions, self.family)
                 out, keys, values = self._attention(layer, hn, parts[f"l{i}/keys"], parts[f"l{i}/values"], step)
                 new[f"l{i}/keys"], new[f"l{i}/values"] = keys, values
                 if diagonal:
-                    for part in ("keys", "values"):
-                        diag[f"l{i}/{part}"] = held_blocks(B, self.positions, self.Hkv * self.hd, step, x)
+                    diag += [held_blocks(B, self.positions, self.Hkv * self.hd, step, x)] * 2
             h = h + out
             h = h + mlp_step(layer.mlp, norm1p(layer.post_attention_layernorm, h))
         y = norm1p(self.model.norm, h)
-        return y, self.pack(new), self.flat_blocks(diag) if diagonal else []
+        return y, self.pack(new), diag
 
 
 def adapt(model: nn.Module, positions: int = POSITIONS) -> Adapted:

@@ -156,8 +156,8 @@ def test_a_sequence_beyond_the_cache_is_refused_in_one_line(qwen) -> None:  # no
 
 
 def test_the_delta_rules_exponents_equal_a_dense_qr_of_its_step_jacobian() -> None:
-    """A Gated DeltaNet layer alone: the structured engine's exponents (M_t's d_k × d_k cocycle, each d_v times)
-    equal Benettin's QR of the delta state's full (d_k·d_v per head) step Jacobian from torch.func, which knows
+    """A Gated DeltaNet layer alone: the structured engine's exponents (each head's M_t's d_k × d_k cocycle, each
+    d_v times, from one declared block a head) equal Benettin's QR of the delta state's full (d_k·d_v per head) step Jacobian from torch.func, which knows
     nothing of M_t ⊗ I; the conv window's are −∞. (The delta block alone: in a QR of the whole J_t the
     nilpotent conv columns die after K − 1 steps and leave their frame vectors free to take delta directions.)"""
     from gradscope.analysis.lyapunov import lyapunov_spectrum
@@ -168,14 +168,17 @@ def test_the_delta_rules_exponents_equal_a_dense_qr_of_its_step_jacobian() -> No
     core = wrapped.core
     x = wrapped.core_inputs(tokens(3, n=1, length=80))
     warmup = 5
-    delta = core.jacobian_structure().blocks[1]
-    assert delta.name == "l0/delta" and (delta.size, delta.repeat) == (DK, DV)
-    own = slice(delta.start, delta.stop)
+    heads = core.jacobian_structure().blocks[1:]
+    assert [b.name for b in heads] == [f"l0/delta/h{j}" for j in range(HV)]
+    assert all((b.form, b.size, b.repeat, b.width) == ("block_diagonal", DK, DV, DK * DV) for b in heads)
+    own = core.state_layout()["l0/delta"]
+    width = own.stop - own.start
+    assert (own.start, width) == (heads[0].start, HV * DK * DV)
     with torch.no_grad():
         got = lyapunov_spectrum(core, x, warmup=warmup).exponents.reshape(-1)
         z = initial_state(core, 1, x)
-        Q = torch.eye(delta.width, dtype=torch.float64)[None]
-        sums = torch.zeros(delta.width, dtype=torch.float64)
+        Q = torch.eye(width, dtype=torch.float64)[None]
+        sums = torch.zeros(width, dtype=torch.float64)
         for t in range(x.shape[1]):
             J = generic_step_jacobian(core, x[:, t], z, t)[:, own, own]
             z = step_at(core, x[:, t], z, t)[1]
@@ -185,7 +188,7 @@ def test_the_delta_rules_exponents_equal_a_dense_qr_of_its_step_jacobian() -> No
             sums += R[0].diagonal().abs().log()
         dense = (sums / (x.shape[1] - warmup)).sort(descending=True).values
     finite = got[torch.isfinite(got)].sort(descending=True).values
-    assert finite.numel() == delta.width  # the delta state's exponents; the conv window's are −∞
+    assert finite.numel() == width  # the delta state's exponents; the conv window's are −∞
     assert int(torch.isneginf(got).sum()) == (2 * HK * DK + HV * DV) * (KERNEL - 1)
     torch.testing.assert_close(finite, dense, rtol=0, atol=0.05)  # a finite window: the frames' O(1/T) transients
     counts = torch.unique_consecutive(finite.round(decimals=8), return_counts=True)[1]
@@ -283,3 +286,28 @@ def test_dynamics_of_the_hybrid_from_the_cli(runner, tmp_path) -> None:  # noqa:
     assert ds.attrs["held"] == "l1/keys, l1/values"
     recurrent = 2 * ((2 * HK * DK + HV * DV) * (KERNEL - 1) + HV * DK * DV)
     assert ds.sizes["exponent"] == recurrent
+
+
+def test_the_declared_blocks_are_the_step_jacobians_own_and_it_is_lower_triangular(qwen) -> None:  # noqa: ANN001
+    """At every step, J_t from torch.func (the whole matrix) restricted to each declared block equals the
+    block the adapter gives (each head's M_t repeated d_v times, the conv shift, the caches' 1s with 0 at slot
+    t), and no block reads a later one."""
+    from gradscope.models.core import diagonal_blocks, generic_step_jacobian, initial_state, step_at
+
+    _, wrapped, _ = qwen
+    core = wrapped.core
+    x = wrapped.core_inputs(tokens(12, n=2, length=4))
+    with torch.no_grad():
+        z = initial_state(core, 2, x)
+        for t in range(x.shape[1]):
+            J = generic_step_jacobian(core, x[:, t], z, t)
+            for blk, d in zip(core.jacobian_structure().blocks, diagonal_blocks(core, x[:, t], z, t), strict=True):
+                own = J[:, blk.start:blk.stop, blk.start:blk.stop]
+                if blk.form == "diagonal":
+                    dense = torch.diag_embed(d.expand(2, blk.width))
+                else:  # block_diagonal: (B, n/size, size, size)
+                    dense = torch.stack([torch.block_diag(*d[b]) for b in range(2)])
+                torch.testing.assert_close(own, dense, rtol=1e-10, atol=1e-12, msg=f"{blk.name} at t={t}")
+                later = J[:, blk.start:blk.stop, blk.stop:]
+                assert later.numel() == 0 or float(later.abs().max()) == 0.0, blk.name
+            z = step_at(core, x[:, t], z, t)[1]
