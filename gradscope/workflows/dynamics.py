@@ -726,10 +726,11 @@ def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = Dy
     check(vocab is not None, f"model_factory: {spec} built a model without an nn.Embedding input; dynamics draws its "
                              f"probe tokens from the embedding's vocabulary (use gradscope.dynamics(model, tokens=…) "
                              f"in Python for float inputs)")
+    model = fit_positions(model, length)
     if opts.sequences is None:  # the plan chooses how many probe sequences fit, as for a checkpoint
         width = model.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
-        opts = dataclasses.replace(opts, sequences=plan_core(model.core, opts, 0, length, width=width,
-                                                             conditions=1).options.sequences)
+        opts = dataclasses.replace(opts, sequences=plan_core(model.core, defined_parts(model.core, opts), 0, length,
+                                                             width=width, conditions=1).options.sequences)
     gen = torch.Generator().manual_seed(opts.seed)
     tokens = torch.randint(0, int(vocab), (opts.sequences, length), generator=gen)
     counts = read_counts_file(token_counts) if token_counts is not None else None

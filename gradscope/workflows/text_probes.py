@@ -45,10 +45,11 @@ from gradscope.errors import check
 from gradscope.guard import check_bytes, warn_nonfinite
 from gradscope.models.adapters import adapter_for
 from gradscope.models.adapters.load import load_hf
-from gradscope.models.wrap import WrappedModel, wrap
+from gradscope.models.wrap import WrappedModel, fit_positions, wrap
 from gradscope.tasks.probes import GROUPS, Probes, frequency_groups
 from gradscope.workflows.common import MAX_COUNT, as_count
-from gradscope.workflows.dynamics import DynamicsOptions, DynamicsPlan, DynamicsRun, plan_core, run_model_dynamics
+from gradscope.workflows.dynamics import (DynamicsOptions, DynamicsPlan, DynamicsRun, defined_parts, plan_core,
+                                         run_model_dynamics)
 from gradscope.workflows.options import RENAMED_DYNAMICS, RENAMED_OPTIONS, check_read, set_options, take_renamed
 from gradscope.workflows.study_options import PROBE_LENGTH
 from gradscope.workflows.stability import StabilityOptions, StabilityRun, result_bytes, run_model_stability
@@ -296,6 +297,8 @@ def run_text_dynamics(model: Any, opts: DynamicsOptions, source: TextSource, *, 
         net, tok_dir, label = text_model(model, source.tokenizer, model_factory, config)
         warn_nonfinite(net, f"model: {label}")
         data = read_text(net, source, tok_dir, split)
+        net = fit_positions(net, length)  # attention caches: the rows' slots
+        opts = defined_parts(net.core, opts)  # a transformer: the flow and grid only
         width = net.core_inputs(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
         plan = plan_core(net.core, opts, 0, length, width=width, conditions=1)
         chosen = plan.options

@@ -326,3 +326,41 @@ def test_reproduce_with_text_runs_on_a_mamba2(runner, tmp_path: Path) -> None:  
     assert np.isfinite(stab["score_default"].values).all()
     assert "hf-mamba2" in json.dumps(read_store(out / "dynamics.zarr", kind="dynamics").attrs) or \
         "Mamba2" in json.dumps(read_store(out / "dynamics.zarr", kind="dynamics").attrs)
+
+
+@pytest.mark.parametrize("kind", ["qwen3next", "llama"])
+def test_reproduce_with_text_runs_on_a_hybrid_and_a_transformer(kind: str, runner, tmp_path: Path) -> None:  # noqa: ANN001
+    """Issue #49: the same study on a Gated DeltaNet hybrid (Qwen3-Next) and a Llama transformer: the attention
+    caches are sized to the rows; the hybrid's dynamics hold them as inputs (the store says so); the
+    transformer's dynamics are the flow and grid (its step spectra and exponents are not defined)."""
+    text_path = tmp_path / "text.txt"
+    text = make_text(2, 60)
+    text_path.write_text(text)
+    model_dir = tmp_path / kind
+    save_tokenizer(model_dir, text)
+    vocab = len(transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
+    torch.manual_seed(0)
+    common = dict(vocab_size=vocab, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=8)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    else:
+        model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+            **common, layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
+            linear_num_key_heads=1, linear_key_head_dim=4, linear_value_head_dim=4, linear_conv_kernel_dim=3,
+            num_experts=0))
+    model.eval().save_pretrained(model_dir)
+    out = tmp_path / "study"
+    result = runner.invoke(app, ["reproduce", "--model-dir", str(model_dir), "--text", str(text_path), "-o", str(out),
+                                 "--triplets", "3", "--target-pos", str(POS), "--probe-length", str(LENGTH),
+                                 "--max-length", "64", "--resamples", "50", "--budget-seconds", "20"])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.zarr", "dynamics.zarr", "report.html", "stability.zarr"]
+    stab = read_store(out / "stability.zarr", kind="stability")
+    assert np.isfinite(stab["score_default"].values).all()
+    dyn = read_store(out / "dynamics.zarr", kind="dynamics")
+    assert "flow_fro" in dyn
+    if kind == "llama":
+        assert "lyapunov" not in dyn and "step_radius" not in dyn
+    else:
+        assert dyn.attrs["held"] == "l1/keys, l1/values"
