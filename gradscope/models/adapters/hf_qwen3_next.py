@@ -41,7 +41,8 @@ from torch import Tensor, nn
 from gradscope.errors import check
 from gradscope.models.adapters.attention import (POSITIONS, attend, check_position, held_blocks, rope, rotary,
                                                  write_slot)
-from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
+from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_silu_jvp, hf_forward, linear_jvp,
+                                            rms, rms_jvp, shift_blocks, shift_window_jvp, silu_grad)
 from gradscope.models.structure import JacobianStructure, StateBlock
 
 TOLERANCE = 1e-4
@@ -85,6 +86,71 @@ def sparse_moe(moe: nn.Module, x: Tensor) -> Tensor:
 def mlp_step(mlp: nn.Module, x: Tensor) -> Tensor:
     """A decoder layer's MLP on x (B, hidden): the sparse MoE where the layer has one, else the SwiGLU."""
     return sparse_moe(mlp, x) if hasattr(mlp, "experts") else swiglu(mlp, x)
+
+
+def norm1p_jvp(module: nn.Module, x: Tensor, dx: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`norm1p` and its tangents for dx (m, …) or None."""
+    if dx is None:
+        return norm1p(module, x), None
+    y, dy = rms_jvp(x, dx, module.eps)
+    return y * (1.0 + module.weight), dy * (1.0 + module.weight)
+
+
+def l2norm_jvp(x: Tensor, dx: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`l2norm` and its tangents: with r = (Σx² + ε)^−½, d(x r) = r dx − x r³ (x · dx)."""
+    r = torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+    y = x * r
+    return y, None if dx is None else dx * r - y * (r * r * (x * dx).sum(-1, keepdim=True))
+
+
+def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+def swiglu_jvp(mlp: nn.Module, x: Tensor, dx: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`swiglu` and its tangents (SiLU activation)."""
+    gate, dgate = linear_jvp(mlp.gate_proj, x, dx)
+    up, dup = linear_jvp(mlp.up_proj, x, dx)
+    act = F.silu(gate)
+    da = None if dx is None else silu_grad(gate) * dgate * up + act * dup
+    return linear_jvp(mlp.down_proj, act * up, da)
+
+
+def sparse_moe_jvp(moe: nn.Module, x: Tensor, dx: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`sparse_moe` and its tangents: the chosen experts fixed (the routing is piecewise constant), their
+    renormalised probabilities and outputs differentiated."""
+    if dx is None:
+        return sparse_moe(moe, x), None
+    router, experts = moe.gate, moe.experts
+    logits, dlogits = linear_jvp(router, x, dx) if isinstance(router, nn.Linear) else \
+        (F.linear(x, router.weight), F.linear(dx, router.weight))
+    probs = torch.softmax(logits, dim=-1)
+    dprobs = probs * (dlogits - (probs * dlogits).sum(-1, keepdim=True))
+    top, index = torch.topk(probs, router.top_k, dim=-1)  # (B, k)
+    dtop = dprobs.gather(-1, index.expand(dx.shape[0], *index.shape))
+    if router.norm_topk_prob:
+        total = top.sum(-1, keepdim=True)
+        dtop = dtop / total - top * dtop.sum(-1, keepdim=True) / total ** 2
+        top = top / total
+    gate_up, down = experts.gate_up_proj[index], experts.down_proj[index]  # (B, k, 2I, hidden), (B, k, hidden, I)
+    gate, up = torch.einsum("bkoh,bh->bko", gate_up, x).chunk(2, dim=-1)
+    dgate, dup = torch.einsum("bkoh,mbh->mbko", gate_up, dx).chunk(2, dim=-1)
+    act = experts.act_fn(gate)
+    a, da = act * up, silu_grad(gate) * dgate * up + act * dup
+    out = torch.einsum("bkhi,bki->bkh", down, a)
+    dout = torch.einsum("bkhi,mbki->mbkh", down, da)
+    shared, dshared = swiglu_jvp(moe.shared_expert, x, dx)
+    sg_pre, dsg_pre = linear_jvp(moe.shared_expert_gate, x, dx)
+    sg = torch.sigmoid(sg_pre)
+    dsg = sg * (1 - sg) * dsg_pre
+    y = (out * top[..., None]).sum(1) + shared * sg
+    dy = (dout * top[..., None]).sum(-2) + (out * dtop[..., None]).sum(-2) + dshared * sg + shared * dsg
+    return y, dy
+
+
+def mlp_jvp(mlp: nn.Module, x: Tensor, dx: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`mlp_step` and its tangents."""
+    return sparse_moe_jvp(mlp, x, dx) if hasattr(mlp, "experts") else swiglu_jvp(mlp, x, dx)
 
 
 class HFQwen3NextCore(LibraryCore):
@@ -184,6 +250,142 @@ class HFQwen3NextCore(LibraryCore):
             else:
                 blocks.append(StateBlock(e.name, sl.start, sl.stop, e.form, e.size, e.repeat, e.held))
         return JacobianStructure(tuple(blocks))
+
+    def step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
+                      out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One step and its forward-mode products for tangents dz (m, B, D), derived by hand
+        (:func:`gradscope.models.core.step_tangents`'s shapes): the primal runs once, each projection
+        multiplies the primal and its m tangents in one call. A delta head's state takes
+        dS' = α dS + dα S + dδ ⊗ k + δ ⊗ dk with δ = β(v − α Sᵀk); attention's softmax
+        dp = p ⊙ (ds − Σ p ds). ``out``: buffers like (z, dz) for z' and dz'. The tests compare it with
+        ``torch.func`` in float64."""
+        with torch.no_grad():
+            return self._step_tangents(x, z, dz, t, out)
+
+    def _step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None,
+                       out: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        z_out, dz_out = (torch.empty_like(z), torch.empty_like(dz)) if out is None else out
+        h, dh = x, None  # the step's input has no tangent
+        for i, layer in enumerate(self.model.layers[:self.num_layers]):
+            hn, dhn = norm1p_jvp(layer.input_layernorm, h, dh)
+            if self.types[i] == "linear_attention":
+                res, dres = self._delta_jvp(layer, i, hn, dhn, z, dz, z_out, dz_out)
+            else:
+                step = check_position(t, self.positions, self.family)
+                res, dres = self._attention_jvp(layer, i, hn, dhn, z, dz, z_out, dz_out, step)
+            h, dh = h + res, _add(dh, dres)
+            res, dres = mlp_jvp(layer.mlp, *norm1p_jvp(layer.post_attention_layernorm, h, dh))
+            h, dh = h + res, _add(dh, dres)
+        y, dy = norm1p_jvp(self.model.norm, h, dh)
+        if dy is None:  # no layer carries a state (not a model the adapter builds)
+            dy = y.new_zeros(dz.shape[0], *y.shape)
+        return y, z_out, dy, dz_out
+
+    def _delta_jvp(self, layer: nn.Module, i: int, hn: Tensor, dhn: Tensor | None, z: Tensor, dz: Tensor,
+                   z_out: Tensor, dz_out: Tensor) -> tuple[Tensor, Tensor]:
+        m, B, M = layer.linear_attn, hn.shape[0], dz.shape[0]
+        Hk, Hv, dk, dv, r, C, K = self.Hk, self.Hv, self.dk, self.dv, self.Hv // self.Hk, self.C, self.K
+        sc, sd = self._slices[f"l{i}/conv"], self._slices[f"l{i}/delta"]
+
+        def heads(v: Tensor | None, *shape: int) -> Tensor | None:
+            return None if v is None else v.reshape(*v.shape[:-1], *shape)
+
+        qkvz, dqkvz = linear_jvp(m.in_proj_qkvz, hn, dhn)
+        ba, dba = linear_jvp(m.in_proj_ba, hn, dhn)
+        split = [dk, dk, r * dv, r * dv]
+        q, k, v, zg = torch.split(heads(qkvz, Hk, 2 * dk + 2 * r * dv), split, dim=-1)
+        dparts = (None,) * 4 if dqkvz is None else torch.split(heads(dqkvz, Hk, 2 * dk + 2 * r * dv), split, dim=-1)
+        b, a = torch.split(heads(ba, Hk, 2 * r), [r, r], dim=-1)
+        db, da = (None, None) if dba is None else torch.split(heads(dba, Hk, 2 * r), [r, r], dim=-1)
+        flat = lambda p: p.flatten(-2)  # noqa: E731 - (…, heads, d) → (…, heads·d)
+        u = torch.cat([flat(q), flat(k), flat(v)], dim=-1)
+        du = None if dqkvz is None else torch.cat([flat(dparts[0]), flat(dparts[1]), flat(dparts[2])], dim=-1)
+        window, dwindow = z[:, sc].reshape(B, C, K - 1), dz[:, :, sc].reshape(M, B, C, K - 1)
+        c, dc = conv_silu_jvp(m.conv1d, window, dwindow, u, du)
+        shift_window_jvp(z_out[:, sc].view(B, C, K - 1), dz_out[:, :, sc].view(M, B, C, K - 1), window, dwindow, u, du)
+        q, k, v = torch.split(c, [Hk * dk, Hk * dk, Hv * dv], dim=-1)
+        dq, dk_, dv_ = torch.split(dc, [Hk * dk, Hk * dk, Hv * dv], dim=-1)
+        q, dq = l2norm_jvp(q.reshape(B, Hk, dk), dq.reshape(M, B, Hk, dk))
+        k, dk_ = l2norm_jvp(k.reshape(B, Hk, dk), dk_.reshape(M, B, Hk, dk))
+        scale = 1.0 / math.sqrt(dk)
+        q, dq = q.repeat_interleave(r, dim=-2) * scale, dq.repeat_interleave(r, dim=-2) * scale  # (…, Hv, dk)
+        k, dk_ = k.repeat_interleave(r, dim=-2), dk_.repeat_interleave(r, dim=-2)
+        v, dv_ = v.reshape(B, Hv, dv), dv_.reshape(M, B, Hv, dv)
+        beta = torch.sigmoid(b.reshape(B, Hv))
+        pre = a.reshape(B, Hv) + m.dt_bias
+        decay = torch.exp(m.A_log)
+        alpha = torch.exp(-decay * F.softplus(pre))
+        dbeta = None if db is None else beta * (1 - beta) * db.reshape(M, B, Hv)
+        dalpha = None if da is None else alpha * (-decay * torch.sigmoid(pre)) * da.reshape(M, B, Hv)
+        St, dSt = z[:, sd].reshape(B, Hv, dv, dk), dz[:, :, sd].reshape(M, B, Hv, dv, dk)
+        Sk = (St @ k[..., None])[..., 0]  # (B, Hv, dv): Sᵀk
+        dSk = (dSt @ k[..., None])[..., 0] + (St @ dk_[..., None])[..., 0]
+        res = v - alpha[..., None] * Sk
+        delta = beta[..., None] * res
+        ddelta = beta[..., None] * (dv_ - alpha[..., None] * dSk)
+        if dalpha is not None:
+            ddelta = ddelta - beta[..., None] * dalpha[..., None] * Sk
+        if dbeta is not None:
+            ddelta = ddelta + dbeta[..., None] * res
+        new = z_out[:, sd].view(B, Hv, dv, dk)
+        torch.mul(St, alpha[..., None, None], out=new)
+        new.addcmul_(delta[..., None], k[:, :, None, :])
+        dnew = dz_out[:, :, sd].view(M, B, Hv, dv, dk)
+        torch.mul(dSt, alpha[..., None, None], out=dnew)
+        if dalpha is not None:
+            dnew.addcmul_(dalpha[..., None, None], St)
+        dnew.addcmul_(ddelta[..., None], k[:, :, None, :])
+        dnew.addcmul_(delta[..., None], dk_[..., None, :])
+        o = (new @ q[..., None])[..., 0]  # (B, Hv, dv): S'ᵀq
+        do = (dnew @ q[..., None])[..., 0] + (new @ dq[..., None])[..., 0]
+        zg, dzg = zg.reshape(B, Hv, dv), None if dparts[3] is None else dparts[3].reshape(M, B, Hv, dv)
+        on, don = rms_jvp(o, do, m.norm.variance_epsilon)
+        gate = F.silu(zg)
+        w = m.norm.weight
+        y = on * w * gate
+        dy = don * w * gate if dzg is None else don * w * gate + on * w * silu_grad(zg) * dzg
+        return linear_jvp(m.out_proj, y.reshape(B, Hv * dv), dy.reshape(M, B, Hv * dv))
+
+    def _attention_jvp(self, layer: nn.Module, i: int, hn: Tensor, dhn: Tensor | None, z: Tensor, dz: Tensor,
+                       z_out: Tensor, dz_out: Tensor, t: int) -> tuple[Tensor, Tensor]:
+        a, B, M, d = layer.self_attn, hn.shape[0], dz.shape[0], self.hd
+        Hq, Hkv, P = self.Hq, self.Hkv, self.positions
+        qg, dqg = linear_jvp(a.q_proj, hn, dhn)
+        q, gate = torch.chunk(qg.reshape(B, Hq, 2 * d), 2, dim=-1)
+        dq, dgate = (None, None) if dqg is None else torch.chunk(dqg.reshape(M, B, Hq, 2 * d), 2, dim=-1)
+        q, dq = norm1p_jvp(a.q_norm, q, dq)
+        kk, dkk = linear_jvp(a.k_proj, hn, dhn)
+        k, dk_ = norm1p_jvp(a.k_norm, kk.reshape(B, Hkv, d), None if dkk is None else dkk.reshape(M, B, Hkv, d))
+        v, dv_ = linear_jvp(a.v_proj, hn, dhn)
+        v, dv_ = v.reshape(B, Hkv, d), None if dv_ is None else dv_.reshape(M, B, Hkv, d)
+        cos, sin = rotary(self.model.rotary_emb, hn, t)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        dq = None if dq is None else rope(dq, cos, sin)
+        dk_ = None if dk_ is None else rope(dk_, cos, sin)
+        caches = []
+        for part, new_p, dnew_p in (("keys", k, dk_), ("values", v, dv_)):
+            sl = self._slices[f"l{i}/{part}"]
+            cache, dcache = z_out[:, sl].view(B, P, Hkv, d), dz_out[:, :, sl].view(M, B, P, Hkv, d)
+            cache.copy_(z[:, sl].view(B, P, Hkv, d))
+            dcache.copy_(dz[:, :, sl].view(M, B, P, Hkv, d))
+            cache[:, t] = new_p
+            dcache[:, :, t] = 0 if dnew_p is None else dnew_p
+            caches.append((cache[:, :t + 1], dcache[:, :, :t + 1]))
+        (K_, dK), (V_, dV) = caches
+        R = Hq // Hkv
+        qh = q.reshape(B, Hkv, R, d)
+        s = torch.einsum("bgrd,bsgd->bgrs", qh, K_) * a.scaling
+        p = torch.softmax(s, dim=-1)
+        ds = torch.einsum("bgrd,mbsgd->mbgrs", qh, dK)
+        if dq is not None:
+            ds = ds + torch.einsum("mbgrd,bsgd->mbgrs", dq.reshape(M, B, Hkv, R, d), K_)
+        ds = ds * a.scaling
+        dp = p * (ds - (p * ds).sum(-1, keepdim=True))
+        o = torch.einsum("bgrs,bsgd->bgrd", p, V_).reshape(B, Hq * d)
+        do = (torch.einsum("mbgrs,bsgd->mbgrd", dp, V_) + torch.einsum("bgrs,mbsgd->mbgrd", p, dV)).reshape(M, B, Hq * d)
+        sg = torch.sigmoid(gate.reshape(B, Hq * d))
+        dy = do * sg if dgate is None else do * sg + o * sg * (1 - sg) * dgate.reshape(M, B, Hq * d)
+        return linear_jvp(a.o_proj, o * sg, dy)
 
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         B = x.shape[0]

@@ -311,3 +311,28 @@ def test_the_declared_blocks_are_the_step_jacobians_own_and_it_is_lower_triangul
                 later = J[:, blk.start:blk.stop, blk.stop:]
                 assert later.numel() == 0 or float(later.abs().max()) == 0.0, blk.name
             z = step_at(core, x[:, t], z, t)[1]
+
+
+@pytest.mark.parametrize("t", [0, 3, POSITIONS - 1])
+def test_hand_derived_step_products_equal_torch_func(qwen, t: int) -> None:  # noqa: ANN001
+    """step_tangents (delta rule, gated attention over the cache, dense MLP and MoE) against torch.func's jvp of
+    the step, in float64 to 1e-12, at a state the scan reached (caches filled up to t); also written into
+    given buffers (NaN-filled, so an entry left unwritten fails)."""
+    from gradscope.models.core import generic_step_tangents, initial_state, step_at, step_tangents
+
+    _, wrapped, _ = qwen
+    core = wrapped.core
+    x = wrapped.core_inputs(tokens(13, n=2, length=POSITIONS))
+    with torch.no_grad():
+        z = initial_state(core, 2, x)
+        for s in range(t):
+            z = step_at(core, x[:, s], z, s)[1]
+        dz = torch.randn(3, *z.shape, generator=torch.Generator().manual_seed(t), dtype=z.dtype)
+        ref = generic_step_tangents(core, x[:, t], z, dz, t)
+        ours = step_tangents(core, x[:, t], z, dz, t)
+        out = (torch.full_like(z, float("nan")), torch.full_like(dz, float("nan")))
+        into = step_tangents(core, x[:, t], z, dz, t, out=out)
+    for a, b, c in zip(ours, ref, into, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-13)
+    assert into[1] is out[0] and into[3] is out[1]
