@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from gradscope.errors import check
 from gradscope.models.adapters.attention import (POSITIONS, attend, check_position, held_blocks, rope, rotary,
-                                                 write_slot)
+                                                 rotate_half, write_slot)
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_silu_jvp, hf_forward, linear_jvp,
                                             rms, rms_jvp, shift_blocks, shift_window_jvp, silu_grad)
 from gradscope.models.structure import JacobianStructure, StateBlock
@@ -385,6 +385,158 @@ class HFQwen3NextCore(LibraryCore):
         do = (torch.einsum("mbgrs,bsgd->mbgrd", dp, V_) + torch.einsum("bgrs,mbsgd->mbgrd", p, dV)).reshape(M, B, Hq * d)
         sg = torch.sigmoid(gate.reshape(B, Hq * d))
         dy = do * sg if dgate is None else do * sg + o * sg * (1 - sg) * dgate.reshape(M, B, Hq * d)
+        return linear_jvp(a.o_proj, o * sg, dy)
+
+    def chain_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None) -> tuple[Tensor, Tensor]:
+        """The last output of the steps over x (B, L, in) from z (B, D), the first at time index t, and its
+        forward-mode products for tangents dz (m, B, D) on z: (y_L (B, H), ∂y_L/∂z · dz (m, B, H))
+        (:func:`gradscope.models.core.chain_tangents`). Equal to chaining :meth:`step_tangents` L times, but
+        layer by layer: a layer's projections, norms and MLP take all L steps' (1 + m)·B rows in one matrix
+        product each (a step's B rows leave the matrix units idle), and only the delta rule's recurrence and
+        attention's causal mask go step by step. The tests compare it with ``torch.func``'s steps chained."""
+        start = 0 if t is None else int(t)
+        check_position(start + x.shape[1] - 1, self.positions, self.family)
+        with torch.no_grad():
+            h, dh = x, None
+            last = self.num_layers - 1
+            for i, layer in enumerate(self.model.layers[:self.num_layers]):
+                hn, dhn = norm1p_jvp(layer.input_layernorm, h, dh)
+                if self.types[i] == "linear_attention":
+                    res, dres = self._delta_span(layer, i, hn, dhn, z, dz)
+                else:
+                    res, dres = self._attention_span(layer, i, hn, dhn, z, dz, start)
+                h, dh = h + res, _add(dh, dres)
+                if i == last:  # only the last step's output is asked for
+                    h, dh = h[:, -1], dh[:, :, -1]
+                hn, dhn = norm1p_jvp(layer.post_attention_layernorm, h, dh)
+                shape = hn.shape
+                res, dres = mlp_jvp(layer.mlp, hn.reshape(-1, shape[-1]), dhn.reshape(dhn.shape[0], -1, shape[-1]))
+                h, dh = h + res.reshape(shape), dh + dres.reshape(dhn.shape)
+            y, dy = norm1p_jvp(self.model.norm, h, dh)
+            return y, dy
+
+    def _delta_span(self, layer: nn.Module, i: int, hn: Tensor, dhn: Tensor | None, z: Tensor, dz: Tensor
+                    ) -> tuple[Tensor, Tensor]:
+        """A Gated DeltaNet layer over a span: hn (B, L, hidden) → (what it adds (B, L, hidden), its tangents)."""
+        m, (B, L, _), M = layer.linear_attn, hn.shape, dz.shape[0]
+        Hk, Hv, dk, dv, r, C, K = self.Hk, self.Hv, self.dk, self.dv, self.Hv // self.Hk, self.C, self.K
+        sc, sd = self._slices[f"l{i}/conv"], self._slices[f"l{i}/delta"]
+        width = 2 * dk + 2 * r * dv
+        qkvz, dqkvz = linear_jvp(m.in_proj_qkvz, hn, dhn)
+        ba, dba = linear_jvp(m.in_proj_ba, hn, dhn)
+        q, k, v, zg = torch.split(qkvz.reshape(B, L, Hk, width), [dk, dk, r * dv, r * dv], dim=-1)
+        u = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], dim=-1)  # (B, L, C)
+        b, a = torch.split(ba.reshape(B, L, Hk, 2 * r), [r, r], dim=-1)
+        window, dwindow = z[:, sc].reshape(B, C, K - 1), dz[:, :, sc].reshape(M, B, C, K - 1)
+        U = torch.cat([window.transpose(1, 2), u], dim=1)  # (B, K − 1 + L, C): the inputs the conv reads
+        if dqkvz is None:
+            dzg = db = da = None
+            dU = torch.cat([dwindow.transpose(2, 3), dwindow.new_zeros(M, B, L, C)], dim=2)
+        else:
+            dq, dk_, dv_, dzg = torch.split(dqkvz.reshape(M, B, L, Hk, width), [dk, dk, r * dv, r * dv], dim=-1)
+            du = torch.cat([dq.flatten(-2), dk_.flatten(-2), dv_.flatten(-2)], dim=-1)  # (M, B, L, C)
+            dU = torch.cat([dwindow.transpose(2, 3), du], dim=2)
+            db, da = torch.split(dba.reshape(M, B, L, Hk, 2 * r), [r, r], dim=-1)
+        w = m.conv1d.weight[:, 0, :]  # (C, K)
+        pre = sum(U[:, j:j + L] * w[:, j] for j in range(K))
+        dpre = sum(dU[:, :, j:j + L] * w[:, j] for j in range(K))
+        c, dc = F.silu(pre), dpre * silu_grad(pre)
+        q, k, v = torch.split(c, [Hk * dk, Hk * dk, Hv * dv], dim=-1)
+        dq, dk_, dv_ = torch.split(dc, [Hk * dk, Hk * dk, Hv * dv], dim=-1)
+        q, dq = l2norm_jvp(q.reshape(B, L, Hk, dk), dq.reshape(M, B, L, Hk, dk))
+        k, dk_ = l2norm_jvp(k.reshape(B, L, Hk, dk), dk_.reshape(M, B, L, Hk, dk))
+        scale = 1.0 / math.sqrt(dk)
+        q, dq = q.repeat_interleave(r, dim=-2) * scale, dq.repeat_interleave(r, dim=-2) * scale  # (…, L, Hv, dk)
+        k, dk_ = k.repeat_interleave(r, dim=-2), dk_.repeat_interleave(r, dim=-2)
+        v, dv_ = v.reshape(B, L, Hv, dv), dv_.reshape(M, B, L, Hv, dv)
+        beta = torch.sigmoid(b.reshape(B, L, Hv))
+        pre_a = a.reshape(B, L, Hv) + m.dt_bias
+        decay = torch.exp(m.A_log)
+        alpha = torch.exp(-decay * F.softplus(pre_a))
+        dbeta = None if db is None else beta * (1 - beta) * db.reshape(M, B, L, Hv)
+        dalpha = None if da is None else alpha * (-decay * torch.sigmoid(pre_a)) * da.reshape(M, B, L, Hv)
+        St = z[:, sd].reshape(B, Hv, dv, dk).clone()
+        dSt = dz[:, :, sd].reshape(M, B, Hv, dv, dk).clone()
+        o = hn.new_empty(B, L, Hv, dv)
+        do = hn.new_empty(M, B, L, Hv, dv)
+        def columns(S: Tensor, primal: Tensor, tangents: Tensor) -> tuple[Tensor, Tensor]:
+            """(S a, S da) for a head's vector a (B, Hv, dk) and its tangents (M, B, Hv, dk): one batched
+            matrix product a head over the 1 + M columns."""
+            cols = torch.cat([primal[None], tangents]).permute(1, 2, 3, 0).reshape(B * Hv, dk, 1 + M)
+            out = (S.reshape(B * Hv, dv, dk) @ cols).reshape(B, Hv, dv, 1 + M).permute(3, 0, 1, 2)
+            return out[0], out[1:]
+
+        for j in range(L):  # the recurrence, step by step, in place
+            kj, dkj, al = k[:, j], dk_[:, :, j], alpha[:, j, :, None]
+            Sk, SdK = columns(St, kj, dkj)  # Sᵀk (B, Hv, dv) and Sᵀdk
+            dSk = torch.linalg.vecdot(dSt, kj[:, :, None, :]) + SdK
+            res = v[:, j] - al * Sk
+            delta = beta[:, j, :, None] * res
+            ddelta = beta[:, j, :, None] * (dv_[:, :, j] - al * dSk)
+            dSt.mul_(al[..., None])
+            if dalpha is not None:
+                ddelta -= beta[:, j, :, None] * dalpha[:, :, j, :, None] * Sk
+                dSt.addcmul_(dalpha[:, :, j, :, None, None], St)
+            if dbeta is not None:
+                ddelta += dbeta[:, :, j, :, None] * res
+            dSt.addcmul_(ddelta[..., None], kj[:, :, None, :])
+            dSt.addcmul_(delta[..., None], dkj[..., None, :])
+            St.mul_(al[..., None]).addcmul_(delta[..., None], kj[:, :, None, :])
+            qj = q[:, j]
+            o[:, j], SdQ = columns(St, qj, dq[:, :, j])
+            do[:, :, j] = torch.linalg.vecdot(dSt, qj[:, :, None, :]) + SdQ
+        zg = zg.reshape(B, L, Hv, dv)
+        on, don = rms_jvp(o, do, m.norm.variance_epsilon)
+        gate, wn = F.silu(zg), m.norm.weight
+        y = on * wn * gate
+        dy = don * wn * gate if dzg is None else don * wn * gate + on * wn * silu_grad(zg) * dzg.reshape(M, B, L, Hv, dv)
+        return linear_jvp(m.out_proj, y.reshape(B, L, Hv * dv), dy.reshape(M, B, L, Hv * dv))
+
+    def _attention_span(self, layer: nn.Module, i: int, hn: Tensor, dhn: Tensor | None, z: Tensor, dz: Tensor,
+                        t: int) -> tuple[Tensor, Tensor]:
+        """A gated attention layer over a span whose first step is at position t (causal within the span)."""
+        a, (B, L, _), M, d = layer.self_attn, hn.shape, dz.shape[0], self.hd
+        Hq, Hkv, P, R = self.Hq, self.Hkv, self.positions, self.Hq // self.Hkv
+        qg, dqg = linear_jvp(a.q_proj, hn, dhn)
+        q, gate = torch.chunk(qg.reshape(B, L, Hq, 2 * d), 2, dim=-1)
+        dq, dgate = (None, None) if dqg is None else torch.chunk(dqg.reshape(M, B, L, Hq, 2 * d), 2, dim=-1)
+        q, dq = norm1p_jvp(a.q_norm, q, dq)
+        kk, dkk = linear_jvp(a.k_proj, hn, dhn)
+        k, dk_ = norm1p_jvp(a.k_norm, kk.reshape(B, L, Hkv, d), None if dkk is None else dkk.reshape(M, B, L, Hkv, d))
+        v, dv_ = linear_jvp(a.v_proj, hn, dhn)
+        v = v.reshape(B, L, Hkv, d)
+        positions = torch.arange(t, t + L, device=hn.device).expand(B, L)
+        cos, sin = (c.to(hn.dtype)[:, :, None, :] for c in self.model.rotary_emb(hn, positions))  # (B, L, 1, rot)
+
+        def rot(x: Tensor | None) -> Tensor | None:
+            if x is None:
+                return None
+            n = cos.shape[-1]
+            out = x[..., :n] * cos + rotate_half(x[..., :n]) * sin
+            return out if n == x.shape[-1] else torch.cat([out, x[..., n:]], dim=-1)
+
+        q, k, dq, dk_ = rot(q), rot(k), rot(dq), rot(dk_)
+        sk, sv = self._slices[f"l{i}/keys"], self._slices[f"l{i}/values"]
+        K_ = torch.cat([z[:, sk].reshape(B, P, Hkv, d)[:, :t], k], dim=1)  # (B, t + L, Hkv, d)
+        V_ = torch.cat([z[:, sv].reshape(B, P, Hkv, d)[:, :t], v], dim=1)
+        zeros = hn.new_zeros(M, B, L, Hkv, d)
+        dK = torch.cat([dz[:, :, sk].reshape(M, B, P, Hkv, d)[:, :, :t], zeros if dk_ is None else dk_], dim=2)
+        dV = torch.cat([dz[:, :, sv].reshape(M, B, P, Hkv, d)[:, :, :t],
+                        zeros if dv_ is None else dv_.reshape(M, B, L, Hkv, d)], dim=2)
+        mask = torch.arange(t + L, device=hn.device)[None, :] <= torch.arange(t, t + L, device=hn.device)[:, None]
+        qh = q.reshape(B, L, Hkv, R, d)
+        s = torch.einsum("blgrd,bsgd->bgrls", qh, K_) * a.scaling
+        p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+        ds = torch.einsum("blgrd,mbsgd->mbgrls", qh, dK)
+        if dq is not None:
+            ds = ds + torch.einsum("mblgrd,bsgd->mbgrls", dq.reshape(M, B, L, Hkv, R, d), K_)
+        ds = ds * a.scaling
+        dp = p * (ds - (p * ds).sum(-1, keepdim=True))
+        o = torch.einsum("bgrls,bsgd->blgrd", p, V_).reshape(B, L, Hq * d)
+        do = (torch.einsum("mbgrls,bsgd->mblgrd", dp, V_) + torch.einsum("bgrls,mbsgd->mblgrd", p, dV)
+              ).reshape(M, B, L, Hq * d)
+        sg = torch.sigmoid(gate.reshape(B, L, Hq * d))
+        dy = do * sg if dgate is None else do * sg + o * sg * (1 - sg) * dgate.reshape(M, B, L, Hq * d)
         return linear_jvp(a.o_proj, o * sg, dy)
 
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:

@@ -336,3 +336,25 @@ def test_hand_derived_step_products_equal_torch_func(qwen, t: int) -> None:  # n
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
         torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-13)
     assert into[1] is out[0] and into[3] is out[1]
+
+
+@pytest.mark.parametrize("start,length", [(0, 5), (4, 8)])
+def test_a_span_layer_by_layer_equals_torch_funcs_chained_steps(qwen, start: int, length: int) -> None:  # noqa: ANN001
+    """chain_tangents (layer by layer over the span: batched projections, the delta recurrence and attention's
+    causal mask inside) against torch.func's jvp steps chained, in float64, from a state the scan reached."""
+    from gradscope.models.core import chain_tangents, generic_step_tangents, initial_state, step_at
+
+    _, wrapped, _ = qwen
+    core = wrapped.core
+    x = wrapped.core_inputs(tokens(14, n=2, length=POSITIONS))
+    with torch.no_grad():
+        z = initial_state(core, 2, x)
+        for s in range(start):
+            z = step_at(core, x[:, s], z, s)[1]
+        dz = torch.randn(3, *z.shape, generator=torch.Generator().manual_seed(start), dtype=z.dtype)
+        y, dy = chain_tangents(core, x[:, start:start + length], z, dz, start)
+        zr, dzr = z, dz
+        for s in range(start, start + length):
+            yr, zr, dyr, dzr = generic_step_tangents(core, x[:, s], zr, dzr, s)
+    torch.testing.assert_close(y, yr, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(dy, dyr, rtol=1e-11, atol=1e-12)
