@@ -11,6 +11,7 @@ transformers              ``RecurrentGemmaForCausalLM``, ``RecurrentGemmaModel``
 transformers              ``Mamba2ForCausalLM``, ``Mamba2Model``                      ``hf_mamba2``
 transformers              ``Qwen3NextForCausalLM``, ``Qwen3NextModel``                ``hf_qwen3_next``
 transformers              ``LlamaForCausalLM``, ``LlamaModel``, ``Qwen3…``            ``hf_llama``
+transformers              ``BambaForCausalLM``, ``BambaModel``                        ``hf_bamba``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
@@ -42,6 +43,8 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "LlamaModel"): "hf_llama",
     ("transformers", "Qwen3ForCausalLM"): "hf_llama",
     ("transformers", "Qwen3Model"): "hf_llama",
+    ("transformers", "BambaForCausalLM"): "hf_bamba",
+    ("transformers", "BambaModel"): "hf_bamba",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
     ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels
