@@ -287,3 +287,83 @@ def check_own_step_tangents(core: torch.nn.Module, x: Tensor, z: Tensor, dz: Ten
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
         torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-13)
     assert into[1] is out[0] and into[3] is out[1]
+
+
+def conv_state_parts(layer) -> list[Tensor]:  # noqa: ANN001 - a transformers linear-attention cache layer
+    """A recurrent cache layer's parts in the documented layout: its conv window without the oldest input, then
+    its recurrent state, both in float64 (the libraries leave them in float32 after a chunked forward)."""
+    return [layer.conv_states[0][:, :, 1:].double(), layer.recurrent_states[0].double()]
+
+
+def set_conv_state_parts(layer, parts) -> None:  # noqa: ANN001 - a cache layer and an iterator of parts
+    """The inverse of :func:`conv_state_parts`: the window (an unread oldest input of zeros), then the state."""
+    window = next(parts)
+    layer.conv_states[0] = torch.cat([torch.zeros_like(window[:, :, :1]), window], dim=-1)
+    layer.recurrent_states[0] = next(parts).clone()
+
+
+def hybrid_family(model: torch.nn.Module, types: list[str], positions: int, *, reverse: bool = True,
+                  explicit_positions: bool = False, read_recurrent: Callable = conv_state_parts,
+                  write_recurrent: Callable = set_conv_state_parts) -> Family:
+    """A transformers model with recurrent layers (``linear_attention``), attention layers (``full_attention``)
+    and stateless ones (anything else), through its own ``DynamicCache``: per recurrent layer
+    ``read_recurrent(cache layer)``, per attention layer its keys and values (positions, H_kv, d) zero-padded
+    beyond the tokens read. ``step`` runs the library's one-token path token by token from a cache set to the
+    parts (``explicit_positions``: pass each token's position, for a library forward that does not count the
+    cache's)."""
+    bb = getattr(model, "model", getattr(model, "backbone", model))
+
+    def read(cache) -> list[Tensor]:  # noqa: ANN001
+        out: list[Tensor] = []
+        for l, kind in enumerate(types):
+            layer = cache.layers[l]
+            if kind == "linear_attention":
+                out += read_recurrent(layer)
+            elif kind == "full_attention":
+                for kv in (layer.keys, layer.values):  # (B, H_kv, n, d) → (B, positions, H_kv, d)
+                    pad = kv.new_zeros(kv.shape[0], kv.shape[1], positions - kv.shape[2], kv.shape[3])
+                    out.append(torch.cat([kv, pad], dim=2).transpose(1, 2))
+        return out
+
+    def state(tokens: Tensor) -> list[Tensor]:
+        return [q.clone() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
+
+    def step(parts: list[Tensor], columns: Tensor, t0: int):  # noqa: ANN202
+        with torch.no_grad():
+            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
+        it = iter(parts)
+        for l, kind in enumerate(types):
+            layer = cache.layers[l]
+            if kind == "linear_attention":
+                write_recurrent(layer, it)
+            elif kind == "full_attention":
+                layer.keys, layer.values = (next(it)[:, :t0].transpose(1, 2).contiguous() for _ in range(2))
+        for t in range(columns.shape[1]):  # the one-token path, token by token
+            extra = {"position_ids": torch.full((columns.shape[0], 1), t0 + t, dtype=torch.long)} \
+                if explicit_positions else {}
+            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True, **extra).last_hidden_state[:, -1]
+        return y, read(cache)
+
+    return Family(model, state, step, int(model.config.vocab_size), reverse=reverse)
+
+
+def check_declared_blocks(core: torch.nn.Module, x: Tensor, steps: int) -> None:
+    """At each of the first ``steps`` steps, J_t from torch.func (the whole matrix) restricted to each declared
+    block equals the block the core gives, and no block reads a later one (J_t lower-triangular)."""
+    from gradscope.models.core import generic_step_jacobian
+
+    B = x.shape[0]
+    with torch.no_grad():
+        z = initial_state(core, B, x)
+        for t in range(steps):
+            J = generic_step_jacobian(core, x[:, t], z, t)
+            for blk, d in zip(core.jacobian_structure().blocks, diagonal_blocks(core, x[:, t], z, t), strict=True):
+                own = J[:, blk.start:blk.stop, blk.start:blk.stop]
+                if blk.form == "diagonal":
+                    dense = torch.diag_embed(d.expand(B, blk.width))
+                else:  # block_diagonal: (B, n/size, size, size)
+                    dense = torch.stack([torch.block_diag(*d[b]) for b in range(B)])
+                torch.testing.assert_close(own, dense, rtol=1e-10, atol=1e-12, msg=f"{blk.name} at t={t}")
+                later = J[:, blk.start:blk.stop, blk.stop:]
+                assert later.numel() == 0 or float(later.abs().max()) == 0.0, f"{blk.name} reads a later block"
+            z = step_at(core, x[:, t], z, t)[1]

@@ -12,6 +12,7 @@ transformers              ``Mamba2ForCausalLM``, ``Mamba2Model``                
 transformers              ``Qwen3NextForCausalLM``, ``Qwen3NextModel``                ``hf_qwen3_next``
 transformers              ``LlamaForCausalLM``, ``LlamaModel``, ``Qwen3…``            ``hf_llama``
 transformers              ``BambaForCausalLM``, ``BambaModel``                        ``hf_bamba``
+transformers              ``NemotronHForCausalLM``, ``NemotronHModel``                ``hf_nemotron_h``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
@@ -45,6 +46,8 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "Qwen3Model"): "hf_llama",
     ("transformers", "BambaForCausalLM"): "hf_bamba",
     ("transformers", "BambaModel"): "hf_bamba",
+    ("transformers", "NemotronHForCausalLM"): "hf_nemotron_h",
+    ("transformers", "NemotronHModel"): "hf_nemotron_h",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
     ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels

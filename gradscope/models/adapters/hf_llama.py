@@ -20,7 +20,6 @@ Output y_t: the backbone's last hidden state (``norm`` of the residual stream); 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check

@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 import gradscope  # noqa: E402
 from gradscope.errors import GradscopeError  # noqa: E402
-from tests.helpers.adapterkit import Family, check_gradient_flow, check_stability, check_state_jacobian  # noqa: E402
+from tests.helpers.adapterkit import (Family, check_gradient_flow, check_stability,  # noqa: E402
+                                      check_state_jacobian, hybrid_family)
 
 B, T, V = 2, 6, 30
 RTOL = 2e-6  # transformers runs its RMSNorms and softmax in float32 even for a float64 model
@@ -41,32 +42,9 @@ def tiny(kind: str = "llama", bare: bool = False) -> torch.nn.Module:
 
 
 def family(model: torch.nn.Module) -> Family:
-    """The KV cache in the documented layout: per layer keys, values (positions, H_kv, d), zero beyond the
-    tokens read; the library's one-token path, token by token."""
-    bb = getattr(model, "model", model)
-
-    def read(cache) -> list[torch.Tensor]:  # noqa: ANN001
-        out = []
-        for layer in cache.layers:
-            for kv in (layer.keys, layer.values):
-                pad = kv.new_zeros(kv.shape[0], kv.shape[1], POSITIONS - kv.shape[2], kv.shape[3])
-                out.append(torch.cat([kv, pad], dim=2).transpose(1, 2))
-        return out
-
-    def state(tokens: torch.Tensor) -> list[torch.Tensor]:
-        return [q.clone() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
-
-    def step(parts: list[torch.Tensor], columns: torch.Tensor, t0: int):  # noqa: ANN202
-        with torch.no_grad():
-            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
-        it = iter(parts)
-        for layer in cache.layers:
-            layer.keys, layer.values = (next(it)[:, :t0].transpose(1, 2).contiguous() for _ in range(2))
-        for t in range(columns.shape[1]):
-            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
-        return y, read(cache)
-
-    return Family(model, state, step, V)
+    """The KV cache in the documented layout (tests/helpers/adapterkit.hybrid_family): per layer keys, values
+    (positions, H_kv, d), zero beyond the tokens read."""
+    return hybrid_family(model, ["full_attention"] * LAYERS, POSITIONS)
 
 
 def tokens(seed: int, n: int = B, length: int = T) -> torch.Tensor:

@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 import gradscope  # noqa: E402
 from gradscope.errors import GradscopeError  # noqa: E402
-from tests.helpers.adapterkit import Family, check_stability, check_state_jacobian, probes  # noqa: E402
+from tests.helpers.adapterkit import (Family, check_declared_blocks, check_stability,  # noqa: E402
+                                      check_state_jacobian, hybrid_family, probes)
 
 B, T, V = 2, 7, 40
 RTOL = 2e-6  # transformers runs its delta rule, RMSNorms and router in float32 even for a float64 model
@@ -51,45 +52,23 @@ def tiny(bare: bool = False, **extra) -> torch.nn.Module:  # noqa: ANN003
     return model.double()
 
 
+def _delta_parts(layer) -> list[torch.Tensor]:  # noqa: ANN001 - a cache layer
+    """A Gated DeltaNet cache layer in the documented layout: the conv window without its oldest input, then the
+    delta state transposed (H_v, d_v, d_k)."""
+    return [layer.conv_states[0][:, :, 1:].double(), layer.recurrent_states[0].transpose(-1, -2).double()]
+
+
+def _set_delta_parts(layer, parts) -> None:  # noqa: ANN001 - a cache layer and an iterator of parts
+    window = next(parts)
+    layer.conv_states[0] = torch.cat([torch.zeros_like(window[:, :, :1]), window], dim=-1)
+    layer.recurrent_states[0] = next(parts).transpose(-1, -2).contiguous()
+
+
 def family(model: torch.nn.Module, positions: int) -> Family:
-    """Qwen3-Next's cache in the documented layout: per linear-attention layer the conv window without its
-    oldest input and the delta state transposed (H_v, d_v, d_k); per attention layer its keys and values
-    (positions, H_kv, d), zero beyond the tokens read. The library's one-token path, token by token."""
-    bb = getattr(model, "model", model)
-    types = model.config.layer_types
-
-    def read(cache) -> list[torch.Tensor]:  # noqa: ANN001
-        out = []
-        for l, kind in enumerate(types):
-            layer = cache.layers[l]
-            if kind == "linear_attention":
-                out += [layer.conv_states[0][:, :, 1:].double(), layer.recurrent_states[0].transpose(-1, -2).double()]
-            else:
-                for kv in (layer.keys, layer.values):  # (B, H_kv, n, d) → (B, positions, H_kv, d), zero-padded
-                    pad = kv.new_zeros(kv.shape[0], kv.shape[1], positions - kv.shape[2], kv.shape[3])
-                    out.append(torch.cat([kv, pad], dim=2).transpose(1, 2))
-        return out
-
-    def state(tokens: torch.Tensor) -> list[torch.Tensor]:
-        return [q.clone() for q in read(bb(input_ids=tokens, use_cache=True).cache)]
-
-    def step(parts: list[torch.Tensor], columns: torch.Tensor, t0: int):  # noqa: ANN202
-        with torch.no_grad():
-            cache = bb(input_ids=columns[:, :1], use_cache=True).cache  # a cache of the right batch, overwritten
-        it = iter(parts)
-        for l, kind in enumerate(types):
-            layer = cache.layers[l]
-            if kind == "linear_attention":
-                window = next(it)
-                layer.conv_states[0] = torch.cat([torch.zeros_like(window[:, :, :1]), window], dim=-1)
-                layer.recurrent_states[0] = next(it).transpose(-1, -2).contiguous()
-            else:
-                layer.keys, layer.values = (next(it)[:, :t0].transpose(1, 2).contiguous() for _ in range(2))
-        for t in range(columns.shape[1]):  # the one-token path, token by token
-            y = bb(input_ids=columns[:, t:t + 1], cache=cache, use_cache=True).last_hidden_state[:, -1]
-        return y, read(cache)
-
-    return Family(model, state, step, V)
+    """Qwen3-Next's cache in the documented layout (tests/helpers/adapterkit.hybrid_family): per linear-attention
+    layer the conv window and the transposed delta state; per attention layer its keys and values."""
+    return hybrid_family(model, list(model.config.layer_types), positions, read_recurrent=_delta_parts,
+                         write_recurrent=_set_delta_parts)
 
 
 POSITIONS = 12
@@ -292,25 +271,8 @@ def test_the_declared_blocks_are_the_step_jacobians_own_and_it_is_lower_triangul
     """At every step, J_t from torch.func (the whole matrix) restricted to each declared block equals the
     block the adapter gives (each head's M_t repeated d_v times, the conv shift, the caches' 1s with 0 at slot
     t), and no block reads a later one."""
-    from gradscope.models.core import diagonal_blocks, generic_step_jacobian, initial_state, step_at
-
     _, wrapped, _ = qwen
-    core = wrapped.core
-    x = wrapped.core_inputs(tokens(12, n=2, length=4))
-    with torch.no_grad():
-        z = initial_state(core, 2, x)
-        for t in range(x.shape[1]):
-            J = generic_step_jacobian(core, x[:, t], z, t)
-            for blk, d in zip(core.jacobian_structure().blocks, diagonal_blocks(core, x[:, t], z, t), strict=True):
-                own = J[:, blk.start:blk.stop, blk.start:blk.stop]
-                if blk.form == "diagonal":
-                    dense = torch.diag_embed(d.expand(2, blk.width))
-                else:  # block_diagonal: (B, n/size, size, size)
-                    dense = torch.stack([torch.block_diag(*d[b]) for b in range(2)])
-                torch.testing.assert_close(own, dense, rtol=1e-10, atol=1e-12, msg=f"{blk.name} at t={t}")
-                later = J[:, blk.start:blk.stop, blk.stop:]
-                assert later.numel() == 0 or float(later.abs().max()) == 0.0, blk.name
-            z = step_at(core, x[:, t], z, t)[1]
+    check_declared_blocks(wrapped.core, wrapped.core_inputs(tokens(12, n=2, length=4)), steps=4)
 
 
 @pytest.mark.parametrize("t", [0, 3, POSITIONS - 1])

@@ -1,0 +1,132 @@
+"""transformers' Nemotron-H (``NemotronHForCausalLM``, ``NemotronHModel``): a stack of Mamba-2 blocks, attention
+blocks (no positional embedding) and MLP blocks, as a gradscope core.
+
+One step per block, in the model's dtype; each block is ``h += mixer(RMSNorm(h))`` (w · x / rms(x)) with the
+mixer one of:
+
+- Mamba-2 (``linear_attention``): the SSD step of :mod:`~gradscope.models.adapters.hf_mamba2`;
+- attention (``full_attention``): q, k, v projections, slot t of the cache ← (k, v), o = softmax(q Kᵀ/√d) V
+  over slots ≤ t, o_proj (Nemotron-H's attention has no rotary embedding);
+- MLP (``mlp``): down(relu(up x)²), stateless.
+
+Mixture-of-experts blocks are refused in one line (not built yet).
+
+State layout, block 0 first: a Mamba-2 block has ``l<i>/conv`` and ``l<i>/ssm`` as in the Mamba-2 adapter; an
+attention block ``l<i>/keys``, ``l<i>/values`` (positions, KV heads, head dim), held
+(:mod:`~gradscope.models.adapters.attention`); an MLP block none. Position-dependent (the cache slot). Its
+Jacobian products are ``torch.func``'s.
+
+Output y_t: ``norm_f`` of the residual stream; readout: ``lm_head`` for ``NemotronHForCausalLM``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from gradscope.errors import check
+from gradscope.models.adapters.attention import POSITIONS, attend, check_position, held_blocks, write_slot
+from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
+from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
+
+TOLERANCE = 1e-4
+KINDS = ("linear_attention", "full_attention", "mlp")
+
+
+class HFNemotronHCore(HFMamba2Core):
+    """gradscope core over a transformers ``NemotronHModel`` (held by reference)."""
+
+    name = "hf-nemotron-h"
+    label = "Nemotron-H (transformers)"
+    family = "Nemotron-H"
+    position_dependent = True
+    own_cost: dict[str, float] = {}
+    # the Mamba-2 adapter's own products walk every block as Mamba-2: the generic torch.func ones here
+    step_tangents = step_cotangents = chain_tangents = span_cotangents = None  # type: ignore[assignment]
+
+    def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
+        cfg = backbone.config
+        check(isinstance(positions, int) and positions >= 1, f"positions: got {positions!r}; expected a positive "
+                                                              f"number of attention cache slots")
+        self.types = tuple(str(b.block_type) for b in backbone.layers)
+        unknown = sorted(set(self.types) - set(KINDS))
+        check(not unknown, f"model: Nemotron-H block types {unknown} are not built (the adapter knows "
+                           f"{', '.join(KINDS)})")
+        check(str(cfg.mlp_hidden_act) == "relu2" or "mlp" not in self.types,
+              f"model: mlp_hidden_act={cfg.mlp_hidden_act!r}; the adapter knows Nemotron-H's relu²")
+        mamba = [b.mixer for b, k in zip(backbone.layers, self.types) if k == "linear_attention"]
+        check(bool(mamba), "model: a Nemotron-H without Mamba blocks; it has no recurrent state")
+        m = mamba[0]
+        self.I, self.N, self.K = int(m.intermediate_size), int(m.ssm_state_size), int(m.conv_kernel_size)
+        self.H, self.P, self.G, self.C = int(m.num_heads), int(m.head_dim), int(m.n_groups), int(m.conv_dim)
+        check(self.K >= 2, f"model: conv_kernel={self.K}; the adapter needs a causal conv of width >= 2")
+        check(self.H * self.P == self.I and self.H % self.G == 0,
+              f"model: {self.H} heads of {self.P} in {self.G} groups do not tile the inner width {self.I}")
+        check(m.in_proj.out_features == self.I + self.C + self.H,
+              f"model: in_proj gives {m.in_proj.out_features} features, not gate + conv + heads")
+        self.Hq, self.Hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+        self.hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq)
+        self.positions = int(positions)
+        entries = []
+        for i, kind in enumerate(self.types):
+            if kind == "linear_attention":
+                entries += [Entry(f"l{i}/conv", (self.C, self.K - 1), "block_diagonal", self.K - 1),
+                            Entry(f"l{i}/ssm", (self.H, self.P, self.N), "diagonal", self.P * self.N)]
+            elif kind == "full_attention":
+                entries += [Entry(f"l{i}/{part}", (self.positions, self.Hkv, self.hd), "diagonal", held=True)
+                            for part in ("keys", "values")]
+        LibraryCore.__init__(self, backbone, entries, int(cfg.hidden_size))
+        self.num_layers = len(self.types)
+        limit = tuple(float(v) for v in getattr(cfg, "time_step_limit", (0.0, float("inf"))))
+        self.limit = None if limit == (0.0, float("inf")) else limit
+
+    def with_positions(self, positions: int) -> "HFNemotronHCore":
+        """The same model's core with ``positions`` attention cache slots (the library model by reference)."""
+        return type(self)(self.model, positions)
+
+    def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
+        B, d = x.shape[0], self.hd
+        parts = self.unpack(z)
+        new, diag = {}, {}
+        h = x
+        for i, block in enumerate(self.model.layers):
+            kind = self.types[i]
+            if kind == "linear_attention":
+                window = parts[f"l{i}/conv"]
+                L = self._layer(block, h, window, parts[f"l{i}/ssm"])
+                h = h + L.res
+                new[f"l{i}/conv"] = torch.cat([window[..., 1:], L.xbc[..., None]], dim=-1)
+                new[f"l{i}/ssm"] = L.s
+                if diagonal:
+                    diag[f"l{i}/conv"] = shift_blocks(B, self.C, self.K - 1, x)
+                    diag[f"l{i}/ssm"] = L.a[..., None, None].expand(B, self.H, self.P, self.N)
+                continue
+            hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
+            a = block.mixer
+            if kind == "full_attention":
+                step = check_position(t, self.positions, self.family)
+                keys = write_slot(parts[f"l{i}/keys"], a.k_proj(hn).reshape(B, self.Hkv, d), step)
+                values = write_slot(parts[f"l{i}/values"], a.v_proj(hn).reshape(B, self.Hkv, d), step)
+                new[f"l{i}/keys"], new[f"l{i}/values"] = keys, values
+                o = attend(a.q_proj(hn).reshape(B, self.Hq, d), keys, values, step, a.scaling)
+                h = h + a.o_proj(o.reshape(B, self.Hq * d))
+                if diagonal:
+                    for part in ("keys", "values"):
+                        diag[f"l{i}/{part}"] = held_blocks(B, self.positions, self.Hkv * d, step, x)
+            else:  # a stateless MLP block: relu²
+                h = h + a.down_proj(torch.relu(a.up_proj(hn)) ** 2)
+        f = self.model.norm_f
+        y = rms(h, f.variance_epsilon) * f.weight
+        return y, self.pack(new), self.flat_blocks(diag) if diagonal else []
+
+
+def adapt(model: nn.Module, positions: int = POSITIONS) -> Adapted:
+    """The adapter of a ``NemotronHForCausalLM``/``NemotronHModel``, with ``positions`` attention cache slots."""
+    backbone = getattr(model, "model", getattr(model, "backbone", model))
+    check(hasattr(backbone, "layers") and hasattr(backbone, "norm_f") and hasattr(backbone, "embeddings"),
+          f"model: {type(model).__name__} has no Nemotron-H backbone (embeddings, layers, norm_f)")
+    return Adapted(HFNemotronHCore(backbone, positions), TokenMap(backbone.embeddings),
+                   getattr(model, "lm_head", None), hf_forward(model), TOLERANCE)
+
+
+__all__ = ["HFNemotronHCore", "TOLERANCE", "adapt"]

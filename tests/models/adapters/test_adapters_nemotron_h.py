@@ -1,0 +1,92 @@
+"""gradscope.wrap(transformers NemotronHForCausalLM / NemotronHModel): Mamba-2 blocks, an attention block (no
+positional embedding) whose keys and values are part of the state and a relu² MLP block, against a float64 brute force through transformers' own forward and cache
+(tests/helpers/adapterkit.py): J = ∂y_T/∂z_p, the state's size, S(A, A) = 1, the declared blocks against
+torch.func's J_t, and the Mamba-2 heads' exponents with the cache held (issue #49)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import gradscope  # noqa: E402
+from tests.helpers.adapterkit import (Family, check_declared_blocks, check_stability,  # noqa: E402
+                                      check_state_jacobian, hybrid_family)
+
+B, T, V, POSITIONS = 2, 6, 30, 10
+RTOL = 2e-6  # transformers runs its SSD scan, norms and softmax in float32 even for a float64 model
+HIDDEN, HEADS, HEAD_DIM, GROUPS, STATE, KERNEL = 16, 4, 8, 2, 4, 3
+TYPES = ["linear_attention", "full_attention", "mlp", "linear_attention"]
+
+
+def tiny(bare: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.NemotronHConfig(vocab_size=V, hidden_size=HIDDEN, num_hidden_layers=4,
+                                       hybrid_override_pattern="M*-M", mamba_num_heads=HEADS, mamba_head_dim=HEAD_DIM,
+                                       n_groups=GROUPS, ssm_state_size=STATE, conv_kernel=KERNEL, expand=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=4, intermediate_size=24,
+                                       chunk_size=4, use_conv_bias=True, attn_implementation="eager")
+    model = (transformers.NemotronHModel if bare else transformers.NemotronHForCausalLM)(cfg).eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(10)
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".D"):
+                p.uniform_(0.5, 1.5, generator=gen)
+            elif "dt_bias" in name or "conv1d.bias" in name:
+                p.normal_(0.0, 0.5, generator=gen)
+    return model.double()
+
+
+def family(model: torch.nn.Module) -> Family:
+    """The library's cache in the documented layout (tests/helpers/adapterkit.hybrid_family); J by forward mode,
+    as for Mamba-2 (its one-token path writes the state in place)."""
+    return hybrid_family(model, TYPES, POSITIONS, reverse=False)
+
+
+def tokens(seed: int, n: int = B, length: int = T) -> torch.Tensor:
+    return torch.randint(0, V, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_state_jacobian_and_scores_match_the_library_cache() -> None:
+    model = tiny()
+    wrapped = gradscope.wrap(model, positions=POSITIONS)
+    core = wrapped.core
+    assert list(core.state_layout()) == ["l0/conv", "l0/ssm", "l1/keys", "l1/values", "l3/conv", "l3/ssm"]
+    conv = 2 * HIDDEN + 2 * GROUPS * STATE
+    assert core.state_dim == 2 * (conv * (KERNEL - 1) + HEADS * HEAD_DIM * STATE) + 2 * POSITIONS * 2 * 4
+    fam = family(model)
+    for p, method in ((1, "vjp"), (3, "func"), (T - 1, "auto")):
+        check_state_jacobian(fam, wrapped, tokens(1), p, method, RTOL)
+    check_stability(fam, wrapped, L=5, p=2, rtol=1e-6)
+    from gradscope.analysis.scores import default_score
+    jac = gradscope.state_jacobian(wrapped, tokens(5), position=3).jac
+    assert torch.allclose(default_score(jac, jac), torch.ones(B, dtype=jac.dtype), rtol=0, atol=1e-12)
+
+
+def test_the_bare_model() -> None:
+    bare = tiny(bare=True)
+    wrapped = gradscope.wrap(bare, positions=POSITIONS)
+    assert wrapped.readout is None
+    check_state_jacobian(family(bare), wrapped, tokens(4), 2, "vjp", RTOL)
+
+
+def test_declared_blocks_and_the_heads_exponents_with_the_cache_held() -> None:
+    """Every declared block equals J_t's own (torch.func) and J_t is lower-triangular over them; the spectrum,
+    the cache held, has the recurrent blocks' entries only: P·N finite exponents a head (from its declared
+    scalar decay) and the conv windows' −∞."""
+    import math
+
+    from gradscope.analysis.lyapunov import lyapunov_spectrum
+
+    model = tiny()
+    wrapped = gradscope.wrap(model, positions=POSITIONS)
+    core = wrapped.core
+    x = wrapped.core_inputs(tokens(12, length=POSITIONS))
+    check_declared_blocks(core, x, steps=4)
+    with torch.no_grad():
+        lam = lyapunov_spectrum(core, x, warmup=2).exponents
+    recurrent = 2 * ((2 * HIDDEN + 2 * GROUPS * STATE) * (KERNEL - 1) + HEADS * HEAD_DIM * STATE)
+    assert lam.shape == (B, recurrent)
+    assert int(torch.isfinite(lam[0]).sum()) == 2 * HEADS * HEAD_DIM * STATE
+    assert int((lam[0] == -math.inf).sum()) == 2 * (2 * HIDDEN + 2 * GROUPS * STATE) * (KERNEL - 1)
