@@ -2,6 +2,7 @@
 
     python experiments/text_models/table.py [ROOT]     # ROOT default runs/text_models
     python experiments/text_models/table.py --study STUDY   # reproduce --text stores: STUDY/mamba, STUDY/rwkv (STUDY/mamba2)
+    python experiments/text_models/table.py --cross STUDY   # issue #49: one row per family (mamba, rwkv, mamba2, gdn, llama)
 
 Accuracy: perplexity and token accuracy with their stored 95% bootstrap intervals over paragraphs,
 overall and by frequency bin. Stability: the mean same-target and same-suffix scores with a
@@ -19,7 +20,9 @@ import numpy as np
 import xarray as xr
 
 ARCHS = ("mamba", "rwkv")  # the models of the accuracy tables (evaluate.sh)
-STUDY_ARCHS = ("mamba", "mamba2", "rwkv")  # reproduce --text studies: those present under STUDY (mamba2: issue #48)
+STUDY_ARCHS = ("mamba", "mamba2", "rwkv", "gdn", "llama")  # reproduce --text studies present under STUDY (#48, #49)
+LABELS = {"mamba": "Mamba", "rwkv": "RWKV", "mamba2": "Mamba-2", "gdn": "Gated DeltaNet hybrid (Qwen3-Next)",
+          "llama": "Llama transformer"}
 BINS = ("frequent", "rare", "decile1", "decile2", "decile5", "decile9", "decile10")
 
 
@@ -106,6 +109,10 @@ def study_rows(study: Path) -> list[str]:
                 "λ_1 ± SE (trajectories) | flow ‖∂y_T/∂z_1‖ / ‖∂y_T/∂z_T−1‖ |", "|---|---|---|---|---|"]
     for a in archs:
         d = xr.open_zarr(study / a / "dynamics.zarr").isel(checkpoint=0).load()
+        if "step_radius" not in d:  # a transformer: no recurrent state, so no step spectra or exponents
+            flow = d.flow_fro.values
+            out.append(f"| {a} | - | - | - | {np.median(flow[:, 0] / flow[:, -2]):.2e} |")
+            continue
         cls = d.token_class.values
         radius = d.step_radius.values
         top = d.step_sv.values[..., 0]
@@ -119,7 +126,35 @@ def study_rows(study: Path) -> list[str]:
     return out
 
 
+def cross_rows(study: Path, root: Path = Path("runs/text_models")) -> list[str]:
+    """Issue #49's one table: per family, its parameters, held-out perplexity overall and by the train text's
+    frequent and rare halves (the accuracy store's intervals over paragraphs), and the same-target score after
+    a frequent and after a rare target (bootstrap over the 64 triplets, as above)."""
+    archs = [a for a in STUDY_ARCHS if (study / a / "stability.zarr").exists()]
+    out = ["| model | parameters | train loss | perplexity | perplexity, frequent | perplexity, rare | "
+           "same-target after frequent | same-target after rare |", "|---|---|---|---|---|---|---|---|"]
+    for a in archs:
+        acc = xr.open_zarr(study / a / "accuracy.zarr").isel(checkpoint=0)
+        cells = [ci(float(acc.perplexity), float(acc.perplexity_low), float(acc.perplexity_high), ".1f")]
+        for b in ("frequent", "rare"):
+            s = acc.sel(freq_bin=b)
+            cells.append(ci(float(s.freq_perplexity), float(s.freq_perplexity_low), float(s.freq_perplexity_high), ".1f"))
+        d = xr.open_zarr(study / a / "stability.zarr").isel(checkpoint=0)
+        score = d.score_default.load()
+        conds = [str(c) for c in d.condition.values]
+        for target in ("frequent", "rare"):
+            idx = [i for i, k in enumerate(conds) if k.split("/")[0] == target]
+            rng = np.random.default_rng(0)
+            cells.append(ci(*boot_mean(np.asarray(score.sel(pair="same-target").values)[idx], rng), ".3f"))
+        log = json.loads((root / a / "train_log.json").read_text())
+        out.append(f"| {LABELS[a]} | {log['parameters']:,} | {log['final_loss']:.2f} | " + " | ".join(cells) + " |")
+    return out
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--cross":
+        print("\n".join(cross_rows(Path(sys.argv[2]))))
+        return
     if len(sys.argv) > 2 and sys.argv[1] == "--study":
         print("\n".join(study_rows(Path(sys.argv[2]))))
         return
