@@ -161,6 +161,13 @@ class HFQwen3NextCore(LibraryCore):
     library = "transformers"
     family = "Qwen3-Next"
     position_dependent = True
+    # The sketch's tangent chain as chain_tangents runs it, against the plan's generic price of the whole chain
+    # (flops and products), fitted to whole stability runs of the 124.9M-parameter hybrid of
+    # bench/stability_realsize.py (qwen3next-125m; 768 sequences of 32 steps, two threads, this workplace's AMD
+    # EPYC, idle, 2026-11-29): 4 units 435.6 s and 6 units 655.9 s wall, each ~15.7 s of it loading (which the
+    # plan never prices); 0.335 and 0.370 fit them one at a time, and the larger is kept so that the plan's
+    # choice of units errs short of the budget (the generic price, 0.5 a product, said 735 s for 4 units).
+    own_cost = {"chain": 0.37}
 
     def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
         cfg = backbone.config
