@@ -367,3 +367,31 @@ def check_declared_blocks(core: torch.nn.Module, x: Tensor, steps: int) -> None:
                 later = J[:, blk.start:blk.stop, blk.stop:]
                 assert later.numel() == 0 or float(later.abs().max()) == 0.0, f"{blk.name} reads a later block"
             z = step_at(core, x[:, t], z, t)[1]
+
+
+def check_hybrid(fam: Family, model: torch.nn.Module, tokens: Callable[..., Tensor], rtol: float) -> None:
+    """A model with attention caches in its state: J = ∂y_T/∂z_p against the library's cache at three
+    positions and three engines, both stability pairs against §4's formula on the library's Jacobians, and
+    S(A, A) = 1. ``tokens(seed, length=…)`` draws token ids (B, T)."""
+    from gradscope.analysis.scores import default_score
+
+    T = tokens(1).shape[1]
+    for p, method in ((1, "vjp"), (3, "func"), (T - 1, "auto")):
+        check_state_jacobian(fam, model, tokens(1), p, method, rtol)
+    check_stability(fam, model, L=5, p=2, rtol=1e-6)
+    jac = gradscope.state_jacobian(model, tokens(5), position=3).jac
+    same = default_score(jac, jac)
+    assert torch.allclose(same, torch.ones_like(same), rtol=0, atol=1e-12)
+
+
+def check_held_spectrum(core: torch.nn.Module, x: Tensor, finite: int, minus_inf: int) -> None:
+    """The declared blocks are J_t's own (:func:`check_declared_blocks`), and the Lyapunov spectrum with the
+    attention caches held has the recurrent blocks' entries only: ``finite`` finite exponents and
+    ``minus_inf`` exactly −∞ (shift registers) in each row."""
+    check_declared_blocks(core, x, steps=4)
+    with torch.no_grad():
+        lam = lyapunov_spectrum(core, x, warmup=2).exponents
+    recurrent = sum(b.width for b in core.jacobian_structure().blocks if not b.held)
+    assert lam.shape == (x.shape[0], recurrent) and finite + minus_inf == recurrent
+    for row in lam:
+        assert int(torch.isfinite(row).sum()) == finite and int(torch.isneginf(row).sum()) == minus_inf

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
+from gradscope.models.adapters.base import Entry
 
 POSITIONS = 64  # default slots per attention layer: the stability probes' default length (32) with margin
 
@@ -83,12 +84,53 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, t: int, scaling: float) -> T
     return torch.einsum("bgrs,bsgd->bgrd", weights, v).reshape(B, Hq, d)
 
 
+def attention_step(a: nn.Module, hn: Tensor, keys: Tensor, values: Tensor, t: int, heads: int, kv_heads: int,
+                   dim: int, *, rotary_emb: nn.Module | None = None,
+                   norm: Callable[[nn.Module, Tensor], Tensor] | None = None, gated: bool = False
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """One attention step at position t of a transformers attention module ``a`` (``q_proj``, ``k_proj``,
+    ``v_proj``, ``o_proj``, ``scaling``) on the normed stream hn (B, hidden), its caches (B, positions, kv_heads,
+    dim) → (what it adds to the stream, keys', values'). ``norm(module, x)``: the per-head norm of ``a.q_norm``
+    and ``a.k_norm`` where the module has them; ``rotary_emb``: the model's rotary embedding (None: no
+    positional embedding, as Nemotron-H); ``gated``: ``q_proj`` gives each head's query and then its output
+    gate, and the output is o ⊙ σ(gate) (Qwen3-Next)."""
+    B = hn.shape[0]
+    q = a.q_proj(hn).reshape(B, heads, (2 if gated else 1) * dim)
+    gate = None
+    if gated:
+        q, gate = torch.chunk(q, 2, dim=-1)
+    k = a.k_proj(hn).reshape(B, kv_heads, dim)
+    if norm is not None and hasattr(a, "q_norm"):
+        q, k = norm(a.q_norm, q), norm(a.k_norm, k)
+    if rotary_emb is not None:
+        cos, sin = rotary(rotary_emb, hn, t)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+    keys, values = write_slot(keys, k, t), write_slot(values, a.v_proj(hn).reshape(B, kv_heads, dim), t)
+    o = attend(q, keys, values, t, a.scaling).reshape(B, heads * dim)
+    if gate is not None:
+        o = o * torch.sigmoid(gate.reshape(B, heads * dim))
+    return a.o_proj(o), keys, values
+
+
 def held_blocks(batch: int, positions: int, width: int, t: int, like: Tensor) -> Tensor:
     """J_t's own diagonal block on a cache of ``positions`` slots of ``width`` entries: 1, but 0 on slot t."""
     keep = (torch.arange(positions, device=like.device) != t).to(like.dtype)
     return keep[:, None].expand(positions, width).reshape(1, -1).expand(batch, -1)
 
 
+def cache_entries(i: int, positions: int, heads: int, dim: int) -> list[Entry]:
+    """Attention layer i's state entries: its keys and values (positions, KV heads, head dim), held."""
+    return [Entry(f"l{i}/{part}", (positions, heads, dim), "diagonal", held=True) for part in ("keys", "values")]
+
+
+def check_positions(positions: object) -> int:
+    """The number of cache slots, refused in one line unless a positive integer."""
+    check(isinstance(positions, int) and not isinstance(positions, bool) and positions >= 1,
+          f"positions: got {positions!r}; expected a positive number of attention cache slots")
+    return int(positions)
+
+
 Norm = Callable[[nn.Module, Tensor], Tensor]
 
-__all__ = ["POSITIONS", "attend", "check_position", "held_blocks", "rope", "rotary", "rotate_half", "write_slot"]
+__all__ = ["POSITIONS", "attend", "attention_step", "cache_entries", "check_position", "check_positions", "held_blocks", "rope", "rotary",
+           "rotate_half", "write_slot"]

@@ -23,9 +23,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, attend, check_position, held_blocks, rope, rotary,
-                                                 write_slot)
-from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms
+from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
+                                                 check_positions, held_blocks)
+from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
 from gradscope.models.adapters.hf_qwen3_next import swiglu
 
 TOLERANCE = 1e-4
@@ -47,18 +47,15 @@ class HFLlamaCore(LibraryCore):
 
     def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
         cfg = backbone.config
-        check(isinstance(positions, int) and positions >= 1, f"positions: got {positions!r}; expected a positive "
-                                                              f"number of attention cache slots")
         kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         check(kinds <= {"full_attention"}, f"model: layer types {sorted(kinds)}: the adapter knows full causal "
                                            f"attention only (no sliding windows)")
         self.family = "Qwen3" if hasattr(backbone.layers[0].self_attn, "q_norm") else "Llama"
         self.Hq, self.Hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq)
-        self.positions = int(positions)
+        self.positions = check_positions(positions)
         self.num_layers = int(cfg.num_hidden_layers)
-        entries = [Entry(f"l{i}/{part}", (self.positions, self.Hkv, self.hd), "diagonal", held=True)
-                   for i in range(self.num_layers) for part in ("keys", "values")]
+        entries = [e for i in range(self.num_layers) for e in cache_entries(i, self.positions, self.Hkv, self.hd)]
         super().__init__(backbone, entries, int(cfg.hidden_size))
 
     def with_positions(self, positions: int) -> "HFLlamaCore":
@@ -71,21 +68,12 @@ class HFLlamaCore(LibraryCore):
         parts = self.unpack(z)
         new, diag = {}, {}
         h = x
-        cos = sin = None
         for i, layer in enumerate(self.model.layers[:self.num_layers]):
-            a = layer.self_attn
-            hn = norm(layer.input_layernorm, h)
-            q = a.q_proj(hn).reshape(B, self.Hq, d)
-            k = a.k_proj(hn).reshape(B, self.Hkv, d)
-            if hasattr(a, "q_norm"):  # Qwen3: an RMSNorm over each head
-                q, k = norm(a.q_norm, q), norm(a.k_norm, k)
-            if cos is None:
-                cos, sin = rotary(self.model.rotary_emb, hn, step)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
-            keys = write_slot(parts[f"l{i}/keys"], k, step)
-            values = write_slot(parts[f"l{i}/values"], a.v_proj(hn).reshape(B, self.Hkv, d), step)
+            out, keys, values = attention_step(layer.self_attn, norm(layer.input_layernorm, h), parts[f"l{i}/keys"],
+                                               parts[f"l{i}/values"], step, self.Hq, self.Hkv, d,
+                                               rotary_emb=self.model.rotary_emb, norm=norm)
             new[f"l{i}/keys"], new[f"l{i}/values"] = keys, values
-            h = h + a.o_proj(attend(q, keys, values, step, a.scaling).reshape(B, self.Hq * d))
+            h = h + out
             h = h + swiglu(layer.mlp, norm(layer.post_attention_layernorm, h))
             if diagonal:
                 for part in ("keys", "values"):

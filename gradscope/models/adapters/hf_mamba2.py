@@ -89,7 +89,16 @@ class HFMamba2Core(LibraryCore):
     def __init__(self, backbone: nn.Module) -> None:
         cfg = backbone.config
         layers = backbone.layers
-        m = layers[0].mixer
+        self._mixer_dims(layers[0].mixer, cfg)
+        entries = []
+        for i in range(len(layers)):
+            entries += self._entries(i)
+        super().__init__(backbone, entries, int(cfg.hidden_size))
+        self.num_layers = len(layers)
+
+    def _mixer_dims(self, m: nn.Module, cfg: object) -> None:
+        """The SSD mixer's sizes (I, N, K, H, P, G, C) and the config's ``time_step_limit``, checked: every
+        model with Mamba-2 mixers (Mamba-2, and the hybrids that reuse this step) reads them here."""
         self.I, self.N, self.K = int(m.intermediate_size), int(m.ssm_state_size), int(m.conv_kernel_size)
         self.H, self.P, self.G = int(m.num_heads), int(m.head_dim), int(m.n_groups)
         self.C = int(m.conv_dim)
@@ -101,14 +110,27 @@ class HFMamba2Core(LibraryCore):
               f"({self.I + self.C + self.H}); this Mamba-2 variant is not one the adapter knows")
         check(str(getattr(cfg, "hidden_act", "silu")) in SILU,
               f"model: hidden_act={getattr(cfg, 'hidden_act', None)!r}; the adapter knows Mamba-2 with SiLU")
-        entries = []
-        for i in range(len(layers)):
-            entries += [Entry(f"l{i}/conv", (self.C, self.K - 1), "block_diagonal", self.K - 1),
-                        Entry(f"l{i}/ssm", (self.H, self.P, self.N), "diagonal", self.P * self.N)]  # a scalar a head
-        super().__init__(backbone, entries, int(cfg.hidden_size))
-        self.num_layers = len(layers)
         limit = tuple(float(v) for v in getattr(cfg, "time_step_limit", (0.0, float("inf"))))
         self.limit = None if limit == (0.0, float("inf")) else limit
+
+    def _entries(self, i: int) -> list[Entry]:
+        """Layer i's state entries: its conv window and its heads' matrix states (a scalar decay a head)."""
+        return [Entry(f"l{i}/conv", (self.C, self.K - 1), "block_diagonal", self.K - 1),
+                Entry(f"l{i}/ssm", (self.H, self.P, self.N), "diagonal", self.P * self.N)]
+
+    def _advance_layer(self, i: int, block: nn.Module, h: Tensor, parts: dict[str, Tensor], new: dict[str, Tensor],
+                       diag: dict[str, Tensor] | None) -> Tensor:
+        """Layer i's step (``block`` has ``norm`` and ``mixer``) on the residual stream h: its new state into
+        ``new``, its diagonal blocks into ``diag`` (None: not asked); returns the new stream."""
+        window = parts[f"l{i}/conv"]
+        L = self._layer(block, h, window, parts[f"l{i}/ssm"])
+        new[f"l{i}/conv"] = torch.cat([window[..., 1:], L.xbc[..., None]], dim=-1)
+        new[f"l{i}/ssm"] = L.s
+        if diag is not None:
+            B = h.shape[0]
+            diag[f"l{i}/conv"] = shift_blocks(B, self.C, self.K - 1, h)
+            diag[f"l{i}/ssm"] = L.a[..., None, None].expand(B, self.H, self.P, self.N)
+        return h + L.res
 
     def _layer(self, block: nn.Module, h: Tensor, window: Tensor, s_prev: Tensor) -> _Layer:
         """One layer's step from the residual stream h (B, hidden), its conv window (B, C, K−1) and matrix
@@ -131,19 +153,12 @@ class HFMamba2Core(LibraryCore):
         return _Layer(g, xbc, pre, xh, Bh, Ch, dt, slope, negA, a, s, y, yg, m.out_proj(yn * m.norm.weight))
 
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
-        B = x.shape[0]
         parts = self.unpack(z)
-        new, diag = {}, {}
+        new: dict[str, Tensor] = {}
+        diag: dict[str, Tensor] = {}
         h = x
         for i, block in enumerate(self.model.layers):
-            window = parts[f"l{i}/conv"]
-            L = self._layer(block, h, window, parts[f"l{i}/ssm"])
-            h = h + L.res
-            new[f"l{i}/conv"] = torch.cat([window[..., 1:], L.xbc[..., None]], dim=-1)
-            new[f"l{i}/ssm"] = L.s
-            if diagonal:
-                diag[f"l{i}/conv"] = shift_blocks(B, self.C, self.K - 1, x)
-                diag[f"l{i}/ssm"] = L.a[..., None, None].expand(B, self.H, self.P, self.N)
+            h = self._advance_layer(i, block, h, parts, new, diag if diagonal else None)
         f = self.model.norm_f
         y = rms(h, f.variance_epsilon) * f.weight
         return y, self.pack(new), self.flat_blocks(diag) if diagonal else []

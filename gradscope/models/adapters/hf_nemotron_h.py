@@ -25,8 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import POSITIONS, attend, check_position, held_blocks, write_slot
-from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
+from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
+                                                 check_positions, held_blocks)
+from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
 from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
 
 TOLERANCE = 1e-4
@@ -46,8 +47,7 @@ class HFNemotronHCore(HFMamba2Core):
 
     def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
         cfg = backbone.config
-        check(isinstance(positions, int) and positions >= 1, f"positions: got {positions!r}; expected a positive "
-                                                              f"number of attention cache slots")
+        self.positions = check_positions(positions)
         self.types = tuple(str(b.block_type) for b in backbone.layers)
         unknown = sorted(set(self.types) - set(KINDS))
         check(not unknown, f"model: Nemotron-H block types {unknown} are not built (the adapter knows "
@@ -56,29 +56,17 @@ class HFNemotronHCore(HFMamba2Core):
               f"model: mlp_hidden_act={cfg.mlp_hidden_act!r}; the adapter knows Nemotron-H's relu²")
         mamba = [b.mixer for b, k in zip(backbone.layers, self.types) if k == "linear_attention"]
         check(bool(mamba), "model: a Nemotron-H without Mamba blocks; it has no recurrent state")
-        m = mamba[0]
-        self.I, self.N, self.K = int(m.intermediate_size), int(m.ssm_state_size), int(m.conv_kernel_size)
-        self.H, self.P, self.G, self.C = int(m.num_heads), int(m.head_dim), int(m.n_groups), int(m.conv_dim)
-        check(self.K >= 2, f"model: conv_kernel={self.K}; the adapter needs a causal conv of width >= 2")
-        check(self.H * self.P == self.I and self.H % self.G == 0,
-              f"model: {self.H} heads of {self.P} in {self.G} groups do not tile the inner width {self.I}")
-        check(m.in_proj.out_features == self.I + self.C + self.H,
-              f"model: in_proj gives {m.in_proj.out_features} features, not gate + conv + heads")
+        self._mixer_dims(mamba[0], cfg)
         self.Hq, self.Hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq)
-        self.positions = int(positions)
         entries = []
         for i, kind in enumerate(self.types):
             if kind == "linear_attention":
-                entries += [Entry(f"l{i}/conv", (self.C, self.K - 1), "block_diagonal", self.K - 1),
-                            Entry(f"l{i}/ssm", (self.H, self.P, self.N), "diagonal", self.P * self.N)]
+                entries += self._entries(i)
             elif kind == "full_attention":
-                entries += [Entry(f"l{i}/{part}", (self.positions, self.Hkv, self.hd), "diagonal", held=True)
-                            for part in ("keys", "values")]
+                entries += cache_entries(i, self.positions, self.Hkv, self.hd)
         LibraryCore.__init__(self, backbone, entries, int(cfg.hidden_size))
         self.num_layers = len(self.types)
-        limit = tuple(float(v) for v in getattr(cfg, "time_step_limit", (0.0, float("inf"))))
-        self.limit = None if limit == (0.0, float("inf")) else limit
 
     def with_positions(self, positions: int) -> "HFNemotronHCore":
         """The same model's core with ``positions`` attention cache slots (the library model by reference)."""
@@ -92,24 +80,16 @@ class HFNemotronHCore(HFMamba2Core):
         for i, block in enumerate(self.model.layers):
             kind = self.types[i]
             if kind == "linear_attention":
-                window = parts[f"l{i}/conv"]
-                L = self._layer(block, h, window, parts[f"l{i}/ssm"])
-                h = h + L.res
-                new[f"l{i}/conv"] = torch.cat([window[..., 1:], L.xbc[..., None]], dim=-1)
-                new[f"l{i}/ssm"] = L.s
-                if diagonal:
-                    diag[f"l{i}/conv"] = shift_blocks(B, self.C, self.K - 1, x)
-                    diag[f"l{i}/ssm"] = L.a[..., None, None].expand(B, self.H, self.P, self.N)
+                h = self._advance_layer(i, block, h, parts, new, diag if diagonal else None)
                 continue
             hn = rms(h, block.norm.variance_epsilon) * block.norm.weight
             a = block.mixer
             if kind == "full_attention":
                 step = check_position(t, self.positions, self.family)
-                keys = write_slot(parts[f"l{i}/keys"], a.k_proj(hn).reshape(B, self.Hkv, d), step)
-                values = write_slot(parts[f"l{i}/values"], a.v_proj(hn).reshape(B, self.Hkv, d), step)
+                out, keys, values = attention_step(a, hn, parts[f"l{i}/keys"], parts[f"l{i}/values"], step, self.Hq,
+                                                   self.Hkv, d)
                 new[f"l{i}/keys"], new[f"l{i}/values"] = keys, values
-                o = attend(a.q_proj(hn).reshape(B, self.Hq, d), keys, values, step, a.scaling)
-                h = h + a.o_proj(o.reshape(B, self.Hq * d))
+                h = h + out
                 if diagonal:
                     for part in ("keys", "values"):
                         diag[f"l{i}/{part}"] = held_blocks(B, self.positions, self.Hkv * d, step, x)

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, attend, check_position, held_blocks, rope, rotary,
-                                                 rotate_half, write_slot)
+from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
+                                                 check_positions, held_blocks, rope, rotary, rotate_half)
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_silu_jvp, hf_forward, linear_jvp,
                                             rms, rms_jvp, shift_blocks, shift_window_jvp, silu_grad)
 from gradscope.models.structure import JacobianStructure, StateBlock
@@ -171,8 +171,6 @@ class HFQwen3NextCore(LibraryCore):
 
     def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
         cfg = backbone.config
-        check(isinstance(positions, int) and positions >= 1, f"positions: got {positions!r}; expected a positive "
-                                                              f"number of attention cache slots")
         check(str(cfg.hidden_act) in ("silu", "swish"), f"model: hidden_act={cfg.hidden_act!r}; the adapter knows "
                                                         f"Qwen3-Next with SiLU")
         self.types = tuple(cfg.layer_types[:cfg.num_hidden_layers])
@@ -185,15 +183,14 @@ class HFQwen3NextCore(LibraryCore):
         self.C = 2 * self.Hk * self.dk + self.Hv * self.dv
         self.Hq, self.Hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq)
-        self.positions = int(positions)
+        self.positions = check_positions(positions)
         entries = []
         for i, kind in enumerate(self.types):
             if kind == "linear_attention":
                 entries += [Entry(f"l{i}/conv", (self.C, self.K - 1), "block_diagonal", self.K - 1),
                             Entry(f"l{i}/delta", (self.Hv, self.dv, self.dk), "block_diagonal", self.dk, self.dv)]
             else:
-                entries += [Entry(f"l{i}/{part}", (self.positions, self.Hkv, self.hd), "diagonal", held=True)
-                            for part in ("keys", "values")]
+                entries += cache_entries(i, self.positions, self.Hkv, self.hd)
         super().__init__(backbone, entries, int(cfg.hidden_size))
         self.num_layers = len(self.types)
 
@@ -232,16 +229,8 @@ class HFQwen3NextCore(LibraryCore):
     def _attention(self, layer: nn.Module, hn: Tensor, keys: Tensor, values: Tensor, t: int
                    ) -> tuple[Tensor, Tensor, Tensor]:
         """One gated attention step at position t → (what the layer adds, keys', values')."""
-        a, B, d = layer.self_attn, hn.shape[0], self.hd
-        q, gate = torch.chunk(a.q_proj(hn).reshape(B, self.Hq, 2 * d), 2, dim=-1)
-        q = norm1p(a.q_norm, q)
-        k = norm1p(a.k_norm, a.k_proj(hn).reshape(B, self.Hkv, d))
-        v = a.v_proj(hn).reshape(B, self.Hkv, d)
-        cos, sin = rotary(self.model.rotary_emb, hn, t)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        keys, values = write_slot(keys, k, t), write_slot(values, v, t)
-        o = attend(q, keys, values, t, a.scaling).reshape(B, self.Hq * d)
-        return a.o_proj(o * torch.sigmoid(gate.reshape(B, self.Hq * d))), keys, values
+        return attention_step(layer.self_attn, hn, keys, values, t, self.Hq, self.Hkv, self.hd,
+                              rotary_emb=self.model.rotary_emb, norm=norm1p, gated=True)
 
     def jacobian_structure(self) -> JacobianStructure:
         """One block per entry, but each delta entry one block per value head (``l<i>/delta/h<j>``): a head's

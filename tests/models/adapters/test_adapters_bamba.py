@@ -11,7 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import gradscope  # noqa: E402
-from tests.helpers.adapterkit import (Family, check_declared_blocks, check_stability,  # noqa: E402
+from tests.helpers.adapterkit import (Family, check_held_spectrum, check_hybrid,  # noqa: E402
                                       check_state_jacobian, hybrid_family)
 
 B, T, V, POSITIONS = 2, 6, 30, 10
@@ -56,13 +56,7 @@ def test_state_jacobian_and_scores_match_the_library_cache() -> None:
     assert list(core.state_layout()) == ["l0/conv", "l0/ssm", "l1/keys", "l1/values", "l2/conv", "l2/ssm"]
     conv = 2 * HIDDEN + 2 * GROUPS * STATE
     assert core.state_dim == 2 * (conv * (KERNEL - 1) + HEADS * HEAD_DIM * STATE) + 2 * POSITIONS * 2 * (HIDDEN // 4)
-    fam = family(model)
-    for p, method in ((1, "vjp"), (3, "func"), (T - 1, "auto")):
-        check_state_jacobian(fam, wrapped, tokens(1), p, method, RTOL)
-    check_stability(fam, wrapped, L=5, p=2, rtol=1e-6)
-    from gradscope.analysis.scores import default_score
-    jac = gradscope.state_jacobian(wrapped, tokens(5), position=3).jac
-    assert torch.allclose(default_score(jac, jac), torch.ones(B, dtype=jac.dtype), rtol=0, atol=1e-12)
+    check_hybrid(family(model), wrapped, tokens, RTOL)
 
 
 def test_the_bare_model() -> None:
@@ -76,18 +70,6 @@ def test_declared_blocks_and_the_heads_exponents_with_the_cache_held() -> None:
     """Every declared block equals J_t's own (torch.func) and J_t is lower-triangular over them; the spectrum,
     the cache held, has the recurrent blocks' entries only: P·N finite exponents a head (from its declared
     scalar decay) and the conv windows' −∞."""
-    import math
-
-    from gradscope.analysis.lyapunov import lyapunov_spectrum
-
-    model = tiny()
-    wrapped = gradscope.wrap(model, positions=POSITIONS)
-    core = wrapped.core
-    x = wrapped.core_inputs(tokens(12, length=POSITIONS))
-    check_declared_blocks(core, x, steps=4)
-    with torch.no_grad():
-        lam = lyapunov_spectrum(core, x, warmup=2).exponents
-    recurrent = 2 * ((2 * HIDDEN + 2 * GROUPS * STATE) * (KERNEL - 1) + HEADS * HEAD_DIM * STATE)
-    assert lam.shape == (B, recurrent)
-    assert int(torch.isfinite(lam[0]).sum()) == 2 * HEADS * HEAD_DIM * STATE
-    assert int((lam[0] == -math.inf).sum()) == 2 * (2 * HIDDEN + 2 * GROUPS * STATE) * (KERNEL - 1)
+    wrapped = gradscope.wrap(tiny(), positions=POSITIONS)
+    check_held_spectrum(wrapped.core, wrapped.core_inputs(tokens(12, length=POSITIONS)),
+                        finite=2 * HEADS * HEAD_DIM * STATE, minus_inf=2 * (2 * HIDDEN + 2 * GROUPS * STATE) * (KERNEL - 1))
