@@ -401,6 +401,14 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
             frames.append(None)  # exact: log|d| sums with no QR, hence no resolution limit
             accs.append(_Accumulator((B, blk.width // _repeat(blk)), 1, qr_dtype, dev, batches))
     products: list[Tensor | None] = list(frames)
+    sizes: dict[int, list[int]] = {}  # block_diagonal frames by block size: one batched QR each
+    qr_groups: list[list[int]] = []
+    for i, blk in enumerate(blocks):
+        if blk.form == "block_diagonal":
+            sizes.setdefault(blk.size, []).append(i)
+        elif frames[i] is not None:
+            qr_groups.append([i])
+    qr_groups += list(sizes.values())
     log_det = torch.zeros(B, dtype=torch.float64, device=dev) if sum_check else None
     running, running_steps, mark, start = [], [], checkpoint_every, 0
 
@@ -440,13 +448,18 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
                         log_det += _repeat(blk) * torch.linalg.slogdet(dq.double()).logabsdet.reshape(B, -1).sum(-1)
                     products[i] = dq @ (frames[i] if t == start else products[i])
             z = z_next
-        for i, blk in enumerate(blocks):
-            if frames[i] is None:
-                continue
-            a, tau = torch.geqrf(products[i])
-            frames[i] = torch.linalg.householder_product(a, tau)
-            if end > warmup:
-                accs[i].add(a, _block_of(end - warmup, T - warmup, batches), end - start)
+        for group in qr_groups:  # blocks of one size share one batched QR (a hybrid's heads: dozens a step)
+            a, tau = torch.geqrf(products[group[0]] if len(group) == 1 else
+                                 torch.cat([products[i] for i in group], dim=1))
+            Q = torch.linalg.householder_product(a, tau)
+            at = 0
+            for i in group:
+                h = products[i].shape[1] if len(group) > 1 else 0
+                frames[i] = Q if len(group) == 1 else Q[:, at:at + h]
+                if end > warmup:
+                    accs[i].add(a if len(group) == 1 else a[:, at:at + h], _block_of(end - warmup, T - warmup, batches),
+                                end - start)
+                at += h
         if end > warmup:
             counted = end - warmup
             if counted >= mark or end == T:
