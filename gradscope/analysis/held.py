@@ -60,6 +60,8 @@ class RecurrentView(Core):
             blocks.append(StateBlock(b.name, start, start + b.width, b.form, b.size, b.repeat))
             start += b.width
         self._structure = JacobianStructure(tuple(blocks))
+        if callable(getattr(inner, "step_tangents", None)):  # the inner core's hand-derived forward mode, restricted
+            self.step_tangents = self._step_tangents
 
     def _full(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
         """(the inner core's input, its full state) from the view's input and recurrent state."""
@@ -73,6 +75,16 @@ class RecurrentView(Core):
         y, new = self.inner.step(xi, full, t) if getattr(self.inner, "position_dependent", False) else \
             self.inner.step(xi, full)
         return y, new.index_select(1, self.keep)
+
+    def _step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
+                       out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The inner core's own ``step_tangents`` on the full state, tangents zero on the held caches, restricted
+        to the recurrent entries (:func:`gradscope.models.core.step_tangents`'s shapes; ``out`` is not used).
+        Set as ``step_tangents`` only where the inner core has its own, so the plans price it as such."""
+        xi, full = self._full(x, z)
+        dfull = dz.new_zeros(*dz.shape[:2], int(self.inner.state_dim)).index_copy(2, self.keep, dz)
+        y, new, dy, dnew = self.inner.step_tangents(xi, full, dfull, t)
+        return y, new.index_select(1, self.keep), dy, dnew.index_select(2, self.keep)
 
     def jacobian_structure(self) -> JacobianStructure:
         return self._structure

@@ -206,7 +206,8 @@ def wrap_library(model: nn.Module, inputs: nn.Module | None = None, readout: nn.
         basis = ": the tolerance given"
     if adapted.inputs is not None:
         wrapped = WrappedModel(core, adapted.inputs, adapted.readout, source)
-        example = torch.randint(0, adapted.inputs.num_embeddings, (2, 6), generator=gen).to(param.device)
+        length = min(6, int(getattr(core, "positions", 6)))  # an attention cache of fewer slots reads fewer tokens
+        example = torch.randint(0, adapted.inputs.num_embeddings, (2, length), generator=gen).to(param.device)
         wrapped.library_error = check_against_library(wrapped, adapted.forward, example, tolerance, what, basis)
         with torch.no_grad():
             x = wrapped.core_inputs(example)

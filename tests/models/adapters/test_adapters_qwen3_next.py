@@ -320,3 +320,30 @@ def test_a_span_layer_by_layer_equals_torch_funcs_chained_steps(qwen, start: int
             yr, zr, dyr, dzr = generic_step_tangents(core, x[:, s], zr, dzr, s)
     torch.testing.assert_close(y, yr, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(dy, dyr, rtol=1e-11, atol=1e-12)
+
+
+def test_the_recurrent_view_forwards_the_hand_derived_products(qwen) -> None:  # noqa: ANN001
+    """The recurrent view of a core with its own step_tangents has them too (the inner core's, on the full state
+    with zero tangents on the caches, restricted), equal to torch.func on the view in float64; a view of a core
+    without them has none (the plans price it as generic)."""
+    from gradscope.analysis.held import recurrent_view
+    from gradscope.models.core import generic_step_tangents, initial_state, own_products, step_at, step_tangents
+
+    _, wrapped, _ = qwen
+    x = wrapped.core_inputs(tokens(15, n=2, length=POSITIONS))
+    view, xv = recurrent_view(wrapped.core, x)
+    assert "jvp" in own_products(view)
+    with torch.no_grad():
+        z = initial_state(view, 2, xv)
+        for s in range(5):
+            z = step_at(view, xv[:, s], z, s)[1]
+        dz = torch.randn(3, *z.shape, generator=torch.Generator().manual_seed(5), dtype=z.dtype)
+        for a, b in zip(step_tangents(view, xv[:, 5], z, dz, 5), generic_step_tangents(view, xv[:, 5], z, dz, 5),
+                        strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+    bamba = transformers.BambaForCausalLM(transformers.BambaConfig(
+        vocab_size=V, hidden_size=16, num_hidden_layers=2, attn_layer_indices=[1], mamba_n_heads=2, mamba_d_head=16,
+        mamba_n_groups=1, mamba_d_state=4, mamba_expand=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=16)).eval()
+    plain = gradscope.wrap(bamba, positions=4)  # fewer slots than the wrap-time check's 6 tokens: it reads 4
+    assert "jvp" not in own_products(recurrent_view(plain.core, plain.core_inputs(tokens(2, length=4)))[0])
