@@ -75,7 +75,7 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
         else:
             row.append("-")
         table.add_row(*row)
-    if ds.attrs.get("held"):  # a hybrid or transformer: SPEC §8
+    if ds.attrs.get("held"):  # a hybrid or transformer (docs/models-from-libraries.md)
         table.caption = (f"step radius, gates and λ: the recurrent layers' states, the attention caches "
                          f"({ds.attrs['held']}) held as inputs along the trajectory; the flow: the whole state")
         table.caption_justify = "left"

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from gradscope.analysis.reduce import fro64
 from gradscope.errors import check
-from gradscope.models.core import Core, diagonal_blocks, initial_state, step_and_blocks, step_at, step_jacobian
+from gradscope.models.core import Core, initial_state, step_and_blocks, step_at, step_jacobian
 from gradscope.models.structure import JacobianStructure, StateBlock, structure_of
 
 ENGINES = ("auto", "dense", "structured")
@@ -449,17 +449,14 @@ def _structured(core: nn.Module, x: Tensor, z: Tensor, structure: JacobianStruct
                     products[i] = dq @ (frames[i] if t == start else products[i])
             z = z_next
         for group in qr_groups:  # blocks of one size share one batched QR (a hybrid's heads: dozens a step)
-            a, tau = torch.geqrf(products[group[0]] if len(group) == 1 else
-                                 torch.cat([products[i] for i in group], dim=1))
+            stacked = products[group[0]] if len(group) == 1 else torch.cat([products[i] for i in group], dim=1)
+            a, tau = torch.geqrf(stacked)
             Q = torch.linalg.householder_product(a, tau)
-            at = 0
-            for i in group:
-                h = products[i].shape[1] if len(group) > 1 else 0
-                frames[i] = Q if len(group) == 1 else Q[:, at:at + h]
+            widths = [products[i].shape[1] for i in group]
+            for i, qi, ai in zip(group, Q.split(widths, dim=1), a.split(widths, dim=1)):
+                frames[i] = qi
                 if end > warmup:
-                    accs[i].add(a if len(group) == 1 else a[:, at:at + h], _block_of(end - warmup, T - warmup, batches),
-                                end - start)
-                at += h
+                    accs[i].add(ai, _block_of(end - warmup, T - warmup, batches), end - start)
         if end > warmup:
             counted = end - warmup
             if counted >= mark or end == T:

@@ -112,10 +112,21 @@ def attention_step(a: nn.Module, hn: Tensor, keys: Tensor, values: Tensor, t: in
     return a.o_proj(o), keys, values
 
 
-def held_blocks(batch: int, positions: int, width: int, t: int, like: Tensor) -> Tensor:
+def cache_diagonal(batch: int, positions: int, width: int, t: int, like: Tensor) -> Tensor:
     """J_t's own diagonal block on a cache of ``positions`` slots of ``width`` entries: 1, but 0 on slot t."""
     keep = (torch.arange(positions, device=like.device) != t).to(like.dtype)
     return keep[:, None].expand(positions, width).reshape(1, -1).expand(batch, -1)
+
+
+class CacheSlots:
+    """Mixin of an adapter whose state holds attention caches: ``positions`` slots a layer, and the same core
+    at another size (its ``__init__(backbone, positions)``; the library model by reference)."""
+
+    positions: int
+
+    def with_positions(self, positions: int):  # noqa: ANN201 - a core of the same class
+        """The same model's core with ``positions`` attention cache slots."""
+        return type(self)(self.model, positions)  # type: ignore[attr-defined, call-arg]
 
 
 def cache_entries(i: int, positions: int, heads: int, dim: int) -> list[Entry]:
@@ -130,7 +141,5 @@ def check_positions(positions: object) -> int:
     return int(positions)
 
 
-Norm = Callable[[nn.Module, Tensor], Tensor]
-
-__all__ = ["POSITIONS", "attend", "attention_step", "cache_entries", "check_position", "check_positions", "held_blocks", "rope", "rotary",
-           "rotate_half", "write_slot"]
+__all__ = ["POSITIONS", "CacheSlots", "attend", "attention_step", "cache_diagonal", "cache_entries", "check_position",
+           "check_positions", "rope", "rotary", "rotate_half", "write_slot"]

@@ -25,8 +25,8 @@ from types import SimpleNamespace
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
-                                                 check_positions, held_blocks)
+from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_entries, check_position,
+                                                 check_positions, cache_diagonal)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
 from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
 from gradscope.models.adapters.hf_qwen3_next import swiglu
@@ -38,7 +38,7 @@ def _norm(module: nn.Module, x: Tensor) -> Tensor:
     return rms(x, module.variance_epsilon) * module.weight
 
 
-class HFBambaCore(HFMamba2Core):
+class HFBambaCore(CacheSlots, HFMamba2Core):
     """gradscope core over a transformers ``BambaModel`` (held by reference): the Mamba-2 adapter's SSD step on
     its Mamba layers, attention with its keys and values as state on the others."""
 
@@ -69,9 +69,6 @@ class HFBambaCore(HFMamba2Core):
         LibraryCore.__init__(self, backbone, entries, int(cfg.hidden_size))
         self.num_layers = len(self.types)
 
-    def with_positions(self, positions: int) -> "HFBambaCore":
-        """The same model's core with ``positions`` attention cache slots (the library model by reference)."""
-        return type(self)(self.model, positions)
 
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         B, d = x.shape[0], self.hd
@@ -91,7 +88,7 @@ class HFBambaCore(HFMamba2Core):
                 h = h + out
                 if diagonal:
                     for part in ("keys", "values"):
-                        diag[f"l{i}/{part}"] = held_blocks(B, self.positions, self.Hkv * d, step, x)
+                        diag[f"l{i}/{part}"] = cache_diagonal(B, self.positions, self.Hkv * d, step, x)
             h = h + swiglu(layer.feed_forward, _norm(layer.pre_ff_layernorm, h))
         y = _norm(self.model.final_layernorm, h)
         return y, self.pack(new), self.flat_blocks(diag) if diagonal else []

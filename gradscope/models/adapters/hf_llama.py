@@ -23,8 +23,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
-                                                 check_positions, held_blocks)
+from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_entries, check_position,
+                                                 check_positions, cache_diagonal)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
 from gradscope.models.adapters.hf_qwen3_next import swiglu
 
@@ -36,7 +36,7 @@ def norm(module: nn.Module, x: Tensor) -> Tensor:
     return rms(x, module.variance_epsilon) * module.weight
 
 
-class HFLlamaCore(LibraryCore):
+class HFLlamaCore(CacheSlots, LibraryCore):
     """gradscope core over a transformers ``LlamaModel`` or ``Qwen3Model`` (held by reference)."""
 
     name = "hf-llama"
@@ -58,9 +58,6 @@ class HFLlamaCore(LibraryCore):
         entries = [e for i in range(self.num_layers) for e in cache_entries(i, self.positions, self.Hkv, self.hd)]
         super().__init__(backbone, entries, int(cfg.hidden_size))
 
-    def with_positions(self, positions: int) -> "HFLlamaCore":
-        """The same model's core with ``positions`` attention cache slots (the library model by reference)."""
-        return type(self)(self.model, positions)
 
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         B, d = x.shape[0], self.hd
@@ -77,7 +74,7 @@ class HFLlamaCore(LibraryCore):
             h = h + swiglu(layer.mlp, norm(layer.post_attention_layernorm, h))
             if diagonal:
                 for part in ("keys", "values"):
-                    diag[f"l{i}/{part}"] = held_blocks(B, self.positions, self.Hkv * d, step, x)
+                    diag[f"l{i}/{part}"] = cache_diagonal(B, self.positions, self.Hkv * d, step, x)
         y = norm(self.model.norm, h)
         return y, self.pack(new), self.flat_blocks(diag) if diagonal else []
 

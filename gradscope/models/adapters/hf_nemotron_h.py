@@ -25,8 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
-                                                 check_positions, held_blocks)
+from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_entries, check_position,
+                                                 check_positions, cache_diagonal)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
 from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
 
@@ -34,7 +34,7 @@ TOLERANCE = 1e-4
 KINDS = ("linear_attention", "full_attention", "mlp")
 
 
-class HFNemotronHCore(HFMamba2Core):
+class HFNemotronHCore(CacheSlots, HFMamba2Core):
     """gradscope core over a transformers ``NemotronHModel`` (held by reference)."""
 
     name = "hf-nemotron-h"
@@ -68,9 +68,6 @@ class HFNemotronHCore(HFMamba2Core):
         LibraryCore.__init__(self, backbone, entries, int(cfg.hidden_size))
         self.num_layers = len(self.types)
 
-    def with_positions(self, positions: int) -> "HFNemotronHCore":
-        """The same model's core with ``positions`` attention cache slots (the library model by reference)."""
-        return type(self)(self.model, positions)
 
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         B, d = x.shape[0], self.hd
@@ -92,7 +89,7 @@ class HFNemotronHCore(HFMamba2Core):
                 h = h + out
                 if diagonal:
                     for part in ("keys", "values"):
-                        diag[f"l{i}/{part}"] = held_blocks(B, self.positions, self.Hkv * d, step, x)
+                        diag[f"l{i}/{part}"] = cache_diagonal(B, self.positions, self.Hkv * d, step, x)
             else:  # a stateless MLP block: relu²
                 h = h + a.down_proj(torch.relu(a.up_proj(hn)) ** 2)
         f = self.model.norm_f

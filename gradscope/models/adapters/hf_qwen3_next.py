@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
-                                                 check_positions, held_blocks, rope, rotary, rotate_half)
+from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_entries, check_position,
+                                                 check_positions, cache_diagonal, rope, rotary, rotate_half)
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_silu_jvp, hf_forward, linear_jvp,
                                             rms, rms_jvp, shift_blocks, shift_window_jvp, silu_grad)
 from gradscope.models.structure import JacobianStructure, StateBlock
@@ -153,7 +153,7 @@ def mlp_jvp(mlp: nn.Module, x: Tensor, dx: Tensor | None) -> tuple[Tensor, Tenso
     return sparse_moe_jvp(mlp, x, dx) if hasattr(mlp, "experts") else swiglu_jvp(mlp, x, dx)
 
 
-class HFQwen3NextCore(LibraryCore):
+class HFQwen3NextCore(CacheSlots, LibraryCore):
     """gradscope core over a transformers ``Qwen3NextModel`` (held by reference)."""
 
     name = "hf-qwen3-next"
@@ -194,15 +194,12 @@ class HFQwen3NextCore(LibraryCore):
         super().__init__(backbone, entries, int(cfg.hidden_size))
         self.num_layers = len(self.types)
 
-    def with_positions(self, positions: int) -> "HFQwen3NextCore":
-        """The same model's core with ``positions`` attention cache slots (the library model by reference)."""
-        return type(self)(self.model, positions)
 
-    def _delta(self, layer: nn.Module, hn: Tensor, window: Tensor, St: Tensor
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _delta(self, layer: nn.Module, hn: Tensor, window: Tensor, St: Tensor, blocks: bool
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """One Gated DeltaNet step from the normed stream hn (B, hidden), the conv window (B, C, K−1) and the
-        transposed states St (B, H_v, d_v, d_k) → (what the layer adds, the conv's new input, St', M (B, H_v,
-        d_k, d_k))."""
+        transposed states St (B, H_v, d_v, d_k) → (what the layer adds, the conv's new input, St', and when
+        ``blocks`` M (B, H_v, d_k, d_k), else None)."""
         m, B = layer.linear_attn, hn.shape[0]
         Hk, Hv, dk, dv, r = self.Hk, self.Hv, self.dk, self.dv, self.Hv // self.Hk
         qkvz = m.in_proj_qkvz(hn).reshape(B, Hk, 2 * dk + 2 * r * dv)
@@ -222,8 +219,10 @@ class HFQwen3NextCore(LibraryCore):
         new = alpha[..., None, None] * St + delta[..., None] * k[:, :, None, :]
         o = (new * q[:, :, None, :]).sum(-1)  # (B, Hv, dv): S'ᵀq
         o = rms(o, m.norm.variance_epsilon) * m.norm.weight * F.silu(zg.reshape(B, Hv, dv))
-        eye = torch.eye(dk, dtype=hn.dtype, device=hn.device)
-        M = alpha[..., None, None] * (eye - (beta[..., None, None] * k[..., :, None]) * k[..., None, :])
+        M = None
+        if blocks:  # the step's own block a head, only where the diagonal blocks are asked for
+            eye = torch.eye(dk, dtype=hn.dtype, device=hn.device)
+            M = alpha[..., None, None] * (eye - (beta[..., None, None] * k[..., :, None]) * k[..., None, :])
         return m.out_proj(o.reshape(B, Hv * dv)), u, new, M
 
     def _attention(self, layer: nn.Module, hn: Tensor, keys: Tensor, values: Tensor, t: int
@@ -545,7 +544,7 @@ class HFQwen3NextCore(LibraryCore):
             hn = norm1p(layer.input_layernorm, h)
             if self.types[i] == "linear_attention":
                 window = parts[f"l{i}/conv"]
-                out, u, St, M = self._delta(layer, hn, window, parts[f"l{i}/delta"])
+                out, u, St, M = self._delta(layer, hn, window, parts[f"l{i}/delta"], diagonal)
                 new[f"l{i}/conv"] = torch.cat([window[..., 1:], u[..., None]], dim=-1)
                 new[f"l{i}/delta"] = St
                 if diagonal:
@@ -556,7 +555,7 @@ class HFQwen3NextCore(LibraryCore):
                 out, keys, values = self._attention(layer, hn, parts[f"l{i}/keys"], parts[f"l{i}/values"], step)
                 new[f"l{i}/keys"], new[f"l{i}/values"] = keys, values
                 if diagonal:
-                    diag += [held_blocks(B, self.positions, self.Hkv * self.hd, step, x)] * 2
+                    diag += [cache_diagonal(B, self.positions, self.Hkv * self.hd, step, x)] * 2
             h = h + out
             h = h + mlp_step(layer.mlp, norm1p(layer.post_attention_layernorm, h))
         y = norm1p(self.model.norm, h)
