@@ -7,9 +7,11 @@ mixer one of:
 - Mamba-2 (``linear_attention``): the SSD step of :mod:`~gradscope.models.adapters.hf_mamba2`;
 - attention (``full_attention``): q, k, v projections, slot t of the cache ← (k, v), o = softmax(q Kᵀ/√d) V
   over slots ≤ t, o_proj (Nemotron-H's attention has no rotary embedding);
-- MLP (``mlp``): down(relu(up x)²), stateless.
-
-Mixture-of-experts blocks are refused in one line (not built yet).
+- MLP (``mlp``): down(relu(up x)²), stateless;
+- mixture of experts (``moe``): the top-k router (sigmoid scores, the correction bias only in the choice,
+  group-limited top-k, the chosen scores renormalised when ``norm_topk_prob`` and scaled by
+  ``routed_scaling_factor``), each chosen expert's relu² MLP (through the optional latent projections), plus
+  the shared expert; stateless.
 
 State layout, block 0 first: a Mamba-2 block has ``l<i>/conv`` and ``l<i>/ssm`` as in the Mamba-2 adapter; an
 attention block ``l<i>/keys``, ``l<i>/values`` (positions, KV heads, head dim), held
@@ -31,7 +33,35 @@ from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_fo
 from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
 
 TOLERANCE = 1e-4
-KINDS = ("linear_attention", "full_attention", "mlp")
+KINDS = ("linear_attention", "full_attention", "mlp", "moe")
+
+
+def relu2_mlp(mlp: nn.Module, x: Tensor) -> Tensor:
+    """Nemotron-H's MLP: down(relu(up x)²)."""
+    return mlp.down_proj(torch.relu(mlp.up_proj(x)) ** 2)
+
+
+def moe_step(moe: nn.Module, x: Tensor) -> Tensor:
+    """Nemotron-H's mixture of experts on x (B, hidden), in x's dtype (the library rounds its router to float32).
+    The choice of experts is piecewise constant (no derivative); the weights are the chosen sigmoid scores."""
+    router, experts = moe.gate, moe.experts
+    scores = torch.sigmoid(x @ router.weight.to(x.dtype).T)  # (B, E)
+    with torch.no_grad():  # which experts: group-limited top-k on the scores plus the correction bias
+        choice = scores + router.e_score_correction_bias.to(x.dtype)
+        G = int(router.num_group)
+        grouped = choice.reshape(x.shape[0], G, -1)
+        best = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(-1)  # (B, G)
+        keep = torch.zeros_like(best).scatter(1, best.topk(int(router.topk_group), dim=-1)[1], 1.0)
+        choice = choice.masked_fill(~keep.bool().repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        index = choice.topk(int(router.top_k), dim=-1)[1]  # (B, k)
+    weights = scores.gather(1, index)
+    if router.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    weights = weights * router.routed_scaling_factor
+    latent = moe.fc1_latent_proj(x)
+    act = torch.relu(torch.einsum("bkid,bd->bki", experts.up_proj[index], latent)) ** 2
+    routed = torch.einsum("bkdi,bki,bk->bd", experts.down_proj[index], act, weights)
+    return moe.fc2_latent_proj(routed) + relu2_mlp(moe.shared_experts, x)
 
 
 class HFNemotronHCore(CacheSlots, HFMamba2Core):
@@ -52,7 +82,7 @@ class HFNemotronHCore(CacheSlots, HFMamba2Core):
         unknown = sorted(set(self.types) - set(KINDS))
         check(not unknown, f"model: Nemotron-H block types {unknown} are not built (the adapter knows "
                            f"{', '.join(KINDS)})")
-        check(str(cfg.mlp_hidden_act) == "relu2" or "mlp" not in self.types,
+        check(str(cfg.mlp_hidden_act) == "relu2" or not {"mlp", "moe"} & set(self.types),
               f"model: mlp_hidden_act={cfg.mlp_hidden_act!r}; the adapter knows Nemotron-H's relu²")
         mamba = [b.mixer for b, k in zip(backbone.layers, self.types) if k == "linear_attention"]
         check(bool(mamba), "model: a Nemotron-H without Mamba blocks; it has no recurrent state")
@@ -90,8 +120,10 @@ class HFNemotronHCore(CacheSlots, HFMamba2Core):
                 if diagonal:
                     for part in ("keys", "values"):
                         diag[f"l{i}/{part}"] = cache_diagonal(B, self.positions, self.Hkv * d, step, x)
+            elif kind == "moe":
+                h = h + moe_step(a, hn)
             else:  # a stateless MLP block: relu²
-                h = h + a.down_proj(torch.relu(a.up_proj(hn)) ** 2)
+                h = h + relu2_mlp(a, hn)
         f = self.model.norm_f
         y = rms(h, f.variance_epsilon) * f.weight
         return y, self.pack(new), self.flat_blocks(diag) if diagonal else []
