@@ -79,7 +79,8 @@ def core_shape(core: nn.Module, width: int, rates: Rates = REFERENCE) -> CoreSha
     return CoreShape(core.state_dim, core.out_dim, width, len(getattr(core, "gate_names", ("step",))),
                      structure_of(core), 2.0 * params + 20.0 * core.state_dim, analytic_jacobian(core),
                      sum(1 for _ in core.modules()), params, callable(getattr(core, "step_and_blocks", None)),
-                     own_products(core), rates, tuple(sorted(own_cost(core).items())))
+                     own_products(core), rates, tuple(sorted(own_cost(core).items())),
+                     sum(b.width for b in held_blocks(core)), int(getattr(core, "positions", 0)))
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,9 @@ def plan_dynamics(opts: DynamicsOptions, n: int, T: int, D: int, H: int, structu
     if "lyapunov" in parts:
         if not structure.is_dense:
             engine = "structured"
-            note = (f"lyapunov: all {D} exponents exactly from the declared structure ({structure.describe()})"
+            held = sum(b.width for b in structure.blocks if b.held)
+            what = f"all {D - held} exponents of the recurrent blocks (the caches held)" if held else f"all {D} exponents"
+            note = (f"lyapunov: {what} exactly from the declared structure ({structure.describe()})"
                     if k == D else f"lyapunov: the top {k} of {D} exponents from the declared structure"
                     + ("" if opts.exponents is not None else f" (all {D}, with their history for the error bars, "
                                                               f"would not fit the memory; --exponents changes it)"))

@@ -78,6 +78,8 @@ class CoreShape:
     own: frozenset[str] = frozenset()  # products the core derives by hand (models.core.own_products)
     rates: Rates = REFERENCE  # the machine's rates against the constants' CPU (gradscope.rates.machine_rates)
     own_cost: tuple[tuple[str, float], ...] = ()  # the factors the core declares for them (models.core.own_cost)
+    held: int = 0  # entries of D in held blocks (attention caches, analysis.held), at ``positions`` slots a cache
+    positions: int = 0  # the attention caches' slots when the shape was taken
 
     @property
     def overhead(self) -> float:
@@ -167,10 +169,17 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
     m, S, D, k, s = trajectories, steps, shape.D, exponents, shape.structure
     c, d = shape.rates.flop, shape.rates.call
     per = shape.step_flops * (STEP_FLOP * c) + 6 * (CALL * d) / m  # the state's own step, and the loop
+    held = 0.0
+    if shape.held:  # a recurrent view (analysis.held): caches of the trajectory's length, one scan to fill them
+        full = D - shape.held + shape.held * max(S, shape.positions) / max(shape.positions, 1)
+        held = m * S * (shape.step_flops * (STEP_FLOP * c) + (ELEMENT * c) * 2 * full) + S * shape.overhead \
+            + m * S * (ELEMENT * c) * 4 * full  # and a step's full state assembled, then cut, at every step
     if not s.is_dense:
         per = LYAP_STRUCTURED * (shape.step_flops * (STEP_FLOP * c)) + 2 * (CALL * d) / m  # a lighter loop
         per += LYAP_STRUCTURED * ((ELEMENT * c) * 4 * shape.D if shape.fused else shape.blocks_seconds())
         for b in s.blocks:
+            if b.held:  # not the view's: the engine never sees it
+                continue
             w = b.width
             if b.form == "dense":
                 per += 2.0 * w ** 3 * (MATMUL64 * c) + c * qr_seconds(w, w)
@@ -179,13 +188,13 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
                     + (ELEMENT * c) * w * b.size / b.repeat  # the distinct blocks, converted for the QR
             else:  # a repeated diagonal's accumulator holds one value a group
                 per += (ELEMENT * c) * 4 * (w // (b.size if b.form == "diagonal" else 1))
-        return m * S * per + S * shape.overhead  # one step call a step (3 before issue #47: 6× long on minGRU)
+        return m * S * per + S * shape.overhead + held  # one step call a step (3 before issue #47: 6× long on minGRU)
     per_call = 3 * S * shape.overhead
     if k == D or shape.analytic:
         per += shape.form_seconds() + 2.0 * D * D * k * (MATMUL64 * c)
     else:
         per += k * 1.5 * shape.step_flops * (STEP_FLOP * c)
-    return m * S * (per + c * qr_seconds(D, k)) + per_call
+    return m * S * (per + c * qr_seconds(D, k)) + per_call + held
 
 
 def part_bytes(shape: CoreShape, *, n: int, T: int, grid_sequences: int, sv: int, trajectories: int, steps: int,

@@ -3,6 +3,7 @@ decides; defaults shrink to fit the budget, and say so, instead of refusing."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -282,3 +283,27 @@ def test_the_structured_engine_keeps_only_the_top_k_history() -> None:
     top = lyapunov_spectrum(core, x, warmup=5, exponents=7)
     assert top.engine == "structured" and top.running.shape[-1] == 7
     assert torch.equal(top.running, full.running[..., :7]) and torch.equal(top.exponents, full.exponents[:, :7])
+
+
+def test_a_hybrids_lyapunov_prices_the_recurrent_view() -> None:
+    """A hybrid's Lyapunov spectrum runs on the recurrent view (analysis.held): its held caches cost nothing in
+    the engine, but the view scans the trajectory once to fill them, at the trajectory's length, and assembles a
+    full state at every step. The estimate grows by exactly that, with the caches as wide as the trajectory
+    is long once it outgrows their slots."""
+    from gradscope.workflows.dynamics_cost import ELEMENT, STEP_FLOP, lyapunov_seconds
+
+    structure = JacobianStructure((StateBlock("l0/s", 0, 1000, "diagonal"),
+                                   StateBlock("l1/keys", 1000, 1640, "diagonal", held=True)))
+    flops = 2.0 * 1e7
+    view = CoreShape(1640, 64, 64, 1, structure, flops, False, held=640, positions=64)
+    unpriced = dataclasses.replace(view, held=0)  # the same core, its view's own work left out
+    for steps, full in ((50, 1640), (640, 1000 + 6400)):  # within the 64 slots; 640 steps: caches 10× as wide
+        scan = 2 * steps * (flops * STEP_FLOP + ELEMENT * 2 * full) + steps * view.overhead
+        assembled = 2 * steps * ELEMENT * 4 * full
+        assert lyapunov_seconds(view, 2, steps, 1000) == pytest.approx(
+            lyapunov_seconds(unpriced, 2, steps, 1000) + scan + assembled)
+    # the held block is never the engine's: declaring it recurrent instead prices its accumulator
+    recurrent = dataclasses.replace(unpriced, structure=JacobianStructure((
+        structure.blocks[0], StateBlock("l1/keys", 1000, 1640, "diagonal"))))
+    assert lyapunov_seconds(recurrent, 2, 50, 1000) - lyapunov_seconds(unpriced, 2, 50, 1000) == pytest.approx(
+        2 * 50 * ELEMENT * 4 * 640)
