@@ -13,6 +13,7 @@ transformers              ``Qwen3NextForCausalLM``, ``Qwen3NextModel``          
 transformers              ``LlamaForCausalLM``, ``LlamaModel``, ``Qwen3…``            ``hf_llama``
 transformers              ``BambaForCausalLM``, ``BambaModel``                        ``hf_bamba``
 transformers              ``NemotronHForCausalLM``, ``NemotronHModel``                ``hf_nemotron_h``
+transformers              ``FalconH1ForCausalLM``, ``FalconH1Model``                  ``hf_falcon_h1``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
@@ -48,6 +49,8 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "BambaModel"): "hf_bamba",
     ("transformers", "NemotronHForCausalLM"): "hf_nemotron_h",
     ("transformers", "NemotronHModel"): "hf_nemotron_h",
+    ("transformers", "FalconH1ForCausalLM"): "hf_falcon_h1",
+    ("transformers", "FalconH1Model"): "hf_falcon_h1",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
     ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels
