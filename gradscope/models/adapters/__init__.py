@@ -14,6 +14,7 @@ transformers              ``LlamaForCausalLM``, ``LlamaModel``, ``Qwen3…``    
 transformers              ``BambaForCausalLM``, ``BambaModel``                        ``hf_bamba``
 transformers              ``NemotronHForCausalLM``, ``NemotronHModel``                ``hf_nemotron_h``
 transformers              ``FalconH1ForCausalLM``, ``FalconH1Model``                  ``hf_falcon_h1``
+transformers              ``JambaForCausalLM``, ``JambaModel``                        ``hf_jamba``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
@@ -51,6 +52,8 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "NemotronHModel"): "hf_nemotron_h",
     ("transformers", "FalconH1ForCausalLM"): "hf_falcon_h1",
     ("transformers", "FalconH1Model"): "hf_falcon_h1",
+    ("transformers", "JambaForCausalLM"): "hf_jamba",
+    ("transformers", "JambaModel"): "hf_jamba",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
     ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels
