@@ -86,20 +86,23 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, t: int, scaling: float) -> T
 
 def attention_step(a: nn.Module, hn: Tensor, keys: Tensor, values: Tensor, t: int, heads: int, kv_heads: int,
                    dim: int, *, rotary_emb: nn.Module | None = None,
-                   norm: Callable[[nn.Module, Tensor], Tensor] | None = None, gated: bool = False
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+                   norm: Callable[[nn.Module, Tensor], Tensor] | None = None, gated: bool = False,
+                   key_scale: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
     """One attention step at position t of a transformers attention module ``a`` (``q_proj``, ``k_proj``,
     ``v_proj``, ``o_proj``, ``scaling``) on the normed stream hn (B, hidden), its caches (B, positions, kv_heads,
     dim) → (what it adds to the stream, keys', values'). ``norm(module, x)``: the per-head norm of ``a.q_norm``
     and ``a.k_norm`` where the module has them; ``rotary_emb``: the model's rotary embedding (None: no
     positional embedding, as Nemotron-H); ``gated``: ``q_proj`` gives each head's query and then its output
-    gate, and the output is o ⊙ σ(gate) (Qwen3-Next)."""
+    gate, and the output is o ⊙ σ(gate) (Qwen3-Next); ``key_scale``: the key's multiplier, before its rotary
+    embedding, as the library caches it (Falcon-H1's ``key_multiplier``)."""
     B = hn.shape[0]
     q = a.q_proj(hn).reshape(B, heads, (2 if gated else 1) * dim)
     gate = None
     if gated:
         q, gate = torch.chunk(q, 2, dim=-1)
     k = a.k_proj(hn).reshape(B, kv_heads, dim)
+    if key_scale != 1.0:
+        k = k * key_scale
     if norm is not None and hasattr(a, "q_norm"):
         q, k = norm(a.q_norm, q), norm(a.k_norm, k)
     if rotary_emb is not None:

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attend, cache_diagonal, cache_entries,
-                                                 check_position, check_positions, rope, rotary, write_slot)
+from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_diagonal, cache_entries,
+                                                 check_position, check_positions)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
 from gradscope.models.adapters.hf_mamba2 import SILU, HFMamba2Core
 
@@ -104,19 +104,6 @@ class HFFalconH1Core(CacheSlots, HFMamba2Core):
             y = y * F.silu(g)
         return m.out_proj(y), xbc, a, s
 
-    def _attention(self, a: nn.Module, hn: Tensor, keys: Tensor, values: Tensor,
-                   t: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Falcon-H1's attention one step at position t on hn (B, hidden): (o_proj(o), keys', values'); the key is
-        scaled by ``key_multiplier`` before its rotary embedding, as the library caches it."""
-        B = hn.shape[0]
-        q = a.q_proj(hn).reshape(B, self.Hq, self.hd)
-        k = a.k_proj(hn).reshape(B, self.Hkv, self.hd) * a.key_multiplier
-        cos, sin = rotary(self.model.rotary_emb, hn, t)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        keys, values = write_slot(keys, k, t), write_slot(values, a.v_proj(hn).reshape(B, self.Hkv, self.hd), t)
-        o = attend(q, keys, values, t, a.scaling).reshape(B, self.Hq * self.hd)
-        return a.o_proj(o), keys, values
-
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         B = x.shape[0]
         step = check_position(t, self.positions, self.family)
@@ -128,8 +115,10 @@ class HFFalconH1Core(CacheSlots, HFMamba2Core):
             window = parts[f"l{i}/conv"]
             m, xbc, a, s = self._mixer(layer.mamba, hn, window, parts[f"l{i}/ssm"])
             new[f"l{i}/conv"], new[f"l{i}/ssm"] = torch.cat([window[..., 1:], xbc[..., None]], dim=-1), s
-            o, new[f"l{i}/keys"], new[f"l{i}/values"] = self._attention(
-                layer.self_attn, hn * layer.attention_in_multiplier, parts[f"l{i}/keys"], parts[f"l{i}/values"], step)
+            o, new[f"l{i}/keys"], new[f"l{i}/values"] = attention_step(
+                layer.self_attn, hn * layer.attention_in_multiplier, parts[f"l{i}/keys"], parts[f"l{i}/values"], step,
+                self.Hq, self.Hkv, self.hd, rotary_emb=self.model.rotary_emb,
+                key_scale=float(layer.self_attn.key_multiplier))
             h = h + (m * layer.ssm_out_multiplier + o * layer.attn_out_multiplier)
             ff = layer.feed_forward
             hf = _norm(layer.pre_ff_layernorm, h)
