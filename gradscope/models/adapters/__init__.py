@@ -15,6 +15,7 @@ transformers              ``BambaForCausalLM``, ``BambaModel``                  
 transformers              ``NemotronHForCausalLM``, ``NemotronHModel``                ``hf_nemotron_h``
 transformers              ``FalconH1ForCausalLM``, ``FalconH1Model``                  ``hf_falcon_h1``
 transformers              ``JambaForCausalLM``, ``JambaModel``                        ``hf_jamba``
+transformers              ``Zamba2ForCausalLM``, ``Zamba2Model``                      ``hf_zamba2``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
@@ -54,6 +55,8 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "FalconH1Model"): "hf_falcon_h1",
     ("transformers", "JambaForCausalLM"): "hf_jamba",
     ("transformers", "JambaModel"): "hf_jamba",
+    ("transformers", "Zamba2ForCausalLM"): "hf_zamba2",
+    ("transformers", "Zamba2Model"): "hf_zamba2",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
     ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels
