@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STABILITY_TRIPLETS = 64  # --triplets of the stability item (per condition; 4 conditions)
+HYBRIDS = {"qwen3next": "125m", "bamba": "130m", "nemotronh": "130m", "falconh1": "130m"}  # kind → real size
 
 
 def _child_sample(directory: str) -> dict:
@@ -89,12 +90,12 @@ def build(kind: str, size: str):  # noqa: ANN201 - a transformers model
         cfg = transformers.Mamba2Config(**(big if size == "real" else tiny), state_size=128 if size == "real" else 8,
                                         head_dim=64 if size == "real" else 16, expand=2, n_groups=1, conv_kernel=4)
         return transformers.Mamba2ForCausalLM(cfg).eval()
-    if kind == "qwen3next":  # issue #49: the hybrid of bench/stability_realsize.py's qwen3next-125m
+    if kind in HYBRIDS:  # issue #49: the hybrids of bench/stability_realsize.py's CONFIGS
         sys.path.insert(0, str(ROOT / "bench"))
-        from stability_realsize import CONFIGS
+        from stability_realsize import CONFIGS, MODELS
 
-        return transformers.Qwen3NextForCausalLM(
-            transformers.Qwen3NextConfig(**CONFIGS[f"qwen3next-{'125m' if size == 'real' else 'tiny'}"][1])).eval()
+        cls, kwargs = CONFIGS[f"{kind}-{HYBRIDS[kind] if size == 'real' else 'tiny'}"]
+        return getattr(transformers, MODELS[cls])(getattr(transformers, cls)(**kwargs)).eval()
     if kind == "mamba":
         big = dict(hidden_size=768, num_hidden_layers=24, vocab_size=50280)
         tiny = dict(hidden_size=16, num_hidden_layers=2, vocab_size=64)
@@ -173,7 +174,8 @@ def stability_item(kind: str, size: str, timeout: float, triplets: int, extra: t
     sys.path.insert(0, str(ROOT / "bench"))
     from stability_realsize import measure_stability
 
-    name = {"mamba": "mamba-130m", "mamba2": "mamba2-130m", "rwkv": "rwkv-169m", "qwen3next": "qwen3next-125m"}[kind] \
+    name = {"mamba": "mamba-130m", "mamba2": "mamba2-130m", "rwkv": "rwkv-169m",
+            **{k: f"{k}-{v}" for k, v in HYBRIDS.items()}}[kind] \
         if size == "real" else f"{kind}-tiny"
     with tempfile.TemporaryDirectory() as tmp:
         r = measure_stability(name, Path(tmp), triplets=triplets, timeout=timeout, extra=extra)  # no extra: as a user runs it
@@ -194,7 +196,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before an item is killed")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", default="tiny,real", help="table 2's sizes: tiny, real or both")
-    parser.add_argument("--kinds", default="mamba,rwkv", help="table 2's models: mamba, rwkv, mamba2, qwen3next")
+    parser.add_argument("--kinds", default="mamba,rwkv", help="table 2's models: mamba, rwkv, mamba2, qwen3next, bamba, "
+                                                                 "nemotronh, falconh1")
     parser.add_argument("--triplets", type=int, default=STABILITY_TRIPLETS, help="--triplets of the stability item")
     parser.add_argument("--items", default="defaults,flow256,lyapunov1000,stability", help="table 2's items")
     parser.add_argument("--stability-args", default="", help="further options of the stability item, e.g. "

@@ -47,6 +47,34 @@ CONFIGS = {  # name → (transformers config class, its arguments)
                                                linear_num_value_heads=2, linear_num_key_heads=1,
                                                linear_key_head_dim=8, linear_value_head_dim=8,
                                                linear_conv_kernel_dim=4)),
+    # issue #49: Mamba-2 hybrids of ~130 M parameters (hidden 768, Mamba-2 mixers of 24 heads of 64 × 128 as
+    # mamba2-130m's, attention of 12 heads and 4 KV heads of 64, every third or fourth layer; vocabulary 50,288)
+    "bamba-130m": ("BambaConfig", dict(hidden_size=768, num_hidden_layers=12, vocab_size=50288, attn_layer_indices=[3, 7, 11],
+                                       mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
+                                       mamba_d_conv=4, mamba_expand=2, num_attention_heads=12, num_key_value_heads=4,
+                                       intermediate_size=2048, tie_word_embeddings=True)),
+    "nemotronh-130m": ("NemotronHConfig", dict(hidden_size=768, num_hidden_layers=18, vocab_size=50288,
+                                               hybrid_override_pattern="M-M-M*-M-M-M*-M-M-", mamba_num_heads=24,
+                                               mamba_head_dim=64, n_groups=1, ssm_state_size=128, conv_kernel=4,
+                                               expand=2, num_attention_heads=12, num_key_value_heads=4, head_dim=64,
+                                               intermediate_size=3072, tie_word_embeddings=True)),
+    "falconh1-130m": ("FalconH1Config", dict(hidden_size=768, num_hidden_layers=8, vocab_size=50288, mamba_d_ssm=1536,
+                                             mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
+                                             mamba_d_conv=4, num_attention_heads=12, num_key_value_heads=4,
+                                             head_dim=64, intermediate_size=2048, tie_word_embeddings=True)),
+    "bamba-tiny": ("BambaConfig", dict(hidden_size=16, num_hidden_layers=4, vocab_size=64, attn_layer_indices=[3],
+                                       mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8,
+                                       mamba_d_conv=4, mamba_expand=2, num_attention_heads=2, num_key_value_heads=1,
+                                       intermediate_size=32)),
+    "nemotronh-tiny": ("NemotronHConfig", dict(hidden_size=16, num_hidden_layers=4, vocab_size=64,
+                                               hybrid_override_pattern="M-M*", mamba_num_heads=4, mamba_head_dim=8,
+                                               n_groups=1, ssm_state_size=8, conv_kernel=4, expand=2,
+                                               num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                               intermediate_size=32)),
+    "falconh1-tiny": ("FalconH1Config", dict(hidden_size=16, num_hidden_layers=2, vocab_size=64, mamba_d_ssm=32,
+                                             mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8,
+                                             mamba_d_conv=4, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                             intermediate_size=32)),
     "rwkv-169m": ("RwkvConfig", dict(hidden_size=768, num_hidden_layers=12, vocab_size=50277,
                                      attention_hidden_size=768, intermediate_size=3072)),
     "mamba-tiny": ("MambaConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=64, state_size=4, expand=2,
@@ -55,7 +83,8 @@ CONFIGS = {  # name → (transformers config class, its arguments)
                                      intermediate_size=64)),
 }
 MODELS = {"MambaConfig": "MambaForCausalLM", "Mamba2Config": "Mamba2ForCausalLM", "RwkvConfig": "RwkvForCausalLM",
-          "Qwen3NextConfig": "Qwen3NextForCausalLM"}
+          "Qwen3NextConfig": "Qwen3NextForCausalLM", "BambaConfig": "BambaForCausalLM",
+          "NemotronHConfig": "NemotronHForCausalLM", "FalconH1Config": "FalconH1ForCausalLM"}
 
 
 def save_model(name: str, directory: Path, seed: int = 0) -> tuple[Path, Path]:
