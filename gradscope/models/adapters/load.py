@@ -27,7 +27,6 @@ failure of transformers or safetensors while loading is a :class:`GradscopeError
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +140,12 @@ def _model_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-def _build(cls: Any, cfg: Any, name: str, cfg_file: Path, where: Path, tensors: dict[str, TensorInfo],
-           dtype: torch.dtype | None, extra_bytes: int = 0) -> nn.Module:
-    """The model of ``cfg``, checked on the meta device against ``tensors`` and the memory budget,
-    then built for real (its weights still to be filled in). Errors about the config name the
-    ``config`` parameter only when it was one (a weights file's), else the checkpoint."""
+def _build(cls: Any, cfg: Any, name: str, cfg_file: Path, where: Path, stored: dict[str, TensorInfo],
+           dtype: torch.dtype | None, extra_bytes: int = 0) -> tuple[nn.Module, Conversion]:
+    """The model of ``cfg``, checked on the meta device against the ``stored`` tensors (as the library's
+    conversion names them) and the memory budget, then built for real (its weights still to be filled in, through
+    the returned conversion). Errors about the config name the ``config`` parameter only when it was one (a
+    weights file's), else the checkpoint."""
     label = "checkpoint" if cfg_file.parent == where else "config"
     what = f"{name} of {cfg_file.name}"
     try:
@@ -153,10 +153,11 @@ def _build(cls: Any, cfg: Any, name: str, cfg_file: Path, where: Path, tensors: 
             meta = _construct(cls, cfg, dtype)
     except Exception as exc:  # noqa: BLE001 - a config transformers cannot build: one line
         raise GradscopeError(f"{label}: {cfg_file} does not build a {name} ({_one_line(exc)})") from None
-    check_against(meta, tensors, where, what)
+    conversion = Conversion(meta, where)
+    check_against(meta, conversion.headers(stored), where, what)
     check_bytes(_model_bytes(meta) + extra_bytes, f"checkpoint: {where}: a {what}")
     try:
-        return _construct(cls, cfg, dtype)
+        return _construct(cls, cfg, dtype), conversion
     except Exception as exc:  # noqa: BLE001 - as above, now with memory
         raise GradscopeError(f"{label}: {cfg_file} does not build a {name} ({_one_line(exc)})") from None
 
@@ -177,62 +178,82 @@ def _fill(model: nn.Module, values: Any, where: Path) -> None:
             done[g] = name
 
 
-EXPERT = re.compile(r"^(?P<pre>.+\.experts)\.(?P<e>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$")
+class Conversion:
+    """transformers' own conversion from a checkpoint's names and layout to its model's (the list of
+    ``WeightRenaming``/``WeightConverter`` that ``from_pretrained`` applies for the class: e.g. a MoE block's
+    experts, saved one by one, stacked into ``experts.gate_up_proj``; Nemotron-H's ``backbone.`` prefix; Kimi
+    Linear's original names), applied to the headers first (on the meta device: names and shapes only) and
+    then to the values, each converted tensor as soon as all its sources have been read."""
 
+    def __init__(self, meta: nn.Module, where: Path) -> None:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
 
-def _expert_groups(names: list[str]) -> dict[str, dict[int, dict[str, str]]]:
-    """Per-expert MoE weights (``….experts.<e>.{gate,up,down}_proj.weight``, the layout ``save_pretrained``
-    writes) by module prefix → expert → part → name."""
-    groups: dict[str, dict[int, dict[str, str]]] = {}
-    for name in names:
-        m = EXPERT.match(name)
-        if m:
-            groups.setdefault(m["pre"], {}).setdefault(int(m["e"]), {})[m["part"]] = name
-    return groups
+        transforms = get_model_conversion_mapping(meta)
+        self.renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+        self.converters = [t for t in transforms if isinstance(t, WeightConverter)]
+        self.by_pattern = {p: c for c in self.converters for p in c.source_patterns}
+        self.meta, self.where = meta, where
+        self.state = meta.state_dict()
+        self.sources: dict[str, int] = {}  # a converted tensor → how many stored tensors make it
 
+    def target(self, key: str) -> tuple[str, str | None]:
+        """(the model's name for stored tensor ``key``, the converter's pattern that takes it, or None)."""
+        from transformers.core_model_loading import rename_source_key
 
-def fuse_expert_headers(tensors: dict[str, TensorInfo], where: Path) -> dict[str, TensorInfo]:
-    """The headers with each MoE block's per-expert weights replaced by the fused tensors transformers' model
-    holds (as its own loading converts them): ``experts.gate_up_proj`` (E, 2I, hidden), each expert's gate rows
-    then its up rows, and ``experts.down_proj`` (E, hidden, I). An incomplete or ragged set is refused."""
-    groups = _expert_groups(list(tensors))
-    if not groups:
-        return tensors
-    out = {k: v for k, v in tensors.items() if not EXPERT.match(k)}
-    for pre, experts in groups.items():
-        E = len(experts)
-        ok = sorted(experts) == list(range(E)) and all(set(parts) == {"gate_proj", "up_proj", "down_proj"}
-                                                         for parts in experts.values())
-        check(ok, f"checkpoint: {where}: the experts of {pre} are incomplete (each of experts 0 … {E - 1} needs "
-                  f"gate_proj, up_proj and down_proj weights)")
-        shapes = {part: {tensors[experts[e][part]].shape for e in experts} for part in ("gate_proj", "up_proj", "down_proj")}
-        check(all(len(v) == 1 for v in shapes.values()) and shapes["gate_proj"] == shapes["up_proj"],
-              f"checkpoint: {where}: the experts of {pre} differ in shape")
-        (inter, hidden), = shapes["gate_proj"]
-        first = tensors[experts[0]["gate_proj"]]
-        out[f"{pre}.gate_up_proj"] = TensorInfo(first.dtype, (E, 2 * inter, hidden), first.file)
-        out[f"{pre}.down_proj"] = TensorInfo(first.dtype, (E, *next(iter(shapes["down_proj"]))), first.file)
-    return out
+        name, pattern = rename_source_key(key, self.renamings, self.converters, self.meta.base_model_prefix,
+                                          self.state)
+        if name not in self.state and key in self.state:  # as from_pretrained: a name the model has stays
+            return key, None
+        return name, pattern
 
+    def _convert(self, name: str, got: list[tuple[str, str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The converter's tensors for ``name`` from its (stored name, pattern, tensor) sources."""
+        from copy import deepcopy
 
-def fuse_expert_values(values: Any, names: list[str]):  # noqa: ANN201 - a generator of (name, tensor)
-    """(name, tensor) with per-expert MoE weights fused as :func:`fuse_expert_headers` says, each block's
-    tensors once all its experts have been read."""
-    groups = _expert_groups(names)
-    pending: dict[str, dict[str, torch.Tensor]] = {pre: {} for pre in groups}
-    for name, value in values:
-        m = EXPERT.match(name)
-        if not m:
-            yield name, value
-            continue
-        pre = m["pre"]
-        pending[pre][name] = value
-        experts = groups[pre]
-        if len(pending[pre]) == 3 * len(experts):
-            got = pending.pop(pre)
-            parts = [experts[e] for e in range(len(experts))]
-            yield f"{pre}.gate_up_proj", torch.stack([torch.cat([got[p["gate_proj"]], got[p["up_proj"]]]) for p in parts])
-            yield f"{pre}.down_proj", torch.stack([got[p["down_proj"]] for p in parts])
+        from transformers.core_model_loading import dot_natural_key
+
+        converter = deepcopy(self.by_pattern[got[0][1]])
+        for key, pattern, value in sorted(got, key=lambda g: dot_natural_key(g[0])):  # experts 0, 1, …, 10
+            converter.add_tensor(name, key, pattern, lambda v=value: v)
+        try:
+            return converter.convert(name, model=self.meta, config=self.meta.config)
+        except Exception as exc:  # noqa: BLE001 - ragged or incomplete sources: one line
+            raise GradscopeError(f"checkpoint: {self.where}: the tensors of {name} ({got[0][0]} …) do not convert "
+                                 f"as transformers converts them ({_one_line(exc)})") from None
+
+    def headers(self, stored: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+        """The stored headers as the model's names, shapes and dtypes (converted on the meta device)."""
+        out: dict[str, TensorInfo] = {}
+        groups: dict[str, list[tuple[str, str, torch.Tensor]]] = {}
+        for key, info in stored.items():
+            name, pattern = self.target(key)
+            if pattern is None:
+                out[name] = info
+            else:
+                groups.setdefault(name, []).append((key, pattern, torch.empty(info.shape, dtype=info.dtype,
+                                                                             device="meta")))
+        for name, got in groups.items():
+            self.sources[name] = len(got)
+            file = stored[got[0][0]].file
+            for full, value in self._convert(name, got).items():
+                out[full] = TensorInfo(value.dtype, tuple(value.shape), file)
+        return out
+
+    def values(self, items: Any):  # noqa: ANN201 - a generator of (name, tensor)
+        """(the model's name, tensor) of the stored (name, tensor) ``items``, after :meth:`headers`."""
+        pending: dict[str, list[tuple[str, str, torch.Tensor]]] = {}
+        for key, value in items:
+            name, pattern = self.target(key)
+            if pattern is None:
+                yield name, value
+                continue
+            got = pending.setdefault(name, [])
+            got.append((key, pattern, value))
+            if len(got) == self.sources.get(name, 0):
+                yield from self._convert(name, pending.pop(name)).items()
+        check(not pending, f"checkpoint: {self.where}: the tensors of {next(iter(pending), '')} changed while "
+                           f"they were read")
 
 
 def _safetensors_values(files: list[Path]):  # noqa: ANN202 - a generator of (name, tensor)
@@ -278,9 +299,9 @@ def _load_hf(transformers: Any, spec: str, path: Path, config: Path | None) -> n
         cls = _class(transformers, name)
         files, weight_map = weight_files(path)
         stored = read_headers(files, weight_map)
-        tensors = fuse_expert_headers(stored, path)
-        model = _build(cls, _config(cls, data, cfg_file, "checkpoint", tensors), name, cfg_file, path, tensors, _auto_dtype(data, tensors))
-        _fill(model, fuse_expert_values(_safetensors_values(files), list(stored)), path)
+        model, conversion = _build(cls, _config(cls, data, cfg_file, "checkpoint", stored), name, cfg_file, path, stored,
+                                   _auto_dtype(data, stored))
+        _fill(model, conversion.values(_safetensors_values(files)), path)
     else:
         check(bool(name), "model_factory: with a weights file give the class, e.g. --model-factory hf:MambaForCausalLM")
         check(config is not None, f"config: hf:{name} with a weights file needs --config config.json")
@@ -290,18 +311,17 @@ def _load_hf(transformers: Any, spec: str, path: Path, config: Path | None) -> n
         check(path.is_file(), f"checkpoint: {path} does not exist")
         if path.suffix == ".safetensors":
             stored = safetensors_header(path)
-            tensors = fuse_expert_headers(stored, path)
-            cfg = _config(cls, data, cfg_file, "config", tensors)
-            model = _build(cls, cfg, name, cfg_file, path, tensors, None)
-            _fill(model, fuse_expert_values(_safetensors_values([path]), list(stored)), path)
+            cfg = _config(cls, data, cfg_file, "config", stored)
+            model, conversion = _build(cls, cfg, name, cfg_file, path, stored, None)
+            _fill(model, conversion.values(_safetensors_values([path])), path)
         else:
             check(path.suffix in PICKLES, f"checkpoint: {path} is neither .safetensors nor one of {', '.join(PICKLES)}")
             check_bytes(path.stat().st_size, f"checkpoint: {path}")
             state = read_weights(path)
-            tensors = fuse_expert_headers({k: TensorInfo(v.dtype, tuple(v.shape), path) for k, v in state.items()}, path)
-            cfg = _config(cls, data, cfg_file, "config", tensors)
-            model = _build(cls, cfg, name, cfg_file, path, tensors, None, extra_bytes=path.stat().st_size)
-            _fill(model, fuse_expert_values(state.items(), list(state)), path)
+            stored = {k: TensorInfo(v.dtype, tuple(v.shape), path) for k, v in state.items()}
+            cfg = _config(cls, data, cfg_file, "config", stored)
+            model, conversion = _build(cls, cfg, name, cfg_file, path, stored, None, extra_bytes=path.stat().st_size)
+            _fill(model, conversion.values(state.items()), path)
     return model.eval()  # its NaN/Inf weights, if any, are named by gradscope.wrap
 
 
