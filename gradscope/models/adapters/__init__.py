@@ -16,6 +16,7 @@ transformers              ``NemotronHForCausalLM``, ``NemotronHModel``          
 transformers              ``FalconH1ForCausalLM``, ``FalconH1Model``                  ``hf_falcon_h1``
 transformers              ``JambaForCausalLM``, ``JambaModel``                        ``hf_jamba``
 transformers              ``Zamba2ForCausalLM``, ``Zamba2Model``                      ``hf_zamba2``
+transformers              ``KimiLinearForCausalLM``, ``KimiLinearModel``              ``hf_kimi_linear``
 mambapy                   ``Mamba``, ``LM``                                           ``mambapy``
 ========================  ==========================================================  =================
 
@@ -57,6 +58,8 @@ ADAPTERS: dict[tuple[str, str], str] = {
     ("transformers", "JambaModel"): "hf_jamba",
     ("transformers", "Zamba2ForCausalLM"): "hf_zamba2",
     ("transformers", "Zamba2Model"): "hf_zamba2",
+    ("transformers", "KimiLinearForCausalLM"): "hf_kimi_linear",
+    ("transformers", "KimiLinearModel"): "hf_kimi_linear",
     ("mambapy", "Mamba"): "mambapy",
     ("mambapy", "LM"): "mambapy",
     ("mambapy", "Mamba2"): "mambapy",  # refused there, in one line: it runs only through mamba_ssm's GPU kernels
