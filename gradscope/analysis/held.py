@@ -50,8 +50,9 @@ class RecurrentView(Core):
         dev = caches.device
         cat = lambda bs: torch.cat([torch.arange(b.start, b.stop, device=dev) for b in bs])  # noqa: E731
         self.register_buffer("keep", cat(self._own), persistent=False)
-        self.register_buffer("held", cat(self._held), persistent=False)
         self.register_buffer("caches", caches, persistent=False)  # (sequences, held entries)
+        self._runs = _runs(self._own)  # the recurrent entries as runs of consecutive indices: slices, not gathers
+        self._held_runs = _runs(self._held)
         self.state_dim = int(self.keep.numel())
         self.out_dim = int(inner.out_dim)
         self.gate_names = ("step",)
@@ -63,18 +64,42 @@ class RecurrentView(Core):
         if callable(getattr(inner, "step_tangents", None)):  # the inner core's hand-derived forward mode, restricted
             self.step_tangents = self._step_tangents
 
+    def _place(self, parts: list[tuple[Tensor, list[tuple[int, int]]]], lead: tuple[int, ...], like: Tensor
+               ) -> Tensor:
+        """A full-width state (lead…, inner D) from (values (lead…, n), their runs in the inner state) pairs, the
+        rest zero: one concatenation of slices (a gather over a real-size state is several times slower, and an
+        in-place write would not go through torch.func's transforms)."""
+        pieces: list[tuple[int, int, Tensor]] = []
+        for values, runs in parts:
+            at = 0
+            for a, b in runs:
+                pieces.append((a, b, values[..., at:at + b - a]))
+                at += b - a
+        out, at = [], 0
+        for a, b, piece in sorted(pieces, key=lambda p: p[0]):
+            if a > at:
+                out.append(like.new_zeros(*lead, a - at))
+            out.append(piece)
+            at = b
+        if at < int(self.inner.state_dim):
+            out.append(like.new_zeros(*lead, int(self.inner.state_dim) - at))
+        return torch.cat(out, dim=-1)
+
+    def _own_of(self, full: Tensor) -> Tensor:
+        """The recurrent entries of a full-width state (…, inner D), in order."""
+        return torch.cat([full[..., a:b] for a, b in self._runs], dim=-1)
+
     def _full(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
         """(the inner core's input, its full state) from the view's input and recurrent state."""
         rows = x[:, -1].round().long()
-        full = z.new_zeros(z.shape[0], int(self.inner.state_dim))
-        full = full.index_copy(1, self.keep, z).index_copy(1, self.held, self.caches[rows])
+        full = self._place([(z, self._runs), (self.caches[rows], self._held_runs)], (z.shape[0],), z)
         return x[:, :-1], full
 
     def step(self, x: Tensor, z: Tensor, t: int | None = None) -> tuple[Tensor, Tensor]:
         xi, full = self._full(x, z)
         y, new = self.inner.step(xi, full, t) if getattr(self.inner, "position_dependent", False) else \
             self.inner.step(xi, full)
-        return y, new.index_select(1, self.keep)
+        return y, self._own_of(new)
 
     def _step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
                        out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -82,9 +107,9 @@ class RecurrentView(Core):
         to the recurrent entries (:func:`gradscope.models.core.step_tangents`'s shapes; ``out`` is not used).
         Set as ``step_tangents`` only where the inner core has its own, so the plans price it as such."""
         xi, full = self._full(x, z)
-        dfull = dz.new_zeros(*dz.shape[:2], int(self.inner.state_dim)).index_copy(2, self.keep, dz)
+        dfull = self._place([(dz, self._runs)], tuple(dz.shape[:2]), dz)
         y, new, dy, dnew = self.inner.step_tangents(xi, full, dfull, t)
-        return y, new.index_select(1, self.keep), dy, dnew.index_select(2, self.keep)
+        return y, self._own_of(new), dy, self._own_of(dnew)
 
     def jacobian_structure(self) -> JacobianStructure:
         return self._structure
@@ -98,10 +123,21 @@ class RecurrentView(Core):
     def step_and_blocks(self, x: Tensor, z: Tensor, t: int | None = None) -> tuple[Tensor, list[Tensor]]:
         xi, full = self._full(x, z)
         new, blocks = step_and_blocks(self.inner, xi, full, t)
-        return new.index_select(1, self.keep), [blocks[i] for i in self._own_at]
+        return self._own_of(new), [blocks[i] for i in self._own_at]
 
     def init_state(self, batch: int, like: Tensor) -> Tensor:
-        return initial_state(self.inner, batch, like).index_select(1, self.keep.to(like.device))
+        return self._own_of(initial_state(self.inner, batch, like))
+
+
+def _runs(blocks: list[StateBlock]) -> list[tuple[int, int]]:
+    """The blocks' index ranges, adjacent ones merged: [(start, stop), …] in state order."""
+    runs: list[tuple[int, int]] = []
+    for b in blocks:
+        if runs and runs[-1][1] == b.start:
+            runs[-1] = (runs[-1][0], b.stop)
+        else:
+            runs.append((b.start, b.stop))
+    return runs
 
 
 def recurrent_view(core: nn.Module, x: Tensor) -> tuple[RecurrentView, Tensor]:
@@ -112,7 +148,7 @@ def recurrent_view(core: nn.Module, x: Tensor) -> tuple[RecurrentView, Tensor]:
         for t in range(x.shape[1]):  # one state at a time: a long trajectory's (B, T, D) would not fit
             z = step_at(core, x[:, t], z, t)[1]
     view = RecurrentView(core, torch.empty(0, device=x.device))
-    view.caches = z.index_select(1, view.held)
+    view.caches = torch.cat([z[:, a:b] for a, b in view._held_runs], dim=1)
     rows = torch.arange(x.shape[0], device=x.device, dtype=x.dtype)[:, None, None].expand(-1, x.shape[1], 1)
     return view, torch.cat([x, rows], dim=-1)
 

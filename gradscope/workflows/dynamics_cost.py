@@ -33,6 +33,14 @@ CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
 # transformers Mamba (mamba-130m's size) 1,000 steps 33.8 s estimated, 67.6 s measured; RWKV-169m 25.0 / 35.9 s;
 # gradscope's Mamba and S4D samples 1.0 / 1.2–1.4 s and 1.2 / 1.6 s (bench/README.md)
 LYAP_STRUCTURED = 1.6
+# s per Gaussian probe entry the estimators draw (in float64, then cast, so a float32 and a float64 model see the
+# same probes): 118.5 M in 2.71 s on the reference CPU, one thread (2026-11-29; qwen3next-125m's gates, 8 × 16 ×
+# 926,208 a step), 4.7× a float32 draw
+RANDN64 = 2.3e-8
+# s per entry of each product column the recurrent view (analysis.held) moves: the full state assembled around
+# the recurrent entries and cut back out, and the column blocks transposed: 2.7–3.0 s a step against 1.2–1.9 s
+# for the inner core's own step_tangents at 128 columns of 975,360 (qwen3next-125m, the reference CPU, one thread)
+VIEW_COLUMN = 20 * ELEMENT
 TAPE_NUMBERS = KEEP_BYTES // 4  # a state tape keeps every state below this many float32 numbers
 
 
@@ -148,7 +156,10 @@ def estimator_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, 
     g = min(grid_sequences, n)
     # grid: at step `end` one JVP of every running start's probes (g · probes · (end − 1) columns)
     grid_products = sum(shape.products_seconds("jvp", 1, g * probes * (end - 1)) for end in range(2, T + 1))
-    out = {"grid": scan + grid_products + g * T * T / 2 * probes * (ELEMENT * c) * shape.D + T * 8 * (CALL * d),
+    draws = RANDN64 * c  # a probe entry drawn
+    view = VIEW_COLUMN * c * shape.D if shape.held else 0.0  # per product column of a part run on the recurrent view
+    out = {"grid": scan + grid_products + g * T * T / 2 * probes * (ELEMENT * c) * shape.D + T * 8 * (CALL * d)
+           + g * T * probes * shape.D * draws,
            # flow: one reverse chain of n · probes rows; the state tape scans once more for long runs
            "flow": 2 * scan + shape.products_seconds("vjp", T, n * min(probes, shape.H), own="span") + n * T * probes * (ELEMENT * c) * shape.D
            + T * 6 * (CALL * d)}
@@ -157,9 +168,11 @@ def estimator_seconds(shape: CoreShape, *, n: int, T: int, grid_sequences: int, 
         eig = sum(c * eig_seconds(b.width) if b.form == "dense" else (ELEMENT * c) * 4 * b.width for b in s.blocks)
         out["spectra"] = scan + (iterations + 1) * (shape.products_seconds("jvp", T, n * width)
                                                     + shape.products_seconds("vjp", T, n * width)) \
-            + n * T * (eig + shape.blocks_seconds()) + T * (iterations + 1) * 6 * (CALL * d)
+            + n * T * (eig + shape.blocks_seconds()) + T * (iterations + 1) * 6 * (CALL * d) \
+            + n * T * width * shape.D * draws + (iterations + 1) * 2 * T * n * width * view
     if shape.gates == 1 and not shape.analytic:  # the one term J_t: Hutchinson
-        out["gates"] = scan + shape.products_seconds("jvp", T, n * probes) + T * 4 * (CALL * d)
+        out["gates"] = scan + shape.products_seconds("jvp", T, n * probes) + T * 4 * (CALL * d) \
+            + n * T * probes * (shape.D * draws + view)
     return out
 
 

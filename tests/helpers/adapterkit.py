@@ -371,8 +371,9 @@ def check_declared_blocks(core: torch.nn.Module, x: Tensor, steps: int) -> None:
 
 def check_hybrid(fam: Family, model: torch.nn.Module, tokens: Callable[..., Tensor], rtol: float) -> None:
     """A model with attention caches in its state: J = ∂y_T/∂z_p against the library's cache at three
-    positions and three engines, both stability pairs against §4's formula on the library's Jacobians, and
-    S(A, A) = 1. ``tokens(seed, length=…)`` draws token ids (B, T)."""
+    positions and three engines, both stability pairs against §4's formula on the library's Jacobians,
+    S(A, A) = 1, and the score unchanged when the state's entries are permuted (recurrent states and cache
+    slots mixed). ``tokens(seed, length=…)`` draws token ids (B, T)."""
     from gradscope.analysis.scores import default_score
 
     T = tokens(1).shape[1]
@@ -382,6 +383,10 @@ def check_hybrid(fam: Family, model: torch.nn.Module, tokens: Callable[..., Tens
     jac = gradscope.state_jacobian(model, tokens(5), position=3).jac
     same = default_score(jac, jac)
     assert torch.allclose(same, torch.ones_like(same), rtol=0, atol=1e-12)
+    other = gradscope.state_jacobian(model, tokens(6), position=3).jac
+    perm = torch.randperm(jac.shape[-1], generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(default_score(jac[..., perm], other[..., perm]), default_score(jac, other),
+                               rtol=1e-12, atol=1e-14)
 
 
 def check_held_spectrum(core: torch.nn.Module, x: Tensor, finite: int, minus_inf: int) -> None:

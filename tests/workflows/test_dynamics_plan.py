@@ -307,3 +307,29 @@ def test_a_hybrids_lyapunov_prices_the_recurrent_view() -> None:
         structure.blocks[0], StateBlock("l1/keys", 1000, 1640, "diagonal"))))
     assert lyapunov_seconds(recurrent, 2, 50, 1000) - lyapunov_seconds(unpriced, 2, 50, 1000) == pytest.approx(
         2 * 50 * ELEMENT * 4 * 640)
+
+
+def test_the_estimators_probe_draws_and_the_recurrent_views_columns_are_priced(monkeypatch) -> None:
+    """The matrix-free estimators draw their Gaussian probes in float64 (B × probes × D a step for the gates, B × D
+    × width for the spectra's start, B × probes × D a start for the grid), and a hybrid's spectra and gates run on
+    the recurrent view, which moves a full state around each product column: both are priced, by exactly these
+    terms (qwen3next-125m's gates were priced at 44.6 s and took 214 s before)."""
+    from gradscope.workflows import dynamics_cost as dc
+
+    structure = JacobianStructure((StateBlock("l0/s", 0, 4096, "block_diagonal", 64),
+                                   StateBlock("l1/keys", 4096, 5120, "diagonal", held=True)))
+    hybrid = CoreShape(5120, 256, 256, 1, structure, 2.0 * 1e7, False, held=1024, positions=32)
+    sizes = dict(n=8, T=32, grid_sequences=2, sv=4, probes=16, iterations=3)
+    width = min(hybrid.D, 4 + 8)
+    priced = dc.estimator_seconds(hybrid, **sizes)
+    unviewed = dc.estimator_seconds(dataclasses.replace(hybrid, held=0), **sizes)
+    view = dc.VIEW_COLUMN * hybrid.D
+    assert priced["gates"] - unviewed["gates"] == pytest.approx(8 * 32 * 16 * view)
+    assert priced["spectra"] - unviewed["spectra"] == pytest.approx(4 * 2 * 32 * 8 * width * view)
+    assert priced["grid"] == pytest.approx(unviewed["grid"])  # the grid runs on the whole state
+    monkeypatch.setattr(dc, "RANDN64", 0.0)
+    undrawn = dc.estimator_seconds(hybrid, **sizes)
+    draw = 2.3e-8 * hybrid.D
+    assert priced["gates"] - undrawn["gates"] == pytest.approx(8 * 32 * 16 * draw)
+    assert priced["spectra"] - undrawn["spectra"] == pytest.approx(8 * 32 * width * draw)
+    assert priced["grid"] - undrawn["grid"] == pytest.approx(2 * 32 * 16 * draw)
