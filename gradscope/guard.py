@@ -236,6 +236,39 @@ def runnable_others(stat: Path = STAT, samples: int = SAMPLES, interval: float =
     return None if busiest is None else max(0, busiest - 1)
 
 
+PROC = Path("/proc")
+NICE0_WEIGHT = 1024  # the kernel's scheduling weight of a task at nice 0; each nice step is ×1.25 less
+
+
+def queue_slowdown(threads: int, proc: Path = PROC, samples: int = SAMPLES, interval: float = INTERVAL
+                   ) -> float | None:
+    """How much slower ``threads`` threads of this process run now than alone, from the other processes' runnable
+    threads and their nice levels (the scheduler shares the cores by weight: 1024 at nice 0, ÷1.25 a step, so
+    nice-19 work weighs 15 and costs almost nothing): (1024·threads + Σ others' weights) / (1024·cores), at least
+    1, at the busiest of ``samples`` readings of ``proc``'s ``<pid>/task/<tid>/stat``; None where there is no
+    such directory (not Linux). A short probe misses this (the scheduler favours a task that just woke), a long
+    run does not."""
+    if not proc.is_dir():
+        return None
+    me, cores = os.getpid(), usable_cores()
+    busiest = 0.0
+    for k in range(samples):
+        weight = 0.0
+        for stat in proc.glob("[0-9]*/task/[0-9]*/stat"):
+            if stat.parent.parent.parent.name == str(me):
+                continue
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+                if fields[0] == "R":
+                    weight += NICE0_WEIGHT / 1.25 ** int(fields[16])
+            except (OSError, IndexError, ValueError):  # a task that ended while read
+                continue
+        busiest = max(busiest, weight)
+        if k + 1 < samples:
+            time.sleep(interval)
+    return max(1.0, (NICE0_WEIGHT * threads + busiest) / (NICE0_WEIGHT * cores))
+
+
 def free_cores(stat: Path = STAT) -> int | None:
     """Usable cores that no other runnable task is waiting for, at least 1; None where unknown."""
     others = runnable_others(stat)

@@ -16,7 +16,10 @@ so one idle machine plans the same work every time; a measurement taken while ot
 runnable (:func:`gradscope.guard.runnable_others`) is used for that command only.
 
 Every command times the probes again (~0.25 s): when other tasks want the cores (the run queue), ``load`` is
-how much slower the probes run now than in the cached idle calibration, rounded the same way, at least 1;
+how much slower the probes run now than in the cached idle calibration, or the share of the cores the other
+runnable threads leave by the scheduler's weights (:func:`gradscope.guard.queue_slowdown`: a 0.25 s probe
+often runs at full speed beside two busy processes, because the scheduler favours a task that just woke, and
+a long run then gets its fair share), whichever is larger, rounded the same way, at least 1;
 on an idle run queue it is 1 (timing noise is not load). Background work at nice 19 that yields the cores
 costs nothing, and counts as nothing.
 
@@ -38,7 +41,7 @@ import torch
 from gradscope.analysis.cost import REFERENCE, Rates
 from gradscope.errors import GradscopeError
 from gradscope.files.io import atomic_write_text
-from gradscope.guard import runnable_others, usable_cores
+from gradscope.guard import queue_slowdown, runnable_others, usable_cores
 
 # seconds of each probe (the best of its repeats) on the reference CPU, idle, by torch thread count;
 # measured with `python -m gradscope.rates` (2026-11-28, AMD EPYC with AVX-512, torch 2.13.0+cpu)
@@ -104,8 +107,9 @@ def rounded(factor: float) -> float:
 
 
 def cpu_model() -> str:
-    """The CPU as /proc/cpuinfo names it, with its family, model and vector width (a virtual machine's "AMD
-    EPYC" is Zen 3 with AVX2 or Zen 4 with AVX-512), else what ``platform`` says."""
+    """The CPU as /proc/cpuinfo names it, with its family, model and the vector width torch's kernels use (a
+    virtual machine's "AMD EPYC" is Zen 3 with AVX2 or Zen 4 with AVX-512; ``ATEN_CPU_CAPABILITY=avx2`` runs
+    AVX2 kernels on either), else what ``platform`` says."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -114,6 +118,10 @@ def cpu_model() -> str:
     fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines()) if v}
     flags = set(fields.get("flags", "").split())
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    # the kernels torch runs, which ATEN_CPU_CAPABILITY may hold below the CPU's own (an AVX2 plan on an AVX-512
+    # CPU): rates measured at one width are not the other's
+    vector = {"AVX512": vector, "AVX2": "AVX2" if vector != "no AVX2" else vector, "DEFAULT": "no AVX2"}.get(
+        torch.backends.cpu.get_cpu_capability(), vector)
     name = fields.get("model name") or platform.processor() or platform.machine()
     return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}, {vector})"
 
@@ -192,7 +200,9 @@ def machine_rates(*, measure: bool | None = None, cache: Path | None = None) -> 
     if cached and not measure:  # the load: how much slower than this machine idle, both probes together; only
         # when other tasks wanted the cores (a probe of an idle machine reads up to ~1.4× slow now and then)
         slower = math.sqrt(now["compute"] / entry["raw_compute"] * now["calls"] / entry["raw_calls"])
-        load = max(1.0, rounded(slower)) if busy else 1.0
+        # the probes alone may miss the load (the scheduler favours a task that just woke): the run queue's
+        # share by weight (guard.queue_slowdown) is what a long run gets
+        load = max(1.0, rounded(slower), rounded(queue_slowdown(threads) or 1.0)) if busy else 1.0
         return Rates(float(entry["compute"]), float(entry["calls"]), load, "measured, cached")
     compute, calls = rounded(now["compute"]), rounded(now["calls"])
     if busy:  # the measurement carries the load of this moment: use it once, never cache it

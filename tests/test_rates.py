@@ -49,12 +49,13 @@ def test_pins() -> None:
 @pytest.fixture
 def probes_at(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - a setter
     """The probes' seconds and the run queue, set by the test (no timing, no /proc)."""
-    state = {"factor": 1.0, "others": 0}
+    state = {"factor": 1.0, "others": 0, "queue": 1.0}
     threads = torch.get_num_threads()
     monkeypatch.delenv("GRADSCOPE_RATES", raising=False)
     monkeypatch.setattr(rates_mod, "probe_seconds",
                         lambda: {k: v * state["factor"] for k, v in rates_mod._reference(threads).items()})
     monkeypatch.setattr(rates_mod, "runnable_others", lambda: state["others"])
+    monkeypatch.setattr(rates_mod, "queue_slowdown", lambda threads: state["queue"])
     monkeypatch.setattr(rates_mod, "usable_cores", lambda: threads)
     return state
 
@@ -72,6 +73,20 @@ def test_first_use_measures_and_caches_the_idle_machine(tmp_path: Path, probes_a
     later = machine_rates(cache=cache)
     assert (later.compute, later.load, later.source) == (2.0, 2.0, "measured, cached")
     assert later.flop == 4.0
+
+
+def test_the_run_queues_share_counts_when_a_short_probe_misses_the_load(tmp_path: Path, probes_at: dict) -> None:
+    """Two busy processes on two cores: a 0.25 s probe ran at full speed (the scheduler favours a task that just
+    woke), but a long run gets 2/3 of a core (measured: qwen3next-125m's dynamics defaults, estimated at 55 s,
+    took 82 s). The run queue's share by weight sets the load then; with nothing else runnable it does not."""
+    cache = tmp_path / "rates.json"
+    machine_rates(cache=cache)  # the idle calibration
+    probes_at.update(others=2, queue=1.5)
+    assert machine_rates(cache=cache).load == rounded(1.5) > 1.4
+    probes_at.update(others=0)
+    assert machine_rates(cache=cache).load == 1.0
+    probes_at.update(others=2, queue=1.0, factor=2.0)  # and the probe's own slowdown still counts
+    assert machine_rates(cache=cache).load == 2.0
 
 
 def test_a_measurement_under_load_is_never_cached(tmp_path: Path, probes_at: dict) -> None:

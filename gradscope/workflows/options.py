@@ -90,7 +90,7 @@ QR_DTYPE_NAMES = ("float64", "float32")
 # What a dynamics option left out (None) may take, largest first: the plan (workflows.dynamics.plan_dynamics)
 # starts at the largest, the defaults before issue #37, and steps down the biggest part's options until
 # the estimate fits the budget. Given explicitly, the same numbers reproduce any earlier store.
-LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250)}
+LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250, 125)}
 DECODING_CHOICES = ("both", "autoregressive", "teacher")  # a feedback model's decodings (paper App. B.2)
 DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and checkpoints (600 per part before #37)
 

@@ -41,3 +41,30 @@ def test_environment_and_unknown_machines_leave_torch_alone(tmp_path: Path) -> N
     assert threads.choose_threads(_stat(tmp_path, 5), env={"MKL_NUM_THREADS": "2"}) is None
     assert threads.choose_threads(tmp_path / "no-such-stat", env={}) is None
     assert threads.runnable_others(tmp_path / "no-such-stat") is None
+
+
+def _task(proc: Path, pid: int, tid: int, state: str, nice: int, comm: str = "python") -> None:
+    """A /proc/<pid>/task/<tid>/stat line: pid (comm) state, then fields 4 … 19 (nice the 19th)."""
+    folder = proc / str(pid) / "task" / str(tid)
+    folder.mkdir(parents=True)
+    rest = ["0"] * 15 + [str(nice)] + ["0"] * 30
+    (folder / "stat").write_text(f"{tid} ({comm}) {state} " + " ".join(rest) + "\n")
+
+
+def test_the_run_queue_slows_a_run_by_the_others_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two busy processes at nice 0 on two cores leave one thread 2/3 of a core (1.5× slow); nice-19 work (weight
+    15 of 1024), sleeping tasks and this process's own threads count (almost) nothing; no /proc: None."""
+    import os
+
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(threads, "INTERVAL", 0.0)
+    proc = tmp_path / "proc"
+    _task(proc, os.getpid(), os.getpid(), "R", 0)  # this process: never counted
+    _task(proc, 101, 101, "S", 0)  # sleeping
+    assert threads.queue_slowdown(1, proc) == 1.0
+    _task(proc, 102, 102, "R", 0, comm="a (b) c")  # a name with spaces and parentheses
+    _task(proc, 103, 104, "R", 0)
+    assert threads.queue_slowdown(1, proc) == pytest.approx(1.5)
+    _task(proc, 105, 105, "R", 19)
+    assert threads.queue_slowdown(1, proc) == pytest.approx(1.5 + 1 / 1.25 ** 19 / 2)
+    assert threads.queue_slowdown(1, tmp_path / "no-proc") is None
