@@ -85,3 +85,28 @@ def test_a_damaged_set_of_experts_is_refused_in_one_line(damage: str, tmp_path) 
         load_hf("hf", tmp_path / "m")
     message = str(err.value)
     assert "\n" not in message and "experts" in message and str(tmp_path / "m") in message
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_flow_grid_and_lyapunov_run_on_every_hybrid_with_its_caches_held(name: str) -> None:
+    """dynamics' flow and (t, T) grid on the whole state and the Lyapunov spectrum on the recurrent layers' own
+    (the caches held, named in the store): one exponent a recurrent entry, none for a cache."""
+    import gradscope
+    from gradscope.analysis.held import held_blocks
+    from gradscope.workflows.dynamics import DynamicsOptions, run_model_dynamics
+
+    model, vocab = _tiny(name)
+    wrapped = gradscope.wrap(model.double(), positions=12)
+    gen = torch.Generator().manual_seed(3)
+    run = run_model_dynamics(wrapped, torch.randint(0, vocab, (2, 5), generator=gen),
+                             DynamicsOptions(parts=("flow", "grid", "lyapunov"), trajectories=2, steps=12,
+                                             lyap_warmup=2),
+                             trajectory_tokens=torch.randint(0, vocab, (2, 12), generator=gen))
+    ds = run.to_xarray()
+    held = held_blocks(wrapped.core)
+    assert ds.attrs["held"] == ", ".join(b.name for b in held)
+    assert ds.sizes["exponent"] == wrapped.core.state_dim - sum(b.width for b in held)
+    flow = ds["flow_fro"].values[..., :-1]  # k < T (a library core's y_T reads z_{T−1}: no column at k = T)
+    assert np.isfinite(flow).all() and (flow > 0).all()
+    grid = ds["tT_grid"].values
+    assert np.isfinite(grid[~np.isnan(grid)]).all() and (~np.isnan(grid)).any()
