@@ -16,7 +16,7 @@ Two tables, in one run:
    (``python -c pass``) and ``import torch`` (which a help screen must not pay for). Goal ≤ 0.5 s.
 
 Inputs, written to a temporary directory first (deterministic, seed 0):
-- stability, accuracy, dynamics: a checkpoint in the layout the paper's public code saves (SPEC §6),
+- stability, accuracy, dynamics: a checkpoint in the layout the paper's public code saves (docs/definitions.md §6),
   the size of the paper analyzer's GRU benchmark: GRU, H = E = 128, K = 64, L = 32, vanilla, with a
   dual-frequency held-out grid (2 × 2 × 16 × 32 × 32), so four conditions;
   - stability: ``--triplets 8`` per condition = 32 triplets, as in the issue;
@@ -80,7 +80,7 @@ print(time.perf_counter() - tic, time.process_time() - cpu)
 
 
 def paper_gru_checkpoint(path: Path) -> Path:
-    """A checkpoint in the paper code's layout (SPEC §6): GRU, H = E = 128, K = 64, L = 32, no PE, a
+    """A checkpoint in the paper code's layout (docs/definitions.md §6): GRU, H = E = 128, K = 64, L = 32, no PE, a
     dual-frequency held-out grid; weights at nn.GRU's default init (seed 0), recurrent weights × 3 so
     that the Jacobians are not ~0."""
     import torch

@@ -94,7 +94,7 @@ def accuracy_command(
     max_length: Annotated[int, Opt(help="With --text: tokens per row, start token included; longer paragraphs are scored in overlapping windows.")] = 1024,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (SPEC §5);
+    """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (docs/definitions.md §5);
     with --model hf --text FILE, perplexity and accuracy of a pretrained LM on raw text."""
     from gradscope.store.accuracy import family_values
     from gradscope.store.io import write_store

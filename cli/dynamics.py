@@ -28,7 +28,7 @@ def dynamics_table(ds: "xr.Dataset"):  # noqa: ANN201 - a rich Table
     import numpy as np
     from rich.table import Table
 
-    table = Table(title="gradient dynamics per checkpoint (medians over probe sequences; SPEC §7)",
+    table = Table(title="gradient dynamics per checkpoint (medians over probe sequences; docs/definitions.md §7)",
                   title_justify="left")
     cls = ds["token_class"].values
     # the steps' classes: frequent and rare, or (a vector task's points, a model without counts) the one there is
@@ -144,7 +144,7 @@ def dynamics_command(
     # --lyap-warmup's name before issue #39 (train's --warmup is the learning-rate warm-up), hidden; it warns
     warmup: Annotated[Optional[int], Opt("--warmup", hidden=True, help="Deprecated: the old name of --lyap-warmup; it will be removed.")] = None,
 ) -> None:
-    """Gradient dynamics (SPEC §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra.
+    """Gradient dynamics (docs/definitions.md §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra.
     The sizes (--parts … --budget-seconds) are DynamicsOptions' fields."""
     import warnings
 

@@ -84,7 +84,7 @@ def stability_command(
     # --checkpoint-budget-seconds' name before issue #39 (dynamics' --budget-seconds is the whole command's), hidden
     budget_seconds: Annotated[Optional[float], Opt("--budget-seconds", hidden=True, help="Deprecated: the old name of --checkpoint-budget-seconds; it will be removed.")] = None,
 ) -> None:
-    """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (SPEC §4).
+    """Gradient stability of checkpoints: J = ∂h_2L/∂z_p on probe triplets, scored pairwise (docs/definitions.md §4).
     The probe options (--target-freq … --checkpoint-budget-seconds) are StabilityOptions' fields."""
     import warnings
 

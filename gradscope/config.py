@@ -31,7 +31,7 @@ FLOAT32_MAX = 3.4028234663852886e38  # a float32 step size or epsilon beyond thi
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Optimisation (SPEC §3): Adam, linear warm-up then cosine to 0, grad-norm clipping."""
+    """Optimisation (docs/definitions.md §3): Adam, linear warm-up then cosine to 0, grad-norm clipping."""
 
     # option(...): a setting of `gradscope train --<field>` and of sweep specs (betas: --beta1 and --beta2)
     iterations: int = option(300_000, "Training iterations.")

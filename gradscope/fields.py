@@ -43,7 +43,7 @@ def option(default: Any, help: str, *, short: str | None = None, alias: str | No
 
 # --- the values options take, declared once and torch-free (a command's --help reads them) ---------
 
-GROUPS = ("frequent", "rare", "all")  # probe token groups (SPEC §3's dual vocabulary; all: the whole of it)
+GROUPS = ("frequent", "rare", "all")  # probe token groups (docs/definitions.md §3's dual vocabulary; all: the whole of it)
 ENGINES = ("func", "vjp", "analytic")  # the Jacobian engines (gradscope.analysis.jacobian.METHODS)
 ESTIMATORS = ("auto", "exact", "sketch")  # exact stability Jacobians, or a sketch with standard errors
 SCORE_KINDS = ("default", "frobenius", "l1")  # the stability scores (gradscope.analysis.scores.SCORES, same order)
@@ -53,7 +53,7 @@ MAX_RESAMPLES = 10_000_000  # beyond this a bootstrap takes hours and its CI no 
 INTERVALS = ("percentile", "bca", "basic", "t")  # confidence-interval methods of the bootstrap (and Student t)
 CHECKPOINTS = ("last", "all")  # which checkpoints of a store `gradscope summarize` reads
 BANDS = ("seeds", "triplets")  # what the report's stability band is over when a configuration has several seeds
-SCALES = ("tiny", "paper")  # the presets' scales: CPU-sized, and the paper's (SPEC §3)
+SCALES = ("tiny", "paper")  # the presets' scales: CPU-sized, and the paper's (docs/definitions.md §3)
 MAX_VOCAB = 2**24  # corpus pieces; SentencePiece parses the size as a 32-bit int, and no corpus supports more
 
 

@@ -25,7 +25,7 @@ PRESETS: dict[str, RunConfig] = {
         train=TrainConfig(iterations=3000, batch_size=64, lr=1e-2, warmup=100, checkpoint_every=500,
                           log_every=50),
     ),
-    # SPEC §3 hyperparameters (meant for a GPU): E = H = 512, L = 64, batch 512, 300k iterations.
+    # docs/definitions.md §3 hyperparameters (meant for a GPU): E = H = 512, L = 64, batch 512, 300k iterations.
     "paper": RunConfig(
         model=ModelConfig(core="gru", embed_size=512, hidden_size=512),
         task=TaskConfig(name="reverse", vocab_size=64, length=64, distribution="uniform", heldout_size=1024,
@@ -49,7 +49,7 @@ def _study(core: str, vocab: int, **train: object) -> RunConfig:
 
 
 def _paper(core: str, vocab: int) -> RunConfig:
-    """SPEC §3 at paper scale: E = H = 512, L = 64, batch 512, 300k iterations (for a GPU)."""
+    """docs/definitions.md §3 at paper scale: E = H = 512, L = 64, batch 512, 300k iterations (for a GPU)."""
     return RunConfig(
         model=ModelConfig(core=core, embed_size=512, hidden_size=512),
         task=TaskConfig(name="reverse", vocab_size=vocab, length=64, distribution="dual", rarity=0.125,

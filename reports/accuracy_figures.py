@@ -53,7 +53,7 @@ def _seeds(ds: xr.Dataset, g: int) -> str:
 
 def _nan_text(ds: xr.Dataset, g: int, metric: str) -> str:
     """What was NaN behind a summary value: trials, and units (triplets, sequences) of the trials,
-    left out and counted (SPEC: never averaged in silently); '' when nothing was."""
+    left out and counted (docs/definitions.md §4: never averaged in silently); '' when nothing was."""
     trials = int(ds["nan"].sel(metric=metric).values[g]) if "nan" in ds else 0
     units = int(ds["nan_units"].sel(metric=metric).values[g]) if "nan_units" in ds else 0
     parts = [f"{trials} trial(s)"] * bool(trials) + [f"{units} unit(s) within trials"] * bool(units)

@@ -104,7 +104,7 @@ def report_palette(items: list[Input]) -> dict[str, str]:
 
 
 def dynamics_sections(stores: list[Input], palette: dict[str, str] | None = None) -> list[Section]:
-    """The dynamics view (SPEC §7) of every dynamics store, each figure over its checkpoints."""
+    """The dynamics view (docs/definitions.md §7) of every dynamics store, each figure over its checkpoints."""
     if not stores:
         return []
     src = f"From {len(stores)} dynamics store(s)"

@@ -1,4 +1,4 @@
-"""Figures from dynamics stores (SPEC §7): gradient flow against distance, the (t, T) heatmap, step
+"""Figures from dynamics stores (docs/definitions.md §7): gradient flow against distance, the (t, T) heatmap, step
 spectral radii, Lyapunov spectra and their convergence, gate terms — each over checkpoints."""
 
 from __future__ import annotations

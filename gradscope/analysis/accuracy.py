@@ -1,4 +1,4 @@
-"""Accuracy of predictions against targets (pure tensor functions; SPEC §5).
+"""Accuracy of predictions against targets (pure tensor functions; docs/definitions.md §5).
 
 Positions whose target is IGNORE (-100) are not scored. Each metric comes in two steps, as in
 torchmetrics: an *update* step that returns integer counts (``*_counts``: correct, total), which

@@ -1,4 +1,4 @@
-"""Confidence intervals and permutation tests (scipy.stats, always seeded; SPEC §5; imported on first use).
+"""Confidence intervals and permutation tests (scipy.stats, always seeded; docs/definitions.md §5; imported on first use).
 
 The paper's unit is the training-test trial (five seeds), so samples are often tiny: with n = 5 a
 nominal 95% percentile-bootstrap interval covered the true mean only ~86% of the time in a

@@ -1,4 +1,4 @@
-"""Damerau–Levenshtein distance between predicted and target sequences (SPEC §5).
+"""Damerau–Levenshtein distance between predicted and target sequences (docs/definitions.md §5).
 
 The paper's sequence-level error. rapidfuzz's `DamerauLevenshtein` is the *unrestricted* variant
 (a substring may be edited after a transposition: "ca" → "abc" is 2, where the restricted optimal

@@ -1,9 +1,9 @@
-"""Gradient dynamics of a recurrent core (SPEC §7): gradient flow, the (t, T) grid, step spectra
+"""Gradient dynamics of a recurrent core (docs/definitions.md §7): gradient flow, the (t, T) grid, step spectra
 and the Lyapunov spectrum, all built on the step Jacobians J_t = ∂z_t/∂z_{t−1}.
 
 Conventions. Steps are 1-based: z_k is the full real state right after input k is read
 (``zs[:, k−1]`` of :meth:`Core.scan`), z_0 the zero state (or ``z0``); J_t (D × D) is taken at the
-state before step t and that step's input. The state z is the *full* state of SPEC §4: every
+state before step t and that step's input. The state z is the *full* state of docs/definitions.md §4: every
 layer; LSTM h and c (D = 2H per layer); S4D the complex modes on the real view (D = H·N per
 block). Everything runs in the model's dtype; only the Lyapunov log-sums accumulate in float64.
 A step Jacobian with a NaN or Inf entry (a diverged model) gives NaN norms, spectra and exponents;
@@ -117,7 +117,7 @@ def _diag_right(form: str, G: Tensor, d: Tensor) -> Tensor:
 
 def gradient_flow(model: nn.Module, tokens: Tensor, T: int | None = None, *, method: str = "auto",
                   chunk: int = 64) -> tuple[Tensor, Tensor]:
-    """g(k) = ‖∂y_T/∂z_k‖ for every k = 1 … T, per sequence (SPEC §7 "gradient flow").
+    """g(k) = ‖∂y_T/∂z_k‖ for every k = 1 … T, per sequence (docs/definitions.md §7 "gradient flow").
 
     model: anything with a protocol ``core`` and ``core_inputs`` (``gradscope.load(...).model``,
     ``gradscope.wrap(...)``). tokens: (B, T') token ids, or (B, T', in) float inputs for a wrapped
@@ -237,7 +237,7 @@ def _diagonal_fro2(form: str, P: Tensor) -> Tensor:
 # (t, T) grid: ‖∂z_T/∂z_t‖_F for all t ≤ T
 
 def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tensor:
-    """‖∂h_T/∂h_t‖_F for all 1 ≤ t ≤ T ≤ T_max (SPEC §7 "(t, T) grid"), per sequence.
+    """‖∂h_T/∂h_t‖_F for all 1 ≤ t ≤ T ≤ T_max (docs/definitions.md §7 "(t, T) grid"), per sequence.
 
     h is the full recurrent state z (D × D Jacobians ∂z_T/∂z_t): every layer; for an LSTM both h
     and c; for S4D the complex modes on the real view. tokens: (B, T') token ids (or float inputs,
@@ -286,7 +286,7 @@ def tT_grid(model: nn.Module, tokens: Tensor, T_max: int | None = None) -> Tenso
 # Step spectra along a trajectory
 
 def step_spectra(model: nn.Module, tokens: Tensor, *, top_k: int | None = None) -> dict[str, Tensor]:
-    """Spectral radius and singular values of every step Jacobian J_t, t = 1 … T (SPEC §7).
+    """Spectral radius and singular values of every step Jacobian J_t, t = 1 … T (docs/definitions.md §7).
 
     tokens: (B, T) token ids (or float inputs, as in :func:`gradient_flow`); the trajectory starts
     at the core's initial state (zero unless it says otherwise), where J_1 is taken.
@@ -343,7 +343,7 @@ def _radius_from_blocks(core: nn.Module, structure: JacobianStructure, x_t: Tens
 
 def trajectory_tokens(vocab_size: int, T: int, n: int, seed: int, distribution: str = "dual",
                       rarity: float = 0.125) -> Tensor:
-    """Token ids (n, T) drawn i.i.d. from the task's vocabulary distribution (SPEC §3, through
+    """Token ids (n, T) drawn i.i.d. from the task's vocabulary distribution (docs/definitions.md §3, through
     :func:`gradscope.tasks.vocab.sample_tokens` with its own ``torch.Generator`` seeded ``seed``):
     ``uniform`` over K = ``vocab_size``, or ``dual``: Rare (upper half) with probability ``rarity``.
     Feed ``model.core_inputs(tokens)`` to :func:`lyapunov_spectrum`."""
@@ -379,7 +379,7 @@ def gate_norms(core: nn.Module, x: Tensor) -> tuple[tuple[str, ...], Tensor]:
 
 
 def block_spectra(core: nn.Module) -> dict[str, tuple[float, float]]:
-    """(spectral norm, spectral radius) of each gate's block of W_hh (SPEC §7's static reference;
+    """(spectral norm, spectral radius) of each gate's block of W_hh (docs/definitions.md §7's static reference;
     {} for a core without ``recurrent_blocks``, such as S4D)."""
     out = {}
     for name, w in getattr(core, "recurrent_blocks", dict)().items():

@@ -1,4 +1,4 @@
-"""State Jacobians J = ∂y_T/∂z_p of a sequence core (SPEC §4).
+"""State Jacobians J = ∂y_T/∂z_p of a sequence core (docs/definitions.md §4).
 
 For one sequence of T tokens and a target position p (1-based), z_p is the full real state right
 after step p is read (``zs[:, p-1]`` of :meth:`Core.scan`) and y_T is the core's output at the last

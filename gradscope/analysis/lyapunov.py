@@ -1,4 +1,4 @@
-"""Lyapunov spectra of a driven recurrence z_t = step(x_t, z_{t−1}) (SPEC §7): dense, partial and
+"""Lyapunov spectra of a driven recurrence z_t = step(x_t, z_{t−1}) (docs/definitions.md §7): dense, partial and
 structure-aware engines behind one function, :func:`lyapunov_spectrum`.
 
 - **dense / partial** (Benettin/QR): a D × k orthonormal frame Q (k = D: the full spectrum; k < D:
@@ -253,7 +253,7 @@ def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: i
                       checkpoint_every: int = 10, sum_check: bool = False, exponents: int | None = None,
                       qr_dtype: torch.dtype = torch.float64, engine: str = "auto", apply: str = "auto",
                       batches: int = BATCHES) -> LyapunovResult:
-    """Lyapunov exponents of the driven recurrence z_t = step(x_t, z_{t−1}) (SPEC §7).
+    """Lyapunov exponents of the driven recurrence z_t = step(x_t, z_{t−1}) (docs/definitions.md §7).
 
     core: any protocol core. inputs: the vectors it reads (B, T, in), e.g. ``model.core_inputs`` of
     task-distributed tokens (:func:`gradscope.analysis.dynamics.trajectory_tokens`); B trajectories,

@@ -1,4 +1,4 @@
-"""Gradient-stability scores and companion statistics of Jacobian pairs (pure tensor functions; SPEC §4).
+"""Gradient-stability scores and companion statistics of Jacobian pairs (pure tensor functions; docs/definitions.md §4).
 
 A Jacobian is a real tensor of shape (..., D_out, D_in); row i is the gradient g_i of output i with
 respect to the D_in state values. Leading batch dims (e.g. one per probe triplet) broadcast. A score

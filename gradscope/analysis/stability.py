@@ -1,4 +1,4 @@
-"""Gradient stability of a model on probe triplets (SPEC §4), chunked so memory stays bounded.
+"""Gradient stability of a model on probe triplets (docs/definitions.md §4), chunked so memory stays bounded.
 
 For every triplet the Jacobians J = ∂h_{2L}/∂z_p of its three sequences are computed, scored in
 pairs (base, same-target) and (base, same-suffix), and dropped; only per-pair numbers and the top

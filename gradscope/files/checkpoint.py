@@ -150,7 +150,7 @@ def _option(args: dict[str, Any], key: str, default: Any, valid: tuple[type, ...
 
 
 def _paper(ckpt: dict[str, Any], path: Path) -> Checked:
-    """Validate a ``checkpoint_after-N-iters.pt`` written by the paper's public code (SPEC §6).
+    """Validate a ``checkpoint_after-N-iters.pt`` written by the paper's public code (docs/definitions.md §6).
 
     Sizes are read from the weights' shapes (init_args only fill in names and PE settings). The
     task is ``reverse`` with L taken from ``held_out_data``: shape (n, L) is a uniform test set,

@@ -16,7 +16,7 @@ with them, whoever wrote it. A core may also provide, and gradscope's own cores 
 - ``complex_state``: True when z is the real view of complex numbers (S4D), which adds the
   conjugate-Wirtinger scores;
 - ``analytic_unsupported()`` / ``analytic_jacobian(x, zs, p)``: a fast hand-derived engine;
-- ``step_jacobian(x, z)``: the step Jacobian J_t = ∂z_t/∂z_{t−1} (SPEC §7), and
+- ``step_jacobian(x, z)``: the step Jacobian J_t = ∂z_t/∂z_{t−1} (docs/definitions.md §7), and
   ``gate_terms(x, z)``: J_t split into one term per path through the cell (keys ``gate_names``);
 - ``recurrent_blocks()``: each gate's block of W_hh, a static reference for the step spectra;
 - ``jacobian_structure()`` / ``diagonal_blocks(x, z)``: J_t block lower-triangular with diagonal,

@@ -67,7 +67,7 @@ def gru_jacobian(x: Tensor, h: Tensor, w: Weights, need_input: bool) -> tuple[Te
 
 
 def gru_terms(x: Tensor, h: Tensor, w: Weights, need_input: bool) -> dict[str, tuple[Tensor, Tensor | None]]:
-    """The cell Jacobian by path (SPEC §7): ``carry`` = diag(u) (h' = … + u ⊙ h; no input path),
+    """The cell Jacobian by path (docs/definitions.md §7): ``carry`` = diag(u) (h' = … + u ⊙ h; no input path),
     ``r`` = diag(c_r) W_hr, ``u`` = diag(c_u) W_hu, ``n`` = diag(a_n·r) W_hn; the input parts
     diag(c_r) W_ir, diag(c_u) W_iu, diag(a_n) W_in go with r, u, n."""
     u, c_r, c_u, a_n, r = _gru_coefficients(x, h, w)

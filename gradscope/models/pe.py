@@ -1,4 +1,4 @@
-"""Positional encodings (SPEC §2). Time index t counts on through input and output phases.
+"""Positional encodings (docs/definitions.md §2). Time index t counts on through input and output phases.
 
 A PE kind is a module class with ``name``, ``build(dim, max_len)`` and ``numbers(dim, max_len)`` (the
 numbers it holds, for memory estimates), and one line in :data:`PE_TYPES`; ``none`` and ``dummy``

@@ -148,7 +148,7 @@ class RNNCore(Core):
             G, spare = spare, G
         return G
 
-    # --- step Jacobian (SPEC §7) -------------------------------------------------------------------
+    # --- step Jacobian (docs/definitions.md §7) -------------------------------------------------------------------
     # Layer l+1 reads layer l's NEW h within the same step, so J_t is block lower-triangular over
     # layers: ∂s'_{l+1}/∂s_m = (∂s'_{l+1}/∂x_{l+1}) · (∂h'_l/∂s_m) for m ≤ l, where ∂h'_l/∂s_m is the
     # first H rows of layer l's block row, already formed when layer l+1 is reached.

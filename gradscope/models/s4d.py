@@ -1,4 +1,4 @@
-"""Diagonal state-space core (S4D, SPEC §2), as in the state-spaces reference ``s4d.py``.
+"""Diagonal state-space core (S4D, docs/definitions.md §2), as in the state-spaces reference ``s4d.py``.
 
 Per channel h and mode n (N/2 complex modes): A_n = −exp(log_A_real) + i·A_imag (init −0.5 + iπn),
 dt = exp(log_dt), dA = exp(dt·A), dB = (exp(dt·A) − 1)/A, B = 1.

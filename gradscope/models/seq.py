@@ -1,4 +1,4 @@
-"""The sequence model shared by every core (SPEC §2).
+"""The sequence model shared by every core (docs/definitions.md §2).
 
 ``Embedding(K + 1, E)`` (row K is the output-phase query token) → optional positional encoding
 (concatenated or added) → core → ``Linear(H, K)`` logits. Attribute names (``embedding``,

@@ -1,5 +1,5 @@
 """The dynamics store: gradient flow, the (t, T) grid, step spectra, Lyapunov spectra and gate
-terms over checkpoints (SPEC §7; layout in docs/stores.md)."""
+terms over checkpoints (docs/definitions.md §7; layout in docs/stores.md)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def dynamics_dataset(results: list[DynamicsResult], *, tokens: np.ndarray, token
         coords["block"] = _strings(results[0].blocks)
     attrs = provenance("dynamics", command, device, {
         **config, "checkpoints": checkpoints, "options": options,
-        "definitions": "SPEC §7: flow = |d y_T / d z_k| (Frobenius, spectral); tT_grid = |d z_T / d z_t|_F; "
+        "definitions": "docs/definitions.md §7: flow = |d y_T / d z_k| (Frobenius, spectral); tT_grid = |d z_T / d z_t|_F; "
                        "step spectra of J_t = d z_t / d z_(t-1); lyapunov: Benettin/QR, natural log per step, "
                        "descending; gate_norm = |term|_F of each path through the cell",
     })

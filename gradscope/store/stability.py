@@ -66,7 +66,7 @@ def stability_dataset(results: list[CheckpointResult], probes: Probes, options: 
         "target_position": p, "method": options["method"], "options": options,
         **config, "checkpoints": checkpoints,
         "score_definition": "default: sum_i <g_i^A, g_i^B> / sum_i |g_i^A||g_i^B| over rows of "
-                            "J = d h_2L / d z_p (SPEC §4); NaN when every row is zero",
+                            "J = d h_2L / d z_p (docs/definitions.md §4); NaN when every row is zero",
     })
     return xr.Dataset(data, coords=coords, attrs=attrs)
 

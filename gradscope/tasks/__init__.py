@@ -1,4 +1,4 @@
-"""Synthetic tasks (SPEC §3): vectorised batch makers taking an explicit ``torch.Generator``."""
+"""Synthetic tasks (docs/definitions.md §3): vectorised batch makers taking an explicit ``torch.Generator``."""
 
 from __future__ import annotations
 

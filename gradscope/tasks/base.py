@@ -45,7 +45,7 @@ class Task:
 
     A task family is one file with its class and one line in :mod:`gradscope.tasks.registry`; the
     class declares its registry ``name``, whether stability/dynamics probes are defined on it
-    (``probes``: an input phase followed by query tokens, SPEC §5), the checks of the
+    (``probes``: an input phase followed by query tokens, docs/definitions.md §5), the checks of the
     :class:`~gradscope.config.TaskConfig` fields it alone uses (``check_config``), and its own part
     of the accuracy store, summary and report (:mod:`gradscope.tasks.family`).
     """
@@ -124,7 +124,7 @@ class Task:
 
     def probe_classes(self, tokens: torch.Tensor, query: int) -> np.ndarray:
         """The class of each probe id (dynamics groups steps by it): 'frequent' ([0, K/2)), 'rare'
-        ([K/2, K)) or 'query' (SPEC §3's dual vocabulary)."""
+        ([K/2, K)) or 'query' (docs/definitions.md §3's dual vocabulary)."""
         t = tokens.numpy()
         out = np.where(t < self.cfg.vocab_size // 2, "frequent", "rare").astype(object)
         out[t == query] = "query"

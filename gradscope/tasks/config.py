@@ -16,7 +16,7 @@ MAX_LENGTH = 2**20  # a task's L (and copy's hold phase): the held-out grid is b
 
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
-    """A synthetic task (SPEC §3). ``length`` is L (the maximum L for ``reverse-variable``; the
+    """A synthetic task (docs/definitions.md §3). ``length`` is L (the maximum L for ``reverse-variable``; the
     number of tokens to remember for ``copy``)."""
 
     # option(...): a setting of `gradscope train --<field>` (``name`` is --task) and of sweep specs

@@ -1,4 +1,4 @@
-"""Held-out test sets and their vectorised exclusion from training data (SPEC §3).
+"""Held-out test sets and their vectorised exclusion from training data (docs/definitions.md §3).
 
 Rows are identified by their full input row (inputs determine targets for every task). A 64-bit
 polynomial hash finds candidate matches with one ``searchsorted``; candidates are then compared

@@ -1,4 +1,4 @@
-"""Probe triplets for gradient stability (SPEC §4).
+"""Probe triplets for gradient stability (docs/definitions.md §4).
 
 Around a target position p (1-based) in sequences of length L:
     base        = (P,  x,  S)
@@ -74,7 +74,7 @@ class Probes:
 
 
 def vocabulary_groups(vocab_size: int) -> dict[str, torch.Tensor]:
-    """Token ids of each group of a dual-frequency vocabulary (SPEC §3): frequent = [0, K/2),
+    """Token ids of each group of a dual-frequency vocabulary (docs/definitions.md §3): frequent = [0, K/2),
     rare = [K/2, K), all = [0, K)."""
     pools = {"all": torch.arange(vocab_size)}
     for i, name in enumerate(GROUPS[:2]):
@@ -152,7 +152,7 @@ def check_probes_fit(probes: Probes, vocab_size: int, length: int) -> None:
           f"probes: token ids span {low}…{high}; this model's vocabulary is 0…{vocab_size - 1}")
 
 
-# ---- probes and token counts from files: the validation layer of SPEC §4's inputs ---------------
+# ---- probes and token counts from files: the validation layer of docs/definitions.md §4's inputs ---------------
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")

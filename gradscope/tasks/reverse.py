@@ -1,4 +1,4 @@
-"""``reverse`` (SPEC §3): x_1…x_L ↦ x_L…x_1; output-phase inputs are the query token."""
+"""``reverse`` (docs/definitions.md §3): x_1…x_L ↦ x_L…x_1; output-phase inputs are the query token."""
 
 from __future__ import annotations
 

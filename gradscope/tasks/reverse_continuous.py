@@ -166,7 +166,7 @@ def _sequence_means(cosine: np.ndarray) -> np.ndarray:
 # --- Probes --------------------------------------------------------------------------------------
 # Gradient-stability probes of this family (moved here from tasks/vector_probes.py, issue #39).
 #
-# The probe machinery (SPEC §4) builds triplets of token ids. For a model that reads vectors, the
+# The probe machinery (docs/definitions.md §4) builds triplets of token ids. For a model that reads vectors, the
 # ids index a fixed table of M points drawn uniformly on the sphere S^(d−1) (seeded), and id M is the
 # query: :class:`VectorProbeModel` maps ids to the model's vector inputs and leaves everything else
 # (core, PE, readout) to the model. With the table, the probe definitions carry over unchanged:

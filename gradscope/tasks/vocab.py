@@ -1,4 +1,4 @@
-"""Token sampling: uniform, or dual-frequency (SPEC §3).
+"""Token sampling: uniform, or dual-frequency (docs/definitions.md §3).
 
 Dual-frequency: the lower half [0, K//2) is Frequent, the upper half [K//2, K) Rare. Each position
 is Rare with probability ``rarity`` (default 1/8: each Frequent token is 7× as likely as each Rare

@@ -1,4 +1,4 @@
-"""The training loop, with exact resume (SPEC §3; run-directory format in the README).
+"""The training loop, with exact resume (docs/definitions.md §3; run-directory format in the README).
 
 A run directory holds ``config.json``, checkpoints ``step-XXXXXXX.pt`` and ``metrics.jsonl``;
 at the end, ``eval.json`` holds the held-out evaluation. Resume restores model, optimizer,

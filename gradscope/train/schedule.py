@@ -1,4 +1,4 @@
-"""Learning-rate schedule (SPEC §3): linear warm-up from 0, then cosine annealing to 0.
+"""Learning-rate schedule (docs/definitions.md §3): linear warm-up from 0, then cosine annealing to 0.
 
 The schedule is a pure function of the iteration, so resuming needs only the iteration count.
 """

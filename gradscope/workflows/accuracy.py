@@ -1,4 +1,4 @@
-"""`gradscope accuracy`: evaluate checkpoints on their held-out sets (SPEC §5)."""
+"""`gradscope accuracy`: evaluate checkpoints on their held-out sets (docs/definitions.md §5)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def accuracy(source: Any, *, bins: int | tuple[int, ...] | None = None, grid: bo
              device: str = "auto", batch_size: int = 1024, decoding: str = "both", resamples: int | None = None,
              seed: int | None = None,
              corpus: str | Path | None = None) -> xr.Dataset:
-    """Accuracy on the held-out sets (SPEC §5) as an xarray Dataset with the variables of an accuracy
+    """Accuracy on the held-out sets (docs/definitions.md §5) as an xarray Dataset with the variables of an accuracy
     store: token, sequence and Damerau–Levenshtein accuracy per checkpoint, and the frequency grid
     by target position when the checkpoint has one. Options are named as ``gradscope accuracy``'s flags.
 

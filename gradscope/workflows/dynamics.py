@@ -1,4 +1,4 @@
-"""`gradscope dynamics`: where gradients vanish or explode (SPEC §7), over every checkpoint of a run.
+"""`gradscope dynamics`: where gradients vanish or explode (docs/definitions.md §7), over every checkpoint of a run.
 
 Per checkpoint, on probe sequences (the base members of stability probes: L task tokens, then L
 query tokens, one set of conditions as in ``gradscope stability``):
@@ -634,7 +634,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     return out
 
 
-STEP_PARTS = ("spectra", "gates", "lyapunov")  # defined on a recurrent state's own step map (SPEC §7, §8)
+STEP_PARTS = ("spectra", "gates", "lyapunov")  # defined on a recurrent state's own step map (docs/definitions.md §7, §8)
 
 
 def defined_parts(core: nn.Module, opts: DynamicsOptions) -> DynamicsOptions:
@@ -745,7 +745,7 @@ def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = Dy
 def dynamics(source: Any, *, tokens: torch.Tensor | None = None, trajectory_tokens: torch.Tensor | None = None,
              counts: torch.Tensor | None = None, target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (),
              corpus: str | Path | None = None, **options: Any) -> xr.Dataset:
-    """The dynamics view (SPEC §7) as an xarray Dataset with the variables of a dynamics store.
+    """The dynamics view (docs/definitions.md §7) as an xarray Dataset with the variables of a dynamics store.
     Options are named as ``gradscope dynamics``'s flags.
 
     source: a checkpoint file or run directory, or a list of them (every checkpoint, oldest first),

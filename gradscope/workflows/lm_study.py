@@ -2,7 +2,7 @@
 
 - ``paper``: WikiText-103 as the study used it: the user's raw file(s) (nothing is downloaded),
   SentencePiece vocabulary 32,768, headings removed, one paragraph per line, the first 1,024 tokens
-  of each paragraph, a single-layer LSTM (E = H = 512) vanilla and with sinusoidal PE, SPEC §3's
+  of each paragraph, a single-layer LSTM (E = H = 512) vanilla and with sinusoidal PE, docs/definitions.md §3's
   optimisation (Adam, lr 1e-3 warmed up over 1,000 iterations then cosine, batch 512, 300k
   iterations), seeds 111–555. The paper's test perplexities (5 seeds): vanilla 37.77
   (36.83–38.92), PE 38.54 (38.07–38.89).

@@ -420,7 +420,7 @@ def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets:
               token_counts: str | Path | None = None, length: int | None = None, filler: int | None = None,
               split: float = 0.5, corpus: str | Path | None = None, estimator: str = "auto",
               sketch_units: int | None = None, checkpoint_budget_seconds: float = 600.0, **renamed: Any) -> xr.Dataset:
-    """Gradient stability (SPEC §4) as an xarray Dataset with the variables of a stability store
+    """Gradient stability (docs/definitions.md §4) as an xarray Dataset with the variables of a stability store
     (write it with ``gradscope.store.write_store``). Each option is named as its ``gradscope
     stability`` flag (``target_pos`` is ``--target-pos``); the names before issue #24 (position,
     chunk, top_sv, target_groups, disturbant_groups) still work, with a DeprecationWarning.

@@ -72,15 +72,15 @@ PROBE_TARGET_POS, PROBE_LENGTH = 16, 32
 
 @dataclass(frozen=True, kw_only=True)
 class StudyOptions:
-    """The synthetic (``study="reverse"``, SPEC §3) or language-modelling (``"lm"``, docs/lm.md) study,
+    """The synthetic (``study="reverse"``, docs/definitions.md §3) or language-modelling (``"lm"``, docs/lm.md) study,
     each field named as its `gradscope reproduce` flag. None: the study's default (models gru, lstm,
     s4d — lm: the paper's lstm; seeds 1, 2, 3 — lm: 111, 222, 333 tiny, 111–555 paper; lm's probes at
     paragraph token 16 of rows of 32). ``models``/``seeds`` may be comma-separated text, as the flags
     give them. ``extend_to``: also the vocabulary-extension experiment (paper §4.2)."""
 
-    study: str = option("reverse", "reverse: the synthetic study (SPEC §3); lm: the language-modelling appendix "
+    study: str = option("reverse", "reverse: the synthetic study (docs/definitions.md §3); lm: the language-modelling appendix "
                                    "(LSTM vanilla vs PE on a text corpus, docs/lm.md).")
-    scale: str = option("tiny", "tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: SPEC §3, for a GPU "
+    scale: str = option("tiny", "tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: docs/definitions.md §3, for a GPU "
                                 "(lm: WikiText-103, SentencePiece 32,768, first 1,024 tokens per paragraph, 5 seeds).")
     corpus_text: Path | None = option(None, "--study lm --scale paper: your WikiText-103 wiki.train.raw (nothing is "
                                             "downloaded).")

@@ -8,7 +8,7 @@ Frequency groups are :func:`~gradscope.tasks.probes.frequency_groups` of the cou
 ``counts_text``): ``frequent`` the most frequent ``split`` of the types that occur, ``rare`` the rest,
 ``all`` every type that occurs; a type absent from the counts text is in none of them.
 
-Stability (SPEC §4's triplets, built as :func:`gradscope.workflows.families.lm.lm_probes` builds them on a
+Stability (docs/definitions.md §4's triplets, built as :func:`gradscope.workflows.families.lm.lm_probes` builds them on a
 corpus). For a condition (target group t, disturbant group d), a paragraph is a candidate when it has
 a row's worth of tokens, its token at p is of group t, and its prefix (tokens 1 … p − 1) and its suffix
 (tokens p + 1 … of the row) are each of group d: ``all`` takes any text, ``frequent``/``rare`` a span at
@@ -260,7 +260,7 @@ def run_text_stability(model: Any, opts: StabilityOptions, source: TextSource, *
                        on_start: Callable[[int], None] | None = None,
                        on_progress: Callable[[int], None] | None = None,
                        on_plan: Callable[[Any], None] | None = None) -> StabilityRun:
-    """Stability (SPEC §4) of ``model`` (see :func:`text_model`) on triplets drawn from ``source.text``
+    """Stability (docs/definitions.md §4) of ``model`` (see :func:`text_model`) on triplets drawn from ``source.text``
     (:func:`text_probes`; ``opts.length`` tokens per row, default :data:`DEFAULT_LENGTH`)."""
     check(opts.probes is None and opts.token_counts is None,
           "probes/token_counts: with text the probes are drawn from the text; give one source of probes")
@@ -287,7 +287,7 @@ def run_text_stability(model: Any, opts: StabilityOptions, source: TextSource, *
 def run_text_dynamics(model: Any, opts: DynamicsOptions, source: TextSource, *, length: int = DEFAULT_LENGTH,
                       split: float = 0.5, model_factory: str = "hf", config: str | Path | None = None,
                       command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
-    """Dynamics (SPEC §7) of ``model`` (see :func:`text_model`) on rows of ``source.text``'s paragraphs
+    """Dynamics (docs/definitions.md §7) of ``model`` (see :func:`text_model`) on rows of ``source.text``'s paragraphs
     (:func:`text_sequences`), steps classed by frequency group, Lyapunov trajectories of consecutive
     paragraphs (:func:`text_trajectories`). Options left out are chosen by the plan, as for a checkpoint."""
     length = as_count(length, "length", 2, MAX_COUNT)
@@ -321,7 +321,7 @@ def run_text_dynamics(model: Any, opts: DynamicsOptions, source: TextSource, *, 
 def text_stability(model: Any, text: str | Path, *, counts_text: str | Path | None = None,
                    tokenizer: str | Path | None = None, model_factory: str = "hf", cache: bool = True,
                    **options: Any) -> xr.Dataset:
-    """Gradient stability (SPEC §4) of a pretrained LM on probe triplets drawn from a raw UTF-8 text
+    """Gradient stability (docs/definitions.md §4) of a pretrained LM on probe triplets drawn from a raw UTF-8 text
     (docs/real-text.md), as a stability store's Dataset. model: a ``save_pretrained`` directory with its
     tokenizer (loaded as ``model_factory``), or a model in memory with ``tokenizer``. options: the fields
     of :class:`~gradscope.workflows.stability.StabilityOptions` (target_freq, disturbant, target_pos,
@@ -340,7 +340,7 @@ def text_stability(model: Any, text: str | Path, *, counts_text: str | Path | No
 def text_dynamics(model: Any, text: str | Path, *, counts_text: str | Path | None = None,
                   tokenizer: str | Path | None = None, model_factory: str = "hf", length: int = DEFAULT_LENGTH,
                   split: float = 0.5, cache: bool = True, **options: Any) -> xr.Dataset:
-    """The dynamics view (SPEC §7) of a pretrained LM on rows of a raw UTF-8 text's paragraphs, each step
+    """The dynamics view (docs/definitions.md §7) of a pretrained LM on rows of a raw UTF-8 text's paragraphs, each step
     classed by its token's frequency group (docs/real-text.md), as a dynamics store's Dataset. model: as
     in :func:`text_stability`. length: tokens per row (start token included). options: the fields of
     :class:`~gradscope.workflows.dynamics.DynamicsOptions`."""

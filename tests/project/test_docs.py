@@ -164,3 +164,22 @@ def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     ci = re.search(r"^TEST_CMD='(.*)'$", (ROOT / ".ci" / "run").read_text(), flags=re.M)
     assert ci is not None and ci.group(1) == setup[1]
     assert setup[0].startswith("python3 -m venv .venv") and "sample_checkpoints/" in setup[0]
+
+
+def test_the_product_cites_its_own_definitions_page() -> None:
+    """Help texts, tables, code and docs cite docs/definitions.md's sections, never the developers' SPEC outside
+    the repository; every cited section exists; the README names no path outside the repository."""
+    page = (ROOT / "docs" / "definitions.md").read_text()
+    sections = set(re.findall(r"^## (\d)\. ", page, flags=re.M))
+    assert sections == {str(n) for n in range(1, 10)}
+    files = [p for d in ("gradscope", "cli", "reports", "docs") for p in (ROOT / d).rglob("*")
+             if p.suffix in (".py", ".md")] + [ROOT / "README.md"]
+    cited: set[str] = set()
+    for path in files:
+        text = path.read_text()
+        assert not re.search(r"SPEC §|SPEC\.md", text), f"{path.relative_to(ROOT)} cites SPEC"
+        cited |= set(re.findall(r"definitions(?:\.md)?\]?(?:\([^)]*\))? §(\d)", text))
+        cited |= set(re.findall(r"\[definitions §(\d)\]", text))
+    assert cited and cited <= sections
+    readme = (ROOT / "README.md").read_text()
+    assert "../" not in readme and "/work/" not in readme

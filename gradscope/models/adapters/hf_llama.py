@@ -11,7 +11,7 @@ runs its RMSNorms and softmax in float32; the adapter does not)::
 
 State layout: per layer ``l<i>/keys`` and ``l<i>/values`` (positions, KV heads, head dim): the KV cache
 (:mod:`~gradscope.models.adapters.attention`), every block held. Stability and the gradient flow are
-defined on it unchanged (SPEC §8); the step spectra, gates and Lyapunov spectrum are not (there is no
+defined on it unchanged (docs/definitions.md §8); the step spectra, gates and Lyapunov spectrum are not (there is no
 recurrent state), and ``dynamics`` says so in one line. The step is position-dependent.
 
 Output y_t: the backbone's last hidden state (``norm`` of the residual stream); readout: ``lm_head`` for a

@@ -1,4 +1,4 @@
-"""The default evaluation of a task family: argmax predictions on its held-out sets (SPEC §5).
+"""The default evaluation of a task family: argmax predictions on its held-out sets (docs/definitions.md §5).
 
 Token, sequence and Damerau–Levenshtein accuracy on the uniform held-out set, the frequency grid where
 the checkpoint has one, the family's own counts (its ``score``); and two model features that are no
