@@ -52,18 +52,6 @@ def refuse_given(ctx: typer.Context, names: list[str], why: str) -> None:
         raise GradscopeError(f"{'/'.join(flags)}: {why}; remove {' and '.join(flags)}")
 
 
-def split_list(text: str, flag: str, example: str) -> list[str]:
-    """A comma-separated option's items, stripped. An empty list or an empty item is an error
-    naming ``flag``, never "all" or "the default"."""
-    items = [v.strip() for v in text.split(",")]
-    if not any(items):
-        raise GradscopeError(f"{flag}: got {text!r}, an empty list; give comma-separated values such as {example}")
-    if not all(items):
-        raise GradscopeError(f"{flag}: got {text!r}, which has an empty item; give comma-separated values "
-                             f"such as {example}")
-    return items
-
-
 def default_out(kind: str, source: Path) -> Path:
     """<kind>-<name>.zarr in the working directory, numbered -2, -3… so nothing is overwritten."""
     name = source.name if source.is_dir() else source.stem

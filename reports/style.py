@@ -13,7 +13,6 @@ import plotly.graph_objects as go
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
            "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#9edae5", "#dbdb8d")
 GROUP_COLORS = {"frequent": "#1f77b4", "rare": "#d62728", "all": "#2ca02c"}  # target group → colour
-GROUP_DASH = {"frequent": "solid", "rare": "dash", "all": "dot"}  # disturbant group → line style
 FONT = dict(family="system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif", size=13)
 NUM = ":.6g"  # hover number format: six significant digits
 
@@ -39,10 +38,6 @@ def palette_for(labels: Iterable[str], palette: dict[str, str] | None) -> dict[s
 
 def group_color(group: str) -> str:
     return GROUP_COLORS.get(group, "#7f7f7f")
-
-
-def group_dash(group: str) -> str:
-    return GROUP_DASH.get(group, "dashdot")
 
 
 def rgba(hex_color: str, alpha: float) -> str:

@@ -21,7 +21,7 @@ from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.analysis.reduce import dot64, norm64
 from gradscope.analysis.scores import (SCORES, companion_stats, finite_matrices, forward_similarity, svd_or_nan,
                                        wirtinger)
-from gradscope.analysis.sketch import interval_factor, sketch_scores, sketch_tangents
+from gradscope.analysis.sketch import sketch_scores, sketch_tangents
 from gradscope.fields import ESTIMATORS  # noqa: F401 - declared with the options
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget as available_budget
@@ -342,6 +342,3 @@ def _sketch_stability(model: nn.Module, probes: Probes, position: int, plan: Sta
     return StabilityResult(scores, cat, sv, wr, wi, bad, errors, "sketch")
 
 
-def sketch_interval_factor(plan: StabilityPlan) -> float:
-    """value ± this · se is a 95% interval of a sketched value (t with units − 1 degrees of freedom)."""
-    return interval_factor(plan.units)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from gradscope.models.config import ModelConfig
-from gradscope.models.core import Core, scan
+from gradscope.models.core import Core
 from gradscope.models.pe import build_pe
 from gradscope.models.registry import core_class
 
@@ -77,8 +77,3 @@ class SeqModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Fused/FFT path used for training and evaluation. (B, T) → (B, T, K)."""
         return self.to_logits(self.core(self.core_inputs(tokens)))
-
-    def forward_functional(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The same map through the functional step recurrence (what the analysis differentiates)."""
-        y, _ = scan(self.core, self.core_inputs(tokens))
-        return self.to_logits(y)

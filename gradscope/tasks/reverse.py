@@ -31,8 +31,3 @@ class Reverse(Task):
 
     def sample(self, n: int, gen: torch.Generator) -> Batch:
         return self.format(self.tokens((n, self.cfg.length), gen))
-
-    @staticmethod
-    def output_index(position: int, length: int) -> int:
-        """0-based output-phase time index at which input position ``position`` (1-based) is recalled."""
-        return 2 * length - position

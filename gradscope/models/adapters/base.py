@@ -21,7 +21,7 @@ floor); then the protocol checks of :mod:`gradscope.models.protocol`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Callable, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +79,21 @@ class LibraryCore(Core):
         """One block per entry, lower-triangular in the entries' order."""
         return JacobianStructure(tuple(StateBlock(e.name, self._slices[e.name].start, self._slices[e.name].stop,
                                                   e.form, e.size, e.repeat, e.held) for e in self.entries))
+
+    def delta_structure(self, heads: int, dk: int, dv: int) -> JacobianStructure:
+        """:meth:`jacobian_structure` with every gated-delta-rule entry (``…/delta``, laid out (heads, d_v, d_k))
+        one block per head (``l<i>/delta/h<j>``): a head's block is its own d_k × d_k M_t repeated d_v times
+        (``block_diagonal``, size d_k, repeat d_v), given by ``diagonal_blocks`` as an expanded view of one
+        matrix (no d_v copies in memory: at real size they were GBs a step)."""
+        blocks = []
+        for e in self.entries:
+            sl = self._slices[e.name]
+            if e.name.endswith("/delta"):
+                blocks += [StateBlock(f"{e.name}/h{j}", sl.start + j * dk * dv, sl.start + (j + 1) * dk * dv,
+                                      "block_diagonal", dk, dv) for j in range(heads)]
+            else:
+                blocks.append(StateBlock(e.name, sl.start, sl.stop, e.form, e.size, e.repeat, e.held))
+        return JacobianStructure(tuple(blocks))
 
     def unpack(self, z: Tensor) -> dict[str, Tensor]:
         """z (B, D) → entry name → (B, *shape) (views where possible). One ``torch.split``, not a slice per
@@ -306,6 +321,3 @@ def check_against_library(wrapped: Callable[[Tensor], Tensor], library_forward: 
     return err / scale
 
 
-def config_value(config: Any, name: str, default: Any = None) -> Any:
-    """A config attribute, or ``default`` when the library version has none."""
-    return getattr(config, name, default)

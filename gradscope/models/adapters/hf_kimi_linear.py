@@ -50,7 +50,7 @@ from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, cache_di
                                                  check_positions, write_slot)
 from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, conv_pre, hf_forward, rms, shift_blocks
 from gradscope.models.adapters.hf_qwen3_next import l2norm, swiglu
-from gradscope.models.structure import JacobianStructure, StateBlock
+from gradscope.models.structure import JacobianStructure
 
 TOLERANCE = 1e-4
 LAYERS = ("linear_attention", "full_attention")
@@ -193,19 +193,8 @@ class HFKimiLinearCore(CacheSlots, LibraryCore):
         return a.o_proj(o.reshape(B, Hq * vd)), latents, shared
 
     def jacobian_structure(self) -> JacobianStructure:
-        """One block per entry, but each delta entry one block per head (``l<i>/delta/h<j>``): a head's block is
-        its own M_t repeated d_v times, which :meth:`diagonal_blocks` gives as an expanded view of one
-        d_k × d_k matrix."""
-        blocks = []
-        width = self.d * self.d
-        for e in self.entries:
-            sl = self._slices[e.name]
-            if e.name.endswith("/delta"):
-                blocks += [StateBlock(f"{e.name}/h{j}", sl.start + j * width, sl.start + (j + 1) * width,
-                                      "block_diagonal", self.d, self.d) for j in range(self.H)]
-            else:
-                blocks.append(StateBlock(e.name, sl.start, sl.stop, e.form, e.size, e.repeat, e.held))
-        return JacobianStructure(tuple(blocks))
+        """One block per entry, each delta entry one block per head (:meth:`LibraryCore.delta_structure`)."""
+        return self.delta_structure(self.H, self.d, self.d)
 
     def advance(self, x: Tensor, z: Tensor, t: int | None, diagonal: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
         B = x.shape[0]

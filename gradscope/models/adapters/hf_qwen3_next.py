@@ -43,7 +43,7 @@ from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attentio
                                                  check_positions, cache_diagonal, rope, rotary, rotate_half)
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, TokenMap, conv_silu_jvp, hf_forward, linear_jvp,
                                             rms, rms_jvp, shift_blocks, shift_window_jvp, silu_grad)
-from gradscope.models.structure import JacobianStructure, StateBlock
+from gradscope.models.structure import JacobianStructure
 
 TOLERANCE = 1e-4
 L2_EPS = 1e-6  # the library's l2norm on q and k (as FLA's)
@@ -232,19 +232,8 @@ class HFQwen3NextCore(CacheSlots, LibraryCore):
                               rotary_emb=self.model.rotary_emb, norm=norm1p, gated=True)
 
     def jacobian_structure(self) -> JacobianStructure:
-        """One block per entry, but each delta entry one block per value head (``l<i>/delta/h<j>``): a head's
-        block is its own M_t repeated d_v times, which :meth:`diagonal_blocks` gives as an expanded view of
-        one d_k × d_k matrix (no d_v copies in memory: at real size they were GBs a step)."""
-        blocks = []
-        width = self.dv * self.dk
-        for e in self.entries:
-            sl = self._slices[e.name]
-            if e.name.endswith("/delta"):
-                blocks += [StateBlock(f"{e.name}/h{j}", sl.start + j * width, sl.start + (j + 1) * width,
-                                      "block_diagonal", self.dk, self.dv) for j in range(self.Hv)]
-            else:
-                blocks.append(StateBlock(e.name, sl.start, sl.stop, e.form, e.size, e.repeat, e.held))
-        return JacobianStructure(tuple(blocks))
+        """One block per entry, each delta entry one block per head (:meth:`LibraryCore.delta_structure`)."""
+        return self.delta_structure(self.Hv, self.dk, self.dv)
 
     def step_tangents(self, x: Tensor, z: Tensor, dz: Tensor, t: int | None = None,
                       out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
