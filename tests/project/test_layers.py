@@ -7,6 +7,7 @@ the library."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +140,38 @@ def test_no_import_cycles() -> None:
         if node not in state:
             visit(node)
     assert not cycles, "\n".join(" → ".join(c) for c in cycles)
+
+
+# which packages may import each heavy or user-interface library at all (any level); docs/architecture.md says the same
+MAY_IMPORT = {"xarray": {"store", "workflows", "reports", "cli"}, "zarr": {"store"}, "plotly": {"reports"},
+              "typer": {"cli"}, "rich": {"cli"},
+              "torch": {"cli", "workflows", "rates", "store", "train", "files", "analysis", "tasks", "models", "guard"}}
+
+
+def test_each_library_is_imported_only_by_the_packages_the_docs_name() -> None:
+    bad = []
+    for name, tree in modules().items():
+        me = layer(name)
+        for target, line, _ in imports(tree, name, False):
+            lib = target.split(".")[0]
+            if lib in MAY_IMPORT and me not in MAY_IMPORT[lib]:
+                bad.append(f"{name}:{line} imports {target}; only {sorted(MAY_IMPORT[lib])} may")
+    assert not bad, "\n".join(bad)
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for lib, packages in MAY_IMPORT.items():  # the bullet "- **lib**: …" with its continuation lines
+        bullet = re.search(rf"^- \*\*{lib}\*\*(.*\n(?:  .*\n)*)", doc, flags=re.M)
+        assert bullet, f"docs/architecture.md has no line for {lib}"
+        named = set(re.findall(r"`([a-z_]+)(?:/|\.py)`", bullet[1]))
+        assert named == packages, f"docs/architecture.md names {sorted(named)} for {lib}; the code: {sorted(packages)}"
+
+
+def test_the_docs_import_graph_is_the_tests_ranks() -> None:
+    """docs/architecture.md's graph lists every package with the rank this test gives it, no more."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    block = doc.split("## The import graph", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    drawn = {m[2].removesuffix("/").removesuffix(".py"): int(m[1])
+             for m in re.finditer(r"^\s*(-?\d+)\s+(([a-z_]+)(?:/|\.py))\s", block, flags=re.M)}
+    assert drawn == RANK
 
 
 def test_the_checks_can_fail() -> None:
