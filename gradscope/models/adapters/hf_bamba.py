@@ -25,10 +25,10 @@ from types import SimpleNamespace
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_entries, check_position,
+from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
                                                  check_positions, cache_diagonal)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
-from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
+from gradscope.models.adapters.hf_mamba2 import Mamba2HybridCore
 from gradscope.models.adapters.hf_qwen3_next import swiglu
 
 TOLERANCE = 1e-4
@@ -38,17 +38,13 @@ def _norm(module: nn.Module, x: Tensor) -> Tensor:
     return rms(x, module.variance_epsilon) * module.weight
 
 
-class HFBambaCore(CacheSlots, HFMamba2Core):
+class HFBambaCore(Mamba2HybridCore):
     """gradscope core over a transformers ``BambaModel`` (held by reference): the Mamba-2 adapter's SSD step on
     its Mamba layers, attention with its keys and values as state on the others."""
 
     name = "hf-bamba"
     label = "Bamba (transformers)"
     family = "Bamba"
-    position_dependent = True
-    own_cost: dict[str, float] = {}
-    # the Mamba-2 adapter's own products walk every layer as Mamba-2: the generic torch.func ones here
-    step_tangents = step_cotangents = chain_tangents = span_cotangents = None  # type: ignore[assignment]
 
     def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
         cfg = backbone.config

@@ -35,10 +35,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_diagonal, cache_entries,
+from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_diagonal, cache_entries,
                                                  check_position, check_positions)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
-from gradscope.models.adapters.hf_mamba2 import SILU, HFMamba2Core
+from gradscope.models.adapters.hf_mamba2 import SILU, Mamba2HybridCore
 
 TOLERANCE = 1e-4
 
@@ -47,17 +47,13 @@ def _norm(module: nn.Module, x: Tensor) -> Tensor:
     return rms(x, module.variance_epsilon) * module.weight
 
 
-class HFFalconH1Core(CacheSlots, HFMamba2Core):
+class HFFalconH1Core(Mamba2HybridCore):
     """gradscope core over a transformers ``FalconH1Model`` (held by reference): per layer the Mamba-2 adapter's
     SSD step with Falcon-H1's multipliers and attention with its keys and values as state, side by side."""
 
     name = "hf-falcon-h1"
     label = "Falcon-H1 (transformers)"
     family = "Falcon-H1"
-    position_dependent = True
-    own_cost: dict[str, float] = {}
-    # the Mamba-2 adapter's own products walk every layer as a plain Mamba-2 block: the generic torch.func ones here
-    step_tangents = step_cotangents = chain_tangents = span_cotangents = None  # type: ignore[assignment]
 
     def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
         cfg = backbone.config

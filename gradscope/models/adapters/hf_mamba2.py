@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradscope.errors import check
+from gradscope.models.adapters.attention import CacheSlots
 from gradscope.models.adapters.base import (Adapted, Entry, LibraryCore, adapt_backbone, conv_silu_jvp, conv_silu_vjp,
                                             linear_jvp, norm_linear_jvp, rms, rms_jvp, rms_vjp, shift_blocks,
                                             shift_window_jvp, silu_grad)
@@ -541,6 +542,17 @@ class HFMamba2Core(LibraryCore):
             g_in = rms_vjp(h, g_hn, block.norm.variance_epsilon)
             g_h = g_in if g_h is None else g_h + g_in
         return gz_out
+
+
+
+class Mamba2HybridCore(CacheSlots, HFMamba2Core):
+    """The base of a hybrid whose recurrent layers are Mamba-2 (Bamba, Nemotron-H, Falcon-H1, Zamba2): its attention
+    caches are state (:mod:`~gradscope.models.adapters.attention`), the step reads its position, and its Jacobian
+    products are ``torch.func``'s (the hand-derived ones above walk every layer as Mamba-2)."""
+
+    position_dependent = True
+    own_cost: dict[str, float] = {}
+    step_tangents = step_cotangents = chain_tangents = span_cotangents = None  # type: ignore[assignment]
 
 
 def adapt(model: nn.Module) -> Adapted:

@@ -27,10 +27,10 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_entries, check_position,
+from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
                                                  check_positions, cache_diagonal)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
-from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
+from gradscope.models.adapters.hf_mamba2 import Mamba2HybridCore
 
 TOLERANCE = 1e-4
 KINDS = ("linear_attention", "full_attention", "mlp", "moe")
@@ -64,16 +64,12 @@ def moe_step(moe: nn.Module, x: Tensor) -> Tensor:
     return moe.fc2_latent_proj(routed) + relu2_mlp(moe.shared_experts, x)
 
 
-class HFNemotronHCore(CacheSlots, HFMamba2Core):
+class HFNemotronHCore(Mamba2HybridCore):
     """gradscope core over a transformers ``NemotronHModel`` (held by reference)."""
 
     name = "hf-nemotron-h"
     label = "Nemotron-H (transformers)"
     family = "Nemotron-H"
-    position_dependent = True
-    own_cost: dict[str, float] = {}
-    # the Mamba-2 adapter's own products walk every block as Mamba-2: the generic torch.func ones here
-    step_tangents = step_cotangents = chain_tangents = span_cotangents = None  # type: ignore[assignment]
 
     def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
         cfg = backbone.config

@@ -36,10 +36,10 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attend, cache_diagonal, cache_entries,
+from gradscope.models.adapters.attention import (POSITIONS, attend, cache_diagonal, cache_entries,
                                                  check_position, check_positions, rope, rotary, write_slot)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
-from gradscope.models.adapters.hf_mamba2 import HFMamba2Core
+from gradscope.models.adapters.hf_mamba2 import Mamba2HybridCore
 
 TOLERANCE = 1e-4
 KINDS = ("linear_attention", "hybrid")
@@ -54,17 +54,13 @@ def _adapted(proj: nn.Module, adapters: nn.ModuleList | None, j: int, x: Tensor)
     return proj(x) if adapters is None else proj(x) + adapters[j](x)
 
 
-class HFZamba2Core(CacheSlots, HFMamba2Core):
+class HFZamba2Core(Mamba2HybridCore):
     """gradscope core over a transformers ``Zamba2Model`` (held by reference): the Mamba-2 adapter's SSD step on
     every layer, and at the hybrid layers the shared transformer block with its keys and values as state."""
 
     name = "hf-zamba2"
     label = "Zamba2 (transformers)"
     family = "Zamba2"
-    position_dependent = True
-    own_cost: dict[str, float] = {}
-    # the Mamba-2 adapter's own products walk every layer as a plain Mamba-2 layer: the generic torch.func ones here
-    step_tangents = step_cotangents = chain_tangents = span_cotangents = None  # type: ignore[assignment]
 
     def __init__(self, backbone: nn.Module, positions: int = POSITIONS) -> None:
         cfg = backbone.config
