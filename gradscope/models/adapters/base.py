@@ -149,6 +149,12 @@ def rms(x: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def rms_norm(module: nn.Module, x: Tensor) -> Tensor:
+    """A library's RMSNorm module (``weight``, ``variance_epsilon``) in x's dtype: w · x / rms(x) (the libraries
+    round it to float32; this does not)."""
+    return rms(x, module.variance_epsilon) * module.weight
+
+
 def rms_jvp(x: Tensor, dx: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """:func:`rms` and its forward-mode product for tangents dx (…, n) broadcasting against x: with
     r = 1/sqrt(mean(x²) + eps), d(x r) = r dx − x r³ mean(x dx)."""

@@ -27,15 +27,13 @@ from torch import Tensor, nn
 from gradscope.errors import check
 from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_entries, check_position,
                                                  check_positions, cache_diagonal)
-from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
+from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward
+from gradscope.models.adapters.base import rms_norm as _norm
 from gradscope.models.adapters.hf_mamba2 import Mamba2HybridCore
 from gradscope.models.adapters.hf_qwen3_next import swiglu
 
 TOLERANCE = 1e-4
 
-
-def _norm(module: nn.Module, x: Tensor) -> Tensor:
-    return rms(x, module.variance_epsilon) * module.weight
 
 
 class HFBambaCore(Mamba2HybridCore):

@@ -38,13 +38,11 @@ from gradscope.errors import check
 from gradscope.models.adapters.attention import (POSITIONS, attention_step, cache_diagonal, cache_entries,
                                                  check_position, check_positions)
 from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
+from gradscope.models.adapters.base import rms_norm as _norm
 from gradscope.models.adapters.hf_mamba2 import SILU, Mamba2HybridCore
 
 TOLERANCE = 1e-4
 
-
-def _norm(module: nn.Module, x: Tensor) -> Tensor:
-    return rms(x, module.variance_epsilon) * module.weight
 
 
 class HFFalconH1Core(Mamba2HybridCore):

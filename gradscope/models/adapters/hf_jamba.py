@@ -41,16 +41,13 @@ from torch import Tensor, nn
 from gradscope.errors import check
 from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_diagonal, cache_entries,
                                                  check_position, check_positions)
-from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, hf_forward, rms, shift_blocks
+from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, hf_forward, shift_blocks
+from gradscope.models.adapters.base import rms_norm as _norm
 from gradscope.models.adapters.hf_qwen3_next import swiglu
 
 TOLERANCE = 1e-4
 KINDS = ("mamba", "attention")
 
-
-def _norm(module: nn.Module, x: Tensor) -> Tensor:
-    """A ``JambaRMSNorm`` in x's dtype: w · x / rms(x)."""
-    return rms(x, module.variance_epsilon) * module.weight
 
 
 def jamba_moe(moe: nn.Module, x: Tensor) -> Tensor:

@@ -49,6 +49,7 @@ from gradscope.errors import check
 from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, cache_diagonal, check_position,
                                                  check_positions, write_slot)
 from gradscope.models.adapters.base import Adapted, Entry, LibraryCore, TokenMap, conv_pre, hf_forward, rms, shift_blocks
+from gradscope.models.adapters.base import rms_norm as norm
 from gradscope.models.adapters.hf_qwen3_next import l2norm, swiglu
 from gradscope.models.structure import JacobianStructure
 
@@ -56,10 +57,6 @@ TOLERANCE = 1e-4
 LAYERS = ("linear_attention", "full_attention")
 MLPS = ("dense", "sparse")
 
-
-def norm(module: nn.Module, x: Tensor) -> Tensor:
-    """Kimi Linear's RMSNorm in x's dtype: w · x / rms(x)."""
-    return rms(x, module.variance_epsilon) * module.weight
 
 
 def mla_cache_entries(i: int, positions: int, latent: int, rope: int) -> list[Entry]:

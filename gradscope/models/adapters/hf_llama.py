@@ -25,15 +25,12 @@ from torch import Tensor, nn
 from gradscope.errors import check
 from gradscope.models.adapters.attention import (POSITIONS, CacheSlots, attention_step, cache_entries, check_position,
                                                  check_positions, cache_diagonal)
-from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward, rms
+from gradscope.models.adapters.base import Adapted, LibraryCore, TokenMap, hf_forward
+from gradscope.models.adapters.base import rms_norm as norm
 from gradscope.models.adapters.hf_qwen3_next import swiglu
 
 TOLERANCE = 1e-4
 
-
-def norm(module: nn.Module, x: Tensor) -> Tensor:
-    """Llama's RMSNorm in x's dtype: w · x / rms(x)."""
-    return rms(x, module.variance_epsilon) * module.weight
 
 
 class HFLlamaCore(CacheSlots, LibraryCore):
