@@ -50,12 +50,12 @@ def _child_sample(directory: str) -> dict:
     import torch
 
     from gradscope.store.io import write_store
-    from gradscope.workflows.dynamics import DynamicsOptions, core_shape, plan_bytes, run_dynamics
+    from gradscope.workflows.dynamics import DynamicsOptions, core_shape, plan_bytes, run_checkpoint_dynamics
     from gradscope.workflows.dynamics_cost import PROCESS_BYTES
 
     plans = []
     start = time.perf_counter()
-    run = run_dynamics([Path(directory)], DynamicsOptions(), on_plan=plans.append)
+    run = run_checkpoint_dynamics([Path(directory)], DynamicsOptions(), on_plan=plans.append)
     per_part = _per_part(run.plan)
     with tempfile.TemporaryDirectory() as tmp:
         write_store(run.to_xarray(), Path(tmp) / "d.zarr")

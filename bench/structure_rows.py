@@ -4,7 +4,7 @@ dense engine and the machine's bmm/QR roofline at the same shapes. Imported by b
 Rows (all on this machine, float32 models, gradscope's defaults: float64 J·Q/QR/log-sums):
   1. ``gradscope dynamics`` with defaults, every part, on ``sample_checkpoints/s4d-none-s1`` (S4D, H = 128,
      32 complex modes per channel, D = 8,192; 4 checkpoints): the whole workflow in-process
-     (``run_dynamics``), wall time. Dense engine beside it: ``lyapunov_spectrum(engine="dense")`` on the
+     (``run_checkpoint_dynamics``), wall time. Dense engine beside it: ``lyapunov_spectrum(engine="dense")`` on the
      same checkpoint, timed on --dense-steps steps of ONE trajectory and scaled linearly to the default
      8 × 1000 steps × 4 checkpoints (it forms a D × D J_t and QRs it every step). Roofline: one float64
      (1 × D × D)·(D × D) matmul + one QR of D × D, timed once, × the same steps.
@@ -33,7 +33,7 @@ from gradscope.analysis.dynamics import lyapunov_spectrum, trajectory_tokens
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.models import SeqModel
 from gradscope.train import load, train
-from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics, task_trajectories
+from gradscope.workflows.dynamics import DynamicsOptions, run_checkpoint_dynamics, task_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 S4D_SAMPLE = ROOT / "sample_checkpoints" / "s4d-none-s1"
@@ -79,7 +79,7 @@ def paper_s4d_checkpoint(root: Path) -> Path:
 def s4d_rows(path: Path, label: str, dense_steps: int) -> list[tuple[str, str, float, str]]:
     opts = DynamicsOptions()
     files = sorted(path.glob("step-*.pt")) if path.is_dir() else [path]
-    t, run = timed(lambda: run_dynamics([path], opts))
+    t, run = timed(lambda: run_checkpoint_dynamics([path], opts))
     D = load(files[-1]).model.core.state_dim
     work = opts.trajectories * opts.steps * len(files)
     dense = dense_step_seconds(files[-1], dense_steps) * work

@@ -43,7 +43,7 @@ def cores() -> int:
 
 def sequential(spec: Path, out: Path) -> None:
     """The baseline: every point of the spec in this process, one after another, no dask."""
-    from gradscope.workflows.reproduce import Layout
+    from gradscope.workflows.study.reproduce import Layout
     from gradscope.workflows.sweep import plan_points, read_spec, run_point
     parsed = read_spec(spec)
     for point in plan_points(parsed):

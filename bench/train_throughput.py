@@ -45,7 +45,7 @@ from rich.table import Table
 from torch.utils.data import DataLoader, IterableDataset
 
 from gradscope.models import SeqModel
-from gradscope.workflows.lm_study import lm_base, prepare_study_corpus
+from gradscope.workflows.study.lm import lm_base, prepare_study_corpus
 from gradscope.presets import PRESETS
 from gradscope.tasks import Batch, Excluder, build_heldout, make_task, sample_excluding
 from gradscope.tasks.base import IGNORE

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.markup import escape  # paths are text, never markup
 
+from gradscope.workflows.options import TEXT_MAX_LENGTH
 from gradscope.errors import GradscopeError
 from gradscope.workflows.options import AccuracyOptions  # torch-free: --help builds the options from it
 
@@ -91,7 +92,7 @@ def accuracy_command(
     text: Annotated[Optional[Path], Opt(help="A raw UTF-8 text to score a pretrained LM on (with --model hf): perplexity and accuracy by token frequency and position, with bootstrap CIs over paragraphs (docs/real-text.md).")] = None,
     counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency bins (default: the scored text).")] = None,
     tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
-    max_length: Annotated[int, Opt(help="With --text: tokens per row, start token included; longer paragraphs are scored in overlapping windows.")] = 1024,
+    max_length: Annotated[int, Opt(help="With --text: tokens per row, start token included; longer paragraphs are scored in overlapping windows.")] = TEXT_MAX_LENGTH,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (docs/definitions.md §5);
@@ -156,9 +157,9 @@ def text_table(ds: Any) -> Any:
 def text_command(ctx: typer.Context, checkpoints: list[Path], out: Optional[Path], overwrite: bool,
                  settings: dict[str, Any], model_factory: Optional[str], text: Optional[Path],
                  counts_text: Optional[Path], tokenizer: Optional[Path], max_length: int, quiet: bool) -> None:
-    """``accuracy DIR --model hf --text FILE``: parse → gradscope.workflows.text_accuracy → table + store."""
+    """``accuracy DIR --model hf --text FILE``: parse → gradscope.workflows.text.accuracy → table + store."""
     from gradscope.store.io import write_store
-    from gradscope.workflows.text_accuracy import DEFAULT_RESAMPLES, TextAccuracyOptions, run_text_accuracy
+    from gradscope.workflows.text.accuracy import DEFAULT_RESAMPLES, TextAccuracyOptions, run_text_accuracy
 
     if text is None or model_factory is None:
         raise GradscopeError("--text/--model: they go together: gradscope accuracy DIR --model hf --text FILE "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+
 
 import typer
 from rich.console import Console
@@ -83,38 +83,3 @@ def warn(message: str) -> None:
     """One line on stderr: ``warning: message``."""
     from .errors import err_console
     err_console.print(f"warning: {' '.join(message.split())}", markup=False)
-
-
-def old_name(ctx: typer.Context, settings: dict[str, Any], value: Any, old: str, new: str,
-             why: str | None = None) -> None:
-    """An option's old name (hidden, kept for one release): its ``value`` moves into ``settings[new]`` with one
-    warning line (saying ``why`` it was renamed, if given); given with its new name too, one error line."""
-    if value is None:
-        return
-    flag, old_flag = "--" + new.replace("_", "-"), "--" + old.replace("_", "-")
-    if given(ctx, new):
-        raise GradscopeError(f"{flag}: given twice, also as {old_flag} (its old name); give {flag} only")
-    warn(f"{old_flag} is deprecated and will be removed; use {flag}" + (f" ({why})" if why else ""))
-    settings[new] = value
-    # the recorded command (command_line, a store's provenance) names the new flag, which will keep working
-    if new in ctx.params:  # a written option
-        ctx.params[new] = value
-    else:  # a generated one
-        ctx.meta.setdefault(SETTINGS, {})[new] = value
-    ctx.params[old] = None
-
-
-def check_text_source(ctx: typer.Context, command: str, text: Path | None, model_factory: str | None,
-                      config: Path | None, refused: list[str], why: str) -> None:
-    """The rules `stability` and `dynamics` share for their model source: --config goes with a
-    --model-factory weights file; --counts-text and --tokenizer go with --text; --text needs a model with
-    its own tokenizer, and refuses the options named in ``refused`` (``why``: the reason)."""
-    if model_factory is None and config is not None:
-        raise GradscopeError("--config: it goes with --model-factory hf:CLASS and a weights file")
-    if text is None:
-        refuse_given(ctx, ["counts_text", "tokenizer"], "they apply to --text (probes drawn from a raw text)")
-        return
-    if model_factory is None:
-        raise GradscopeError(f"--text: it needs a model with its own tokenizer: gradscope {command} DIR --model hf "
-                             "--text FILE (gradscope lm checkpoints draw their probes from their corpus)")
-    refuse_given(ctx, refused, why)

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gradscope.workflows.study_options import CorpusOptions  # torch-free: --help builds the options from it
+from gradscope.workflows.study.options import CorpusOptions  # torch-free: --help builds the options from it
 
 from .common import SETTINGS, make_console, refuse_given, warn
 from .errors import user_errors

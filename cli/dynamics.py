@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from gradscope.workflows.options import PART_OPTIONS, PROBE_OPTIONS, DynamicsOptions, unread_options  # torch-free: --help builds the options from it
+from gradscope.workflows.options import DynamicsOptions, SourceOptions, set_options, unread_options  # torch-free (--help)
 
-from .common import (SETTINGS, check_out, check_text_source, command_line, default_out, given, make_console,
-                     old_name, refuse_given, warn)
+from .common import SETTINGS, check_out, command_line, default_out, make_console, refuse_given, warn
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -120,82 +119,42 @@ def lyapunov_cells(ds: "xr.Dataset", c: int) -> list[str]:
     return [first, errors, sums, f"{int(np.isneginf(lam).sum(-1).max())} · {int(low.sum(-1).max())}{unconv} of {D}"]
 
 
-# the options of DynamicsOptions (each --<field>, its help and default from the field) are generated
-DynamicsCommand = generated_command(DynamicsOptions, after="overwrite")
+# every option but -o, --overwrite and -q is generated: the sizes and the probes' source (DynamicsOptions) and the
+# model's source (SourceOptions), each --<field> with its help and default from the field
+DynamicsCommand = generated_command(DynamicsOptions, "overwrite", SourceOptions)
 
 
 @user_errors
 def dynamics_command(
     ctx: typer.Context,
-    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint of a run, oldest first).", show_default=False)],
+    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint of a run, oldest first); with --model-factory or --text, one file or directory.", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: dynamics-<name>.zarr).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
-    target_freq: Annotated[Optional[list[str]], Opt("--target-freq", help="Probe target group(s), as in `gradscope stability`.")] = None,
-    disturbant: Annotated[Optional[list[str]], Opt("--disturbant", help="Probe disturbant group(s), as in `gradscope stability`.")] = None,
-    model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) (runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")] = None,
-    config: Annotated[Optional[Path], Opt("--config", help="With --model-factory hf:CLASS and a weights file: the model's config.json.")] = None,
-    length: Annotated[Optional[int], Opt(help="With --model-factory: probe sequence length (default 32); tokens uniform over the embedding's vocabulary.", show_default=False)] = None,
-    token_counts: Annotated[Optional[Path], Opt("--token-counts", help="With --model-factory: counts per token id (.npy, or one per line): steps are classed frequent/rare by them.")] = None,
-    text: Annotated[Optional[Path], Opt(help="With --model hf: probe sequences and Lyapunov trajectories of this raw UTF-8 text's paragraphs, tokenised with the model's own tokenizer; each step classed by its token's frequency in the text (docs/real-text.md). --length is then the row length, start token included (default 32).")] = None,
-    counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency classes (default: --text).")] = None,
-    tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
-    corpus: Annotated[Optional[Path], Opt(help="lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
-    # --lyap-warmup's name before issue #39 (train's --warmup is the learning-rate warm-up), hidden; it warns
-    warmup: Annotated[Optional[int], Opt("--warmup", hidden=True, help="Deprecated: the old name of --lyap-warmup; it will be removed.")] = None,
 ) -> None:
     """Gradient dynamics (docs/definitions.md §7): gradient flow, (t, T) grid, step spectra, gate terms, Lyapunov spectra.
-    The sizes (--parts … --budget-seconds) are DynamicsOptions' fields."""
+    The options are the fields of DynamicsOptions and SourceOptions."""
     import warnings
 
-    from gradscope.errors import GradscopeError
     from gradscope.store.io import write_store
-    from gradscope.workflows.dynamics import run_dynamics, run_factory_dynamics
+    from gradscope.workflows.api import run_dynamics
     from gradscope.workflows.common import DivergedWarning
+    from gradscope.workflows.sources import source_of
 
-    settings = dict(ctx.meta.get(SETTINGS, {}))
-    old_name(ctx, settings, warmup, "warmup", "lyap_warmup", "train's --warmup is the learning-rate warm-up")
-    opts = build_options(DynamicsOptions, settings)  # checked in its __post_init__
-    # an option of a part left out would be recorded and ignored (the rule is the workflow's, unread_options)
-    typed = {n for names in (*PART_OPTIONS.values(), PROBE_OPTIONS) for n in names if given(ctx, n)}
-    unread = unread_options(opts.parts, typed | ({"lyap_warmup"} if warmup is not None else set()), "--parts")
-    if unread is not None:  # refuse_given names those typed: --warmup, the old name, as itself
-        refuse_given(ctx, [*unread[0], *(["warmup"] if "lyap_warmup" in unread[0] else [])], unread[1])
-    if model_factory is not None:
-        refuse_given(ctx, ["target_freq", "disturbant", "corpus"], "a --model-factory model has no task groups or "
-                     "corpus of its own (describe its tokens with --token-counts)")
-    check_text_source(ctx, "dynamics", text, model_factory, config, ["token_counts"],
-                      "with --text the steps are classed by the text's own counts (or --counts-text)")
-    if model_factory is None and (length is not None or token_counts is not None):
-        raise GradscopeError("--length/--token-counts: they describe probes for --model-factory models; "
-                             "a gradscope checkpoint draws its probes from its task")
+    settings = ctx.meta.get(SETTINGS, {})  # every value checked in the dataclasses' __post_init__, first
+    opts = build_options(DynamicsOptions, settings)
+    unread = unread_options(opts.parts, set_options(opts), "--parts")  # an option of a part left out: refused
+    if unread is not None:
+        refuse_given(ctx, unread[0], unread[1])
+    source = source_of(checkpoints, build_options(SourceOptions, settings))
     out_path = out if out is not None else default_out("dynamics", checkpoints[0] if checkpoints else Path("x"))
     check_out(out_path, overwrite)
     with make_progress(console) as progress, warnings.catch_warnings():
         warnings.simplefilter("ignore", DivergedWarning)  # said below, in one line
         bar = progress.add_task("checkpoints", total=None, visible=not quiet)
-        if text is not None:
-            from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text_dynamics
-
-            if len(checkpoints) != 1:
-                raise GradscopeError("checkpoint: with --text give exactly one model directory")
-            source = TextSource(str(text), None if counts_text is None else str(counts_text),
-                                None if tokenizer is None else str(tokenizer))
-            run = run_text_dynamics(checkpoints[0], opts, source, length=length if length is not None else DEFAULT_LENGTH,
-                                    model_factory=model_factory, config=config, command=command_line(ctx),
-                                    on_plan=lambda plan: console.print(plan.describe()))
-        elif model_factory is not None:
-            if len(checkpoints) != 1:
-                raise GradscopeError("checkpoint: with --model-factory give exactly one checkpoint file")
-            run = run_factory_dynamics(model_factory, checkpoints[0], opts, length=length if length is not None else 32,
-                                       token_counts=token_counts, command=command_line(ctx), config=config,
-                                       on_plan=lambda plan: console.print(plan.describe()))
-        else:
-            run = run_dynamics(checkpoints, opts, corpus=corpus, target_freq=tuple(target_freq or ()),
-                               disturbant=tuple(disturbant or ()),
-                               on_start=lambda n: progress.update(bar, total=n),
-                               on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx),
-                               on_plan=lambda plan: console.print(plan.describe()))
+        run = run_dynamics(source, opts, command=command_line(ctx), on_start=lambda n: progress.update(bar, total=n),
+                           on_progress=lambda k: progress.advance(bar, k),
+                           on_plan=lambda plan: console.print(plan.describe()))
     ds = run.to_xarray()
     console.print(dynamics_table(ds))
     write_store(ds, out_path, overwrite=overwrite)

@@ -60,14 +60,18 @@ def field_params(cls: type) -> tuple[Any, ...]:
             flag = f"{flag}/--no-{flag[2:]}"
         default = None if repeat or f.default is dataclasses.MISSING else f.default
         annotation = Annotated[Optional[list[kind]] if repeat else kind if default is not None else Optional[kind],
-                               typer.Option(flag, help=with_names(f.metadata["help"]), show_default=default is not None)]
+                               typer.Option(flag, *f.metadata.get("also", ()), help=with_names(f.metadata["help"]),
+                                            show_default=default is not None)]
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return tuple(click_params(params))
 
 
 def build_options(cls: type, values: dict[str, Any]) -> Any:
-    """``cls`` from the generated options' values (an option left out keeps the field's default)."""
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if v is not None and v not in ([], ())}
+    """``cls`` from the generated options' values, those of its own fields (a command generates the options of
+    several dataclasses; an option left out keeps the field's default)."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()
+             if k in own and v is not None and v not in ([], ())}
     return cls(**given)
 
 

@@ -11,7 +11,7 @@ from rich.markup import escape  # paths are text, never markup
 
 from gradscope.errors import GradscopeError
 
-from gradscope.workflows.study_options import ReportOptions  # torch-free: --help builds the options from it
+from gradscope.workflows.study.options import ReportOptions  # torch-free: --help builds the options from it
 
 from .common import SETTINGS, command_line, make_console, refuse_given
 from .errors import user_errors

@@ -8,18 +8,19 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from gradscope.workflows.options import HF
 from gradscope.errors import GradscopeError
 
-from gradscope.workflows.study_options import StudyOptions, TextStudyOptions  # torch-free: --help builds them
+from gradscope.workflows.study.options import StudyOptions, TextStudyOptions  # torch-free: --help builds them
 
-from .common import SETTINGS, command_line, make_console, old_name, refuse_given
+from .common import SETTINGS, command_line, make_console, refuse_given
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
 from .summarize import summary_table
 
 if TYPE_CHECKING:
-    from gradscope.workflows.reproduce import Layout, PlannedRun
+    from gradscope.workflows.study.reproduce import Layout, PlannedRun
     from rich.table import Table
 
 console = make_console()
@@ -30,7 +31,7 @@ def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
     from rich.table import Table
 
     import torch
-    from gradscope.workflows.reproduce import seconds_per_step
+    from gradscope.workflows.study.reproduce import seconds_per_step
 
     table = Table(title="plan: train → accuracy → stability over checkpoints → summarize → report",
                   title_justify="left")
@@ -67,9 +68,7 @@ def reproduce_command(
     measure: Annotated[bool, Opt(help="With --dry-run: time a few training steps per model to estimate CPU time.")] = True,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
     model_dir: Annotated[Optional[Path], Opt("--model-dir", help="With --text: a pretrained LM's save_pretrained directory, its tokenizer beside it: accuracy, stability and dynamics by token frequency on the text, and the report, into --out (docs/real-text.md).")] = None,
-    model_factory: Annotated[str, Opt("--model-factory", help="With --text: how the --model-dir directory loads: hf or hf:CLASS.")] = "hf",
-    # --model-dir's name before issue #39 (elsewhere --model is --model-factory's short name), hidden; it warns
-    model: Annotated[Optional[Path], Opt("--model", hidden=True, help="Deprecated: the old name of --model-dir; it will be removed.")] = None,
+    model_factory: Annotated[str, Opt("--model-factory", help="With --text: how the --model-dir directory loads: hf or hf:CLASS.")] = HF,
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report;
     with --extend-to, the vocabulary-extension experiment too. With --model-dir DIR --text FILE: a
@@ -77,10 +76,9 @@ def reproduce_command(
     The study's options (--study … --extend-iterations) are StudyOptions' fields, the text study's (--text …
     --budget-seconds) TextStudyOptions'."""
     settings = ctx.meta.get(SETTINGS, {})
-    old_name(ctx, ctx.params, model, "model", "model_dir", "--model names a model factory elsewhere")
     model_dir = ctx.params["model_dir"]
     study_fields = {f.name for f in dataclasses.fields(StudyOptions)}
-    text_options = ["model_dir", "model", "model_factory",
+    text_options = ["model_dir", "model_factory",
                     *(f.name for f in dataclasses.fields(TextStudyOptions) if "help" in f.metadata)]
     text_fields = {f.name for f in dataclasses.fields(TextStudyOptions)}
     text = settings.get("text")
@@ -96,7 +94,7 @@ def reproduce_command(
         text_study(model_dir, opts, model_factory, out, command_line(ctx), quiet)
         return
     refuse_given(ctx, text_options, "they go with --model-dir DIR --text FILE (a pretrained LM on raw text)")
-    from gradscope.workflows.reproduce import plan_study, run_study
+    from gradscope.workflows.study.reproduce import plan_study, run_study
 
     if not dry_run:
         refuse_given(ctx, ["measure"], "it goes with --dry-run")
@@ -137,10 +135,10 @@ def reproduce_command(
 
 def text_study(model_dir: Path, opts: TextStudyOptions, model_factory: str, out: Path, command: str,
                quiet: bool) -> None:
-    """``reproduce --model-dir DIR --text FILE``: gradscope.workflows.text_study, then the report."""
+    """``reproduce --model-dir DIR --text FILE``: gradscope.workflows.text.study, then the report."""
     from rich.markup import escape
 
-    from gradscope.workflows.text_study import reproduce_text
+    from gradscope.workflows.text.study import reproduce_text
 
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
     study = reproduce_text(model_dir, fields.pop("text"), out=out, model_factory=model_factory, command=command,

@@ -11,9 +11,9 @@ import typer
 from rich.markup import escape  # store labels and paths are text, never markup
 
 from gradscope.errors import GradscopeError
-from gradscope.workflows.options import SummarizeOptions  # torch-free: --help builds the options from it
+from gradscope.workflows.options import UNITS, SummarizeOptions  # torch-free: --help builds the options from it
 
-from .common import SETTINGS, command_line, default_out, make_console, old_name, refuse_given
+from .common import SETTINGS, command_line, default_out, make_console, refuse_given
 from .errors import user_errors
 from .generated import build_options, generated_command
 
@@ -30,7 +30,7 @@ def _num(x: float) -> str:
     return "nan" if x != x else f"{x:.3f}"
 
 
-def n_text(e: SummaryEntry, kind: str, unit: str = "trial") -> str:
+def n_text(e: SummaryEntry, kind: str, unit: str = UNITS[0]) -> str:
     """Values used, and what was NaN and left out, counted, never averaged in silently: trials
     (+k NaN) and, with the trial unit, the units within the trials (stability: triplets)."""
     iv, name = e.interval, "triplet" if kind == "stability" else "unit"
@@ -86,8 +86,6 @@ def training_tables(comparisons: list[TrainingComparison], field: str, confidenc
     """Per contrast and metric: the seed-level difference b − a at every checkpoint; then the test of
     whether it opens, one row per contrast and metric."""
     from rich.table import Table
-
-    from gradscope.analysis.trend import VERDICT_TEXT
 
     tables = []
     for c in comparisons:
@@ -155,8 +153,6 @@ def summarize_command(
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Summary zarr store (default: summary-<kind>.zarr). With both kinds: <stem>-<kind>.zarr each.")] = None,
     csv: Annotated[Optional[Path], Opt(help="Also write the table as CSV (with both kinds: <stem>-<kind>.csv each).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store or CSV.")] = False,
-    # --interval's name before issue #39 (stability's --method is the Jacobian engine), hidden; it warns
-    method: Annotated[Optional[str], Opt("--method", hidden=True, help="Deprecated: the old name of --interval; it will be removed.")] = None,
 ) -> None:
     """Combine stores of several runs: group by config, treat seeds as trials, bootstrap CIs; with
     --checkpoints all --compare FIELD, two arms over training with a seed-level test."""
@@ -164,7 +160,6 @@ def summarize_command(
     from gradscope.workflows.summarize import plan_summary
 
     settings = dict(ctx.meta.get(SETTINGS, {}))
-    old_name(ctx, settings, method, "method", "interval", "stability's --method is the Jacobian engine")
     opts = build_options(SummarizeOptions, settings)  # every value checked in its __post_init__
     kinds = store_kinds(expand_store_paths(stores, opts.kind))
     if "stability" not in kinds:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -11,9 +10,9 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from gradscope.workflows.study_options import ClusterOptions  # torch-free: --help builds the options from it
+from gradscope.workflows.study.options import ClusterOptions  # torch-free: --help builds the options from it
 
-from .common import SETTINGS, command_line, make_console, warn
+from .common import SETTINGS, command_line, make_console
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -44,12 +43,11 @@ def _previous(out: Path, spec: SweepSpec) -> dict[str, dict[str, Any]]:
     """The points an earlier run of this sweep recorded, by name; refuses a sweep directory whose
     analyses differ from this spec's (their stores would mix settings)."""
     from gradscope.store.manifest import manifest_path, read_manifest
-    from gradscope.workflows.sweep import recorded_analyses
 
     if manifest_path(out) is None:
         return {}
     doc = read_manifest(out)
-    if doc.get("analyses") is not None and recorded_analyses(doc["analyses"]) != spec.analyses.describe():
+    if doc.get("analyses") is not None and doc["analyses"] != spec.analyses.describe():
         raise GradscopeError(f"--out: {out} holds a sweep whose analyses ([accuracy]/[stability]) differ from this "
                              f"spec's; its stores would mix settings. Choose another --out or restore the spec")
     return {e.get("name"): e for e in doc["points"]}
@@ -71,20 +69,13 @@ def sweep_command(
     run (--scheduler … --retries) is ClusterOptions' fields."""
     from gradscope.store.manifest import write_manifest
     from gradscope.workflows.cluster import check_workers, dashboard_link, open_client, run_sweep, Tally
-    from gradscope.workflows.reproduce import Layout
+    from gradscope.workflows.study.reproduce import Layout
     from gradscope.workflows.sweep import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
     opts = build_options(ClusterOptions, ctx.meta.get(SETTINGS, {}))  # checked first, in its __post_init__
     if opts.scheduler is None and opts.workers is not None:
         check_workers(opts)  # the memory of the workers asked for, before the spec is read or anything written
-    with warnings.catch_warnings(record=True) as said:  # an old setting name in the spec: one line each
-        warnings.simplefilter("always", DeprecationWarning)
-        spec = read_spec(spec_file)
-    for w in said:
-        if issubclass(w.category, DeprecationWarning):
-            warn(f"{spec_file}: {w.message}")
-        else:
-            warnings.warn(w.message, w.category, stacklevel=1)
+    spec = read_spec(spec_file)
     points = plan_points(spec)
     out = out if out is not None else Path(f"sweep-{spec.name}")  # the name is one plain component
     if out.exists() and not out.is_dir():

@@ -13,7 +13,7 @@ from typer.core import TyperCommand
 
 from gradscope.errors import GradscopeError
 
-from .common import SETTINGS, command_line, make_console, old_name, warn
+from .common import SETTINGS, command_line, make_console, warn
 from .errors import user_errors
 from .progress import make_progress
 
@@ -153,9 +153,6 @@ def extension_run_config(parent: Path, options: dict[str, Any], new_item_share: 
     return extension_config(parent, given["vocab_size"], new_item_share=new_item_share, train=train, task=task)
 
 
-OLD = "Deprecated: the old name of --{}; it will be removed."
-
-
 @user_errors
 def train_command(
     ctx: typer.Context,
@@ -169,24 +166,14 @@ def train_command(
     new_item_share: Annotated[Optional[float], Opt(help="--extend-from: probability that a position holds a new item (default: uniform over all items, as the paper did).", parser=_float, metavar="<float>")] = None,
     stop_after: Annotated[Optional[int], Opt(help="Stop after this many iterations in this invocation (checkpointed; continue with --resume).", parser=_int, metavar="<int>")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
-    # the settings' names before issue #39 (gradscope.presets.RENAMED_SETTINGS), hidden; each prints a warning
-    model: Annotated[Optional[str], Opt(hidden=True, help=OLD.format("core"))] = None,
-    layers: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("num-layers"), parser=_int, metavar="<int>")] = None,
-    embed: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("embed-size"), parser=_int, metavar="<int>")] = None,
-    hidden: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("hidden-size"), parser=_int, metavar="<int>")] = None,
-    vocab: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("vocab-size"), parser=_int, metavar="<int>")] = None,
-    heldout: Annotated[Optional[int], Opt(hidden=True, help=OLD.format("heldout-size"), parser=_int, metavar="<int>")] = None,
 ) -> None:
     """Train a model on a synthetic task, writing a run directory with checkpoints. Every setting
     (--core, --hidden-size, --vocab-size, …) is named as its config field, as in sweep specs."""
     from gradscope.guard import as_int
-    from gradscope.presets import PRESETS, RENAMED_SETTINGS, build_config
+    from gradscope.presets import PRESETS, build_config
     from gradscope.train.loop import UnstartedRunWarning, is_run_dir, read_run_config, train
 
     options: dict[str, Any] = dict(ctx.meta.get(SETTINGS, {}))
-    old = {"model": model, "layers": layers, "embed": embed, "hidden": hidden, "vocab": vocab, "heldout": heldout}
-    for name, value in old.items():
-        old_name(ctx, options, value, name, RENAMED_SETTINGS[name])
     options.update(beta1=beta1, beta2=beta2)
     if max_length is not None:
         if options.get("length") is not None and options["length"] != max_length:

@@ -5,14 +5,17 @@ command line start fast):
 
 - :func:`load` — a gradscope or paper checkpoint (or a run directory's latest) → :class:`Loaded`;
 - :func:`wrap` — a user's ``nn.RNN``/``nn.GRU``/``nn.LSTM`` or protocol core → a model gradscope analyses;
-- workflows, one signature shape ``(source, *, options…) → xarray.Dataset`` (a store's variables;
-  ``source`` a path, a :class:`Loaded` or a model in memory; options named as the CLI's flags):
+- workflows, one signature shape ``(source, *, opts=None, **overrides) → xarray.Dataset`` (a store's variables;
+  ``source`` a path, a :class:`Loaded`, a model in memory or :func:`source`; ``opts`` the command's options
+  dataclass, ``overrides`` its fields, named as the CLI's flags):
   :func:`stability`, :func:`accuracy`, :func:`dynamics`, :func:`summarize` (``source``: stores);
 - :func:`text_accuracy` — a pretrained causal LM (a ``save_pretrained`` directory) on raw text:
   perplexity and accuracy by token frequency and position (docs/real-text.md);
-- :func:`text_stability`, :func:`text_dynamics` — the same model's gradient stability and dynamics on
-  probes drawn from the text, by token frequency (docs/real-text.md); :func:`reproduce_text` all three
-  into one folder (``gradscope reproduce --model-dir DIR --text FILE`` adds the report);
+- :func:`source` — what a command analyses, resolved once: checkpoints, a model in memory, a model factory's
+  model, or a transformers model on a raw text (``gradscope.stability(DIR, model_factory="hf", text=FILE)``:
+  its gradient stability on probes drawn from the text, by token frequency; docs/real-text.md);
+  :func:`reproduce_text` accuracy, stability and dynamics of a model on a text into one folder
+  (``gradscope reproduce --model-dir DIR --text FILE`` adds the report);
 - :func:`reproduce` — the whole synthetic or lm study (train vanilla and PE × seeds, accuracy,
   stability, summaries; ``gradscope reproduce`` adds the report), options :class:`StudyOptions`;
 - tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`, and the
@@ -42,13 +45,11 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name i
     from gradscope.tasks.probes import Probes, frequency_groups, make_probes
     from gradscope.version import __version__
     from gradscope.workflows.accuracy import accuracy
-    from gradscope.workflows.dynamics import dynamics
-    from gradscope.workflows.stability import stability
+    from gradscope.workflows.api import dynamics, source, stability
     from gradscope.workflows.summarize import summarize
-    from gradscope.workflows.text_accuracy import text_accuracy
-    from gradscope.workflows.text_probes import text_dynamics, text_stability
-    from gradscope.workflows.reproduce import StudyOptions, reproduce
-    from gradscope.workflows.text_study import reproduce_text
+    from gradscope.workflows.text.accuracy import text_accuracy
+    from gradscope.workflows.study.reproduce import StudyOptions, reproduce
+    from gradscope.workflows.text.study import reproduce_text
 
 _EXPORTS = {
     "__version__": "gradscope.version",
@@ -58,12 +59,11 @@ _EXPORTS = {
     "jvp_products": "gradscope.analysis.jacobian", "vjp_products": "gradscope.analysis.jacobian",
     "probe_stability": "gradscope.analysis.stability", "StabilityResult": "gradscope.analysis.stability",
     "lyapunov_spectrum": "gradscope.analysis.lyapunov", "LyapunovResult": "gradscope.analysis.lyapunov",
-    "stability": "gradscope.workflows.stability", "dynamics": "gradscope.workflows.dynamics",
+    "stability": "gradscope.workflows.api", "dynamics": "gradscope.workflows.api", "source": "gradscope.workflows.api",
     "accuracy": "gradscope.workflows.accuracy", "summarize": "gradscope.workflows.summarize",
-    "text_accuracy": "gradscope.workflows.text_accuracy",
-    "text_stability": "gradscope.workflows.text_probes", "text_dynamics": "gradscope.workflows.text_probes",
-    "reproduce_text": "gradscope.workflows.text_study",
-    "reproduce": "gradscope.workflows.reproduce", "StudyOptions": "gradscope.workflows.reproduce",
+    "text_accuracy": "gradscope.workflows.text.accuracy",
+    "reproduce_text": "gradscope.workflows.text.study",
+    "reproduce": "gradscope.workflows.study.reproduce", "StudyOptions": "gradscope.workflows.study.reproduce",
     "Probes": "gradscope.tasks.probes", "make_probes": "gradscope.tasks.probes",
     "frequency_groups": "gradscope.tasks.probes",
     "ModelConfig": "gradscope.config", "RunConfig": "gradscope.config", "TaskConfig": "gradscope.config",
@@ -71,8 +71,8 @@ _EXPORTS = {
 }
 __all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedModel", "state_jacobian",
            "JacobianResult", "jvp_products", "vjp_products", "probe_stability", "StabilityResult", "lyapunov_spectrum",
-           "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "text_accuracy", "text_stability",
-           "text_dynamics", "reproduce_text", "reproduce", "StudyOptions", "Probes", "make_probes",
+           "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "source", "text_accuracy",
+           "reproduce_text", "reproduce", "StudyOptions", "Probes", "make_probes",
            "frequency_groups",
            "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/test_startup.py)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import MAX_SEED, from_dict, option
+from gradscope.fields import DEFAULT_DEVICE, MAX_SEED, from_dict, option
 from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown, text
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES
@@ -22,6 +22,7 @@ from gradscope.tasks.registry import TASKS
 
 MAX_ITERATIONS = 2**62  # iterations and cadences (counts of options: workflows.common.MAX_COUNT)
 DECODINGS = ("none", "teacher", "autoregressive")  # TrainConfig.decoding
+DECODING = "none"  # the output phase reads query tokens unless told: the standard (non-feedback) model
 DEVICE = re.compile(r"auto|(cpu|cuda|mps|xpu)(:\d+)?")
 __all__ = ["CORES", "DECODINGS", "DISTRIBUTIONS", "ExtendConfig", "PE_COMBINE", "PE_TYPES", "TASKS", "ModelConfig",
            "RunConfig", "TaskConfig", "TrainConfig", "from_dict"]
@@ -44,12 +45,12 @@ class TrainConfig:
     checkpoint_every: int = option(5000, "Write a checkpoint every N iterations.")
     log_every: int = option(100, "Log metrics every N iterations.")
     seed: int = option(111, "Seed for initialisation, held-out data and batches.")
-    device: str = option("auto", "auto (cuda when present), cpu, cuda or cuda:N.")
+    device: str = option(DEFAULT_DEVICE, "auto (cuda when present), cpu, cuda or cuda:N.")
     threads: int = option(0, "torch CPU threads (0 = torch's default).")  # torch intra-op threads
     # How the output phase is fed (paper App. B.2): none = query tokens (the standard model); teacher
     # = the previous ground-truth token (a feedback model trained teacher-forced, as the paper did);
     # autoregressive = the model's own previous prediction (free-running training).
-    decoding: str = option("none", "Output-phase input: none (query tokens), or a feedback model fed the previous "
+    decoding: str = option(DECODING, "Output-phase input: none (query tokens), or a feedback model fed the previous "
                                    "token: teacher (ground truth, as the paper trained) or autoregressive (its own "
                                    "prediction).")
 

@@ -32,13 +32,15 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
 
 
 def option(default: Any, help: str, *, short: str | None = None, alias: str | None = None,
-           low: float | None = None, high: float | None = None, flag: str | None = None) -> Any:
+           low: float | None = None, high: float | None = None, flag: str | None = None,
+           also: tuple[str, ...] = ()) -> Any:
     """A config field that is also a user-facing setting: ``gradscope train --<name>``, a sweep axis,
     a summary field (``--by <alias>``) and a report label (``<short>=value``). ``low``/``high``: the
     range the CLI's help states (the config's own checks enforce it). ``flag``: the setting's name
-    where it is not the field's own (the task's ``name`` is ``--task``, as its errors say)."""
+    where it is not the field's own (the task's ``name`` is ``--task``, as its errors say); ``also``: more
+    spellings of the flag (``--model`` for ``--model-factory``)."""
     return dataclasses.field(default=default, metadata={"help": help, "short": short, "alias": alias,
-                                                        "range": (low, high), "flag": flag})
+                                                        "range": (low, high), "flag": flag, "also": also})
 
 
 # --- the values options take, declared once and torch-free (a command's --help reads them) ---------
@@ -120,3 +122,23 @@ def check_seconds(value: Any, what: str) -> None:
     """A time budget from outside: a positive, finite number of seconds (not a bool)."""
     check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf,
           f"{what}: got {value!r}; it must be a positive number of seconds")
+
+
+# --- default values of settings that several functions and options take, declared once ---------------
+
+DEFAULT_DEVICE = "auto"  # where models run: cuda when present, else cpu (gradscope.train.device.resolve_device)
+RESAMPLES = 10_000  # bootstrap resamples of a confidence interval
+CONFIDENCE = 0.95  # the level of confidence intervals (bootstrap and Student t)
+INTERVAL = "percentile"  # the bootstrap interval method (one of INTERVALS): the paper's
+DEFAULT_SCORE = "default"  # the stability score shown and summarized (one of SCORE_KINDS)
+BAND = "seeds"  # what the report's stability band is over (one of BANDS)
+SUMMARY_CHECKPOINTS = "last"  # which checkpoints of a store summarize reads (one of CHECKPOINTS)
+EQUIVALENCE_MARGIN = 0.05  # the trend test's "no effect" margin: both t-intervals inside ±margin
+JACOBIAN_METHOD = "auto"  # the Jacobian engine: analytic where the core has one, else vjp (or one of ENGINES)
+JACOBIAN_CHUNK = 64  # sequences whose Jacobians (or gradient-flow chains) are computed at once (bounds memory)
+ESTIMATOR = "auto"  # exact stability Jacobians where they fit the budget, else a sketch (one of ESTIMATORS)
+CHECKPOINT_BUDGET_SECONDS = 600.0  # estimated time allowed per checkpoint before exact gives way to a sketch
+PREDICT_CHUNK = 1024  # held-out sequences per forward pass when predicting (bounds the working memory)
+RARITY = 0.125  # dual distribution: the probability that a position holds a Rare token (docs/definitions.md §3)
+DT_MIN = 1e-3  # S4D and Mamba: the smallest initial step size Δ (log-uniform in [DT_MIN, DT_MAX])
+DT_MAX = 1e-1  # S4D and Mamba: the largest initial step size Δ

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,10 +88,6 @@ class Setting:
 
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
-# the settings' names before issue #39 gave them their fields' names; accepted for one release, with a
-# DeprecationWarning (`gradscope train` prints one warning line naming the new flag)
-RENAMED_SETTINGS = {"model": "core", "layers": "num_layers", "embed": "embed_size", "hidden": "hidden_size",
-                    "vocab": "vocab_size", "heldout": "heldout_size"}
 BETAS = ("beta1", "beta2")  # TrainConfig.betas, one setting per value
 
 
@@ -119,7 +114,7 @@ def settings() -> dict[str, Setting]:
 
     def add(setting: Setting) -> None:
         taken = out[setting.name].section if setting.name in out else \
-            "train" if setting.name in BETAS else "an old name" if setting.name in RENAMED_SETTINGS else None
+            "train" if setting.name in BETAS else None
         if taken is not None:
             raise GradscopeError(f"setting {setting.name}: declared by {setting.section} and {taken}; a setting's "
                                  f"name must be unique across sections (and the cores' own options)")
@@ -133,21 +128,6 @@ def settings() -> dict[str, Setting]:
                             with_choices(f.metadata["help"]), low, high))
     for name, o in core_options().items():
         add(Setting(name, "core", name, o.kind, o.help, o.low, o.high, o.cores))
-    return out
-
-
-def renamed(options: dict[str, Any], stacklevel: int = 3) -> dict[str, Any]:
-    """``options`` with every old setting name (:data:`RENAMED_SETTINGS`) given replaced by its new
-    one, each with a DeprecationWarning; an old and a new name of one setting together are an error."""
-    out = dict(options)
-    for old, new in RENAMED_SETTINGS.items():
-        if out.get(old) is None:
-            out.pop(old, None)
-            continue
-        check(out.get(new) is None, f"{new}: given twice, also as {old} (its old name); give {new} only")
-        warnings.warn(f"the setting {old} is now {new}, as its config field; {old} will be removed",
-                      DeprecationWarning, stacklevel=stacklevel)
-        out[new] = out.pop(old)
     return out
 
 
@@ -166,10 +146,9 @@ def _checked(name: str, value: Any, default: Any) -> Any:
 
 def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
     """Preset values, overridden by every option given (names as in :func:`settings`, plus beta1
-    and beta2; the old names of :data:`RENAMED_SETTINGS` with a DeprecationWarning); the model's
+    and beta2); the model's
     vocabulary and PE length are sized to the task. An error names the setting, as its field."""
     check(preset in PRESETS, f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
-    options = renamed(options)
     unknown = sorted(set(options) - set(settings()) - set(BETAS))  # a misspelt name was silently ignored
     check(not unknown, f"{unknown[0] if unknown else ''}: not a setting of a run; valid settings are "
                        f"{', '.join([*settings(), *BETAS])}")

@@ -13,7 +13,7 @@ from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapu
                                       lyapunov_spectra, radius_samples)
 from gradscope.store.accuracy import family_sections, store_family
 from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples
-from gradscope.workflows.study_options import STATIC_FORMATS, ReportOptions  # declared torch-free (report --help)
+from gradscope.workflows.study.options import STATIC_FORMATS, ReportOptions  # declared torch-free (report --help)
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
 from .experiment_figures import KINDS as EXPERIMENT_KINDS, position_figure

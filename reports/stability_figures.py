@@ -8,10 +8,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gradscope.store.inputs import StabilityPoint
+from gradscope.store.inputs import CONFIDENCE, DEFAULT_SCORE, StabilityPoint
 
 from .style import NUM, WIDTH, finish, finite_or_none, palette_for, rgba, text_px
 
+LAST_CHECKPOINT = "last checkpoint"  # where the per-triplet figures are drawn unless told (their titles say it)
 PAIR_SHORT = {"same-target": "same-target pairs", "same-suffix": "same-suffix pairs"}
 PAIR_TEXT = {"same-target": "same-target pairs (shared prefix and target)",
              "same-suffix": "same-suffix pairs (shared suffix)"}
@@ -27,7 +28,7 @@ def condition_text(condition: str) -> str:
     return f"target {target} · disturbant {disturbant}"
 
 
-def stability_figure(points: list[StabilityPoint], score: str = "default", confidence: float = 0.95,
+def stability_figure(points: list[StabilityPoint], score: str = DEFAULT_SCORE, confidence: float = CONFIDENCE,
                      palette: dict[str, str] | None = None, details: dict[str, str] | None = None) -> go.Figure:
     """Figure 5 as the paper draws it: mean stability score vs training iteration, one panel per
     condition (rows) and pair kind (columns), one line per configuration with its CI band (over seeds
@@ -102,8 +103,8 @@ def _seed_lines(fig: go.Figure, pts: list[StabilityPoint], label: str, color: st
                                                 f"%{{y{NUM}}}<extra></extra>")), row, col)
 
 
-def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], score: str = "default",
-                        where: str = "last checkpoint", palette: dict[str, str] | None = None,
+def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], score: str = DEFAULT_SCORE,
+                        where: str = LAST_CHECKPOINT, palette: dict[str, str] | None = None,
                         details: dict[str, str] | None = None) -> go.Figure:
     """Box plots of per-triplet scores per condition (x), one box per configuration (colour:
     vanilla vs PE), one column per pair (same-target, same-suffix)."""
@@ -139,7 +140,7 @@ def distribution_figure(samples: dict[str, dict[tuple[str, str], np.ndarray]], s
                        f"dashed: mean)", 480, "configuration")
 
 
-def spectra_figure(spectra: dict[str, dict[str, tuple[np.ndarray, int]]], where: str = "last checkpoint",
+def spectra_figure(spectra: dict[str, dict[str, tuple[np.ndarray, int]]], where: str = LAST_CHECKPOINT,
                    palette: dict[str, str] | None = None, details: dict[str, str] | None = None) -> go.Figure:
     """Mean singular values σ_k of the Jacobians ∂h_2L/∂z_p vs k, log y: one panel per condition,
     one line per configuration (colour: vanilla vs PE)."""

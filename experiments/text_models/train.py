@@ -1,7 +1,7 @@
 """Issue #38 part 4: a small Mamba and a small RWKV, built from configs and trained briefly on
 CPython's documentation help topics, for `gradscope accuracy --model hf --text` (docs/real-text.md).
 
-The text is the lm study's tiny corpus (``gradscope.workflows.lm_study.tiny_raw_text``: this Python's
+The text is the lm study's tiny corpus (``gradscope.workflows.study.lm.tiny_raw_text``: this Python's
 ``pydoc_data/topics.py``, part of CPython, PSF License Agreement), split by paragraph exactly as that
 study splits it (``split_paragraphs(n, 0.05, 0.05, seed=0)``): the train split trains the tokenizer
 and the model; the valid and test splits together are the held-out text that is only evaluated.
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from gradscope.corpus.text import paragraphs, split_paragraphs
-from gradscope.workflows.lm_study import TINY_SOURCE, tiny_raw_text
+from gradscope.workflows.study.lm import TINY_SOURCE, tiny_raw_text
 
 ROOT = Path(__file__).resolve().parents[2] / "runs" / "text_models"
 EOT = "<|endoftext|>"  # the start (BOS) and end (EOS) token: GPT-style, one document separator

@@ -16,11 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from gradscope.errors import check
-from gradscope.fields import INTERVALS, MAX_RESAMPLES  # declared with the options
+from gradscope.fields import CONFIDENCE, INTERVAL, INTERVALS, MAX_RESAMPLES, RESAMPLES  # declared with the options
 
 METHODS = INTERVALS  # the interval methods, declared with the options
 FEW_TRIALS = 10  # below this, bootstrap intervals under-cover noticeably (see module docstring)
 MAX_ELEMENTS = 1 << 24  # resample values held at once (~128 MiB float64); bounds token-level resampling
+# random rearrangements of a Monte Carlo permutation test (scipy's own default): the observed statistic
+# counts among them, p = (k + 1) / (PERMUTATIONS + 1), so p-values are multiples of 1/10,000
+PERMUTATIONS = 9_999
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class Interval:
     n: int
     nan: int
     note: str = ""
-    method: str = "percentile"
+    method: str = INTERVAL
     few: bool = False
 
 
@@ -64,8 +67,8 @@ def _join(*notes: str) -> str:
     return "; ".join(n for n in notes if n)
 
 
-def confidence_interval(values: np.ndarray, *, method: str = "percentile", confidence: float = 0.95,
-                        resamples: int = 10_000, seed: int = 0) -> Interval:
+def confidence_interval(values: np.ndarray, *, method: str = INTERVAL, confidence: float = CONFIDENCE,
+                        resamples: int = RESAMPLES, seed: int = 0) -> Interval:
     """Mean of a sample (any shape, flattened to (n,)) and a two-sided confidence interval for it.
 
     "percentile", "bca", "basic": scipy.stats.bootstrap with ``resamples`` resamples drawn from
@@ -107,8 +110,8 @@ def confidence_interval(values: np.ndarray, *, method: str = "percentile", confi
     return Interval(mean, low, high, n, nan, _join(bad, few_note), method, few)
 
 
-def bootstrap_mean(values: np.ndarray, *, confidence: float = 0.95, resamples: int = 10_000, seed: int = 0,
-                   method: str = "percentile") -> Interval:
+def bootstrap_mean(values: np.ndarray, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = 0,
+                   method: str = INTERVAL) -> Interval:
     """Mean and bootstrap CI of a sample; `confidence_interval` with the bootstrap as default."""
     return confidence_interval(values, method=method, confidence=confidence, resamples=resamples, seed=seed)
 
@@ -173,7 +176,7 @@ def _run(data: tuple[np.ndarray, np.ndarray], statistic, permutation_type: str, 
 
 
 def paired_permutation_test(a: np.ndarray, b: np.ndarray, *, seed: int = 0,
-                            resamples: int = 9_999) -> PermutationResult:
+                            resamples: int = PERMUTATIONS) -> PermutationResult:
     """Paired two-sided permutation (sign-flip) test of mean(a − b) = 0, e.g. PE vs vanilla at equal seeds.
 
     a, b (n,) values of the same n units (pair i = seed i). scipy.stats.permutation_test with
@@ -195,7 +198,8 @@ def paired_permutation_test(a: np.ndarray, b: np.ndarray, *, seed: int = 0,
     return PermutationResult(mean_diff, effect, "d_z", p, n, n, nan, True, exact, size, min_p, note)
 
 
-def permutation_test(a: np.ndarray, b: np.ndarray, *, seed: int = 0, resamples: int = 9_999) -> PermutationResult:
+def permutation_test(a: np.ndarray, b: np.ndarray, *, seed: int = 0,
+                     resamples: int = PERMUTATIONS) -> PermutationResult:
     """Unpaired two-sided permutation test of mean(a) = mean(b) for independent groups (sizes may differ).
 
     scipy.stats.permutation_test with permutation_type="independent" reassigns the pooled values to

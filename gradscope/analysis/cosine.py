@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from gradscope.errors import check
+from gradscope.fields import CONFIDENCE, RESAMPLES
 
 
 def cosine_similarity(preds: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -21,7 +22,7 @@ def cosine_similarity(preds: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     return torch.where(norms > 0, dot / norms, torch.full_like(dot, float("nan")))
 
 
-def position_mean_ci(values: np.ndarray, *, confidence: float = 0.95, resamples: int = 10_000,
+def position_mean_ci(values: np.ndarray, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                      seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean over rows of ``values`` (n, P) per column and its percentile-bootstrap interval,
     resampling rows (sequences) with scipy, ``seed``-ed: (mean, low, high), each (P,). Columns with

@@ -33,6 +33,7 @@ from gradscope.analysis.reduce import fro64, gram_blocks, norm64
 from gradscope.analysis.scores import finite_only
 from gradscope.analysis.tape import StateTape, state_at
 from gradscope.errors import GradscopeError, check
+from gradscope.fields import JACOBIAN_CHUNK, RARITY
 from gradscope.models.core import diagonal_blocks, gate_terms, initial_state, scan, step_at, step_jacobian
 from gradscope.models.structure import JacobianStructure, structure_of
 from gradscope.tasks.vocab import sample_tokens
@@ -116,7 +117,7 @@ def _diag_right(form: str, G: Tensor, d: Tensor) -> Tensor:
 
 
 def gradient_flow(model: nn.Module, tokens: Tensor, T: int | None = None, *, method: str = "auto",
-                  chunk: int = 64) -> tuple[Tensor, Tensor]:
+                  chunk: int = JACOBIAN_CHUNK) -> tuple[Tensor, Tensor]:
     """g(k) = ‖∂y_T/∂z_k‖ for every k = 1 … T, per sequence (docs/definitions.md §7 "gradient flow").
 
     model: anything with a protocol ``core`` and ``core_inputs`` (``gradscope.load(...).model``,
@@ -342,7 +343,7 @@ def _radius_from_blocks(core: nn.Module, structure: JacobianStructure, x_t: Tens
 # Inputs for long trajectories
 
 def trajectory_tokens(vocab_size: int, T: int, n: int, seed: int, distribution: str = "dual",
-                      rarity: float = 0.125) -> Tensor:
+                      rarity: float = RARITY) -> Tensor:
     """Token ids (n, T) drawn i.i.d. from the task's vocabulary distribution (docs/definitions.md §3, through
     :func:`gradscope.tasks.vocab.sample_tokens` with its own ``torch.Generator`` seeded ``seed``):
     ``uniform`` over K = ``vocab_size``, or ``dual``: Rare (upper half) with probability ``rarity``.

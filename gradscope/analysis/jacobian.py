@@ -44,9 +44,11 @@ import torch
 from torch import Tensor, nn
 from torch.func import jacrev, jvp, vjp, vmap
 
-from gradscope.fields import ENGINES
+from gradscope.fields import ENGINES, JACOBIAN_CHUNK, JACOBIAN_METHOD
 from gradscope.errors import GradscopeError, check
 from gradscope.models.core import chain_tangents, initial_state, scan, step_at
+
+PRODUCT_CHUNK = 8  # sequences whose matrix-free products (jvp_products, vjp_products) run at once
 
 
 @dataclass(frozen=True)
@@ -177,8 +179,8 @@ def _checked(model: nn.Module, tokens: Tensor, position: int, chunk: int) -> int
     return position
 
 
-def iter_state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, method: str = "auto",
-                        chunk: int = 64) -> Iterator[tuple[slice, JacobianResult]]:
+def iter_state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, method: str = JACOBIAN_METHOD,
+                        chunk: int = JACOBIAN_CHUNK) -> Iterator[tuple[slice, JacobianResult]]:
     """:func:`state_jacobian` chunk by chunk: yields (rows of ``tokens``, result for those rows), each
     result holding ``jac`` (b, H, D), ``output`` (b, H), ``state`` (b, D) for b ≤ ``chunk`` sequences."""
     position = _checked(model, tokens, position, chunk)
@@ -201,8 +203,8 @@ def iter_state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, meth
         yield rows, result
 
 
-def state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, method: str = "auto",
-                   chunk: int = 64) -> JacobianResult:
+def state_jacobian(model: nn.Module, tokens: Tensor, position: int, *, method: str = JACOBIAN_METHOD,
+                   chunk: int = JACOBIAN_CHUNK) -> JacobianResult:
     """J = ∂y_T/∂z_p for every sequence, steps p+1 … T run with their inputs held fixed.
 
     model: a :class:`~gradscope.models.seq.SeqModel` or a model from :func:`gradscope.wrap` (any
@@ -248,7 +250,7 @@ def _products(model: nn.Module, tokens: Tensor, position: int, vectors: Tensor, 
 
 
 def jvp_products(model: nn.Module, tokens: Tensor, position: int, tangents: Tensor, *,
-                 chunk: int = 8) -> tuple[Tensor, Tensor]:
+                 chunk: int = PRODUCT_CHUNK) -> tuple[Tensor, Tensor]:
     """J · V without forming J = ∂y_T/∂z_p: tangents V (B, m, D) on z_p → (y_T (B, H), J V (B, H, m)).
 
     Matrix-free: steps p+1 … T run forward once with m tangents (forward-mode, ``torch.func.jvp``
@@ -272,7 +274,7 @@ def jvp_products(model: nn.Module, tokens: Tensor, position: int, tangents: Tens
 
 
 def vjp_products(model: nn.Module, tokens: Tensor, position: int, cotangents: Tensor, *,
-                 chunk: int = 8) -> tuple[Tensor, Tensor]:
+                 chunk: int = PRODUCT_CHUNK) -> tuple[Tensor, Tensor]:
     """U · J without forming J = ∂y_T/∂z_p: cotangents U (B, r, H) on y_T → (y_T (B, H), U J (B, r, D)).
 
     Matrix-free: one forward scan, then r rows chained backwards through steps T … p+1 (reverse mode,

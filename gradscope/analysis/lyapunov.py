@@ -55,6 +55,7 @@ ENGINES = ("auto", "dense", "structured")
 BATCHES = 10  # blocks of the batch-means error bars: 10 is the textbook compromise of bias and variance
 DRIFT_T = 4.0  # |t| of the second-half − first-half drift above which an exponent is flagged unconverged
 APPLY = ("auto", "jacobian", "jvp")
+FRAME_APPLY = "auto"  # how J_t · Q is formed unless told: chosen per core and k (frame_method)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def analytic_jacobian(core: nn.Module) -> bool:
 _analytic = analytic_jacobian
 
 
-def frame_method(core: nn.Module, k: int, apply: str = "auto") -> str:
+def frame_method(core: nn.Module, k: int, apply: str = FRAME_APPLY) -> str:
     """How J_t · Q (D × k) is formed: "jacobian" (explicit J_t, then a product in the QR's dtype) or
     "jvp" (k forward-mode products through the step in the QR's dtype, J_t never formed). auto:
     "jacobian" for the full spectrum and for any core with an analytic (hand-derived) J_t — forming
@@ -226,9 +227,10 @@ def _spread_se(values: Tensor) -> Tensor:
 
 
 RUNNING_NUMBERS = 1 << 25  # the running estimate's history keeps at most this many numbers a trajectory (256 MiB)
+RUNNING_EVERY = 10  # counted steps between running estimates (lyapunov_spectrum's checkpoint_every), unless thinned
 
 
-def running_every(counted: int, k: int, every: int = 10) -> int:
+def running_every(counted: int, k: int, every: int = RUNNING_EVERY) -> int:
     """The running estimate's interval over ``counted`` steps for ``k`` exponents: ``every``, widened to a
     multiple of it when the history (one snapshot of k an interval) would pass :data:`RUNNING_NUMBERS` a
     trajectory. Every model with k × counted/every below 33.5 M keeps every ``every`` steps; mamba2-130m's
@@ -238,7 +240,7 @@ def running_every(counted: int, k: int, every: int = 10) -> int:
     return max(every, -(-need // every) * every)
 
 
-def running_snapshots(counted: int, k: int, every: int = 10) -> int:
+def running_snapshots(counted: int, k: int, every: int = RUNNING_EVERY) -> int:
     """How many running estimates :func:`lyapunov_spectrum` keeps over ``counted`` steps for ``k`` exponents
     (at most; a QR block of several steps may skip one): the plans' memory model."""
     return counted // running_every(counted, k, every) + 1
@@ -250,8 +252,8 @@ def _block_of(counted_end: int, counted: int, batches: int) -> int:
 
 
 def lyapunov_spectrum(core: nn.Module, inputs: Tensor, *, warmup: int, reorth: int = 1, z0: Tensor | None = None,
-                      checkpoint_every: int = 10, sum_check: bool = False, exponents: int | None = None,
-                      qr_dtype: torch.dtype = torch.float64, engine: str = "auto", apply: str = "auto",
+                      checkpoint_every: int = RUNNING_EVERY, sum_check: bool = False, exponents: int | None = None,
+                      qr_dtype: torch.dtype = torch.float64, engine: str = "auto", apply: str = FRAME_APPLY,
                       batches: int = BATCHES) -> LyapunovResult:
     """Lyapunov exponents of the driven recurrence z_t = step(x_t, z_{t−1}) (docs/definitions.md §7).
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gradscope.analysis.reduce import dot64, fro64, norm64
 from gradscope.errors import check
+from gradscope.fields import DEFAULT_SCORE
 
 NAN = float("nan")
 
@@ -110,7 +111,7 @@ SCORES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
-def similarity(ja: Tensor, jb: Tensor, kind: str = "default") -> Tensor:
+def similarity(ja: Tensor, jb: Tensor, kind: str = DEFAULT_SCORE) -> Tensor:
     """Gradient-stability score of two Jacobians (..., D_out, D_in) → (...), in [−1, 1]; see `SCORES`."""
     check(kind in SCORES, f"kind: got {kind!r}; valid values are {', '.join(SCORES)}")
     _check_pair(ja, jb)

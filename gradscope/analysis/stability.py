@@ -7,7 +7,6 @@ singular values are kept, so paper-size models (H = 512, 1024 triplets) fit in a
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +22,7 @@ from gradscope.analysis.scores import (SCORES, companion_stats, finite_matrices,
                                        wirtinger)
 from gradscope.analysis.sketch import sketch_scores, sketch_tangents
 from gradscope.fields import ESTIMATORS  # noqa: F401 - declared with the options
+from gradscope.fields import CHECKPOINT_BUDGET_SECONDS, ESTIMATOR, JACOBIAN_METHOD
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget as available_budget
 from gradscope.models.core import own_cost, own_products, weight_count
@@ -103,9 +103,9 @@ def step_flops(core: nn.Module) -> float:
     return 2.0 * weight_count(core) + 20.0 * core.state_dim
 
 
-def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *, estimator: str = "auto",
-                   units: int | None = None, checkpoint_budget_seconds: float = 600.0, element_size: int = 4,
-                   memory_bytes: int | None = None, budget_seconds: float | None = None,
+def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *, estimator: str = ESTIMATOR,
+                   units: int | None = None, checkpoint_budget_seconds: float = CHECKPOINT_BUDGET_SECONDS,
+                   element_size: int = 4, memory_bytes: int | None = None,
                    rates: Rates = REFERENCE) -> StabilityPlan:
     """The one estimate of time and memory that decides exact or sketch, for ``sequences`` probe
     sequences of ``steps`` steps with z_p at ``position``: exact forms J (H × D) per sequence by H
@@ -117,13 +117,6 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
     ``checkpoint_budget_seconds`` and ``memory_bytes`` (default: the memory budget, :func:`gradscope.guard.memory_budget`),
     else the sketch with the most units in :data:`UNITS` that fits the time budget. ``rates``: the machine's
     against the constants' CPU (:class:`~gradscope.analysis.cost.Rates`; :func:`gradscope.rates.machine_rates`)."""
-    if budget_seconds is not None:  # checkpoint_budget_seconds' name before issue #39 (as the flag's)
-        check(checkpoint_budget_seconds == 600.0 or checkpoint_budget_seconds == budget_seconds,
-              "checkpoint_budget_seconds: given twice, also as budget_seconds (its old name); give "
-              "checkpoint_budget_seconds only")
-        warnings.warn("plan_stability(budget_seconds=…) is now checkpoint_budget_seconds=…, as its flag",
-                      DeprecationWarning, stacklevel=2)
-        checkpoint_budget_seconds = budget_seconds
     check(estimator in ESTIMATORS, f"estimator: got {estimator!r}; valid values are {', '.join(ESTIMATORS)}")
     check(units is None or (isinstance(units, int) and not isinstance(units, bool) and 2 <= units <= 1024),
           f"sketch_units: got {units!r}; it must be an integer in [2, 1024]")
@@ -185,8 +178,8 @@ def plan_stability(core: nn.Module, sequences: int, steps: int, position: int, *
                          f"(budget {checkpoint_budget_seconds:g} s); raise the budget, or use fewer triplets or shorter probes")
 
 
-def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: str = "auto", chunk: int = CHUNK,
-                    top_sv: int = 64, on_chunk: Callable[[int], None] | None = None,
+def probe_stability(model: nn.Module, probes: Probes, position: int, *, method: str = JACOBIAN_METHOD,
+                    chunk: int = CHUNK, top_sv: int = 64, on_chunk: Callable[[int], None] | None = None,
                     memory_budget: int | None = None, output_phase: int | None | str = "query",
                     plan: StabilityPlan | None = None, seed: int = 0) -> StabilityResult:
     """Stability scores of ``model`` on ``probes`` at target ``position`` (1-based).

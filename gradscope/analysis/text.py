@@ -19,6 +19,7 @@ import torch
 from gradscope.analysis.lm import FREQ_LABELS
 from gradscope.corpus.store import frequency_ranks
 from gradscope.errors import check
+from gradscope.fields import CONFIDENCE
 
 TEXT_FREQ_LABELS = (*FREQ_LABELS, "unseen")
 
@@ -79,7 +80,7 @@ def column_sums(paragraph: np.ndarray, member: np.ndarray, values: np.ndarray, n
 
 
 def ratio_interval(num: np.ndarray, den: np.ndarray, *, log_scale: bool, resamples: int, seed: int,
-                   confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+                   confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
     """Percentile-bootstrap bounds (low, high), each (C,), of sum(num)/sum(den) per column (exp of it
     when ``log_scale``: a perplexity), resampling rows (paragraphs) of num, den (P, C) together with
     scipy.stats.bootstrap, ``numpy.random.default_rng(seed)``. NaN where a column has fewer than

@@ -28,6 +28,7 @@ import numpy as np
 from gradscope.analysis.bootstrap import Interval, check_resamples, check_seed, confidence_interval, \
     paired_permutation_test
 from gradscope.errors import check
+from gradscope.fields import CONFIDENCE, EQUIVALENCE_MARGIN, RESAMPLES
 
 VERDICTS = ("opens", "opposite", "no effect", "not settled")
 VERDICT_TEXT = {"opens": "the gap opens", "opposite": "the opposite", "no effect": "no effect",
@@ -61,7 +62,7 @@ class TrendTest:
     verdict: str
 
 
-def seed_statistic(values: np.ndarray, *, confidence: float = 0.95, resamples: int = 10_000,
+def seed_statistic(values: np.ndarray, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                    seed: int = 0) -> SeedStatistic:
     """t-interval, t-test, bootstrap interval and sign-flip test of the mean of ``values`` (n,) being 0;
     NaNs are left out (and counted in the intervals' ``nan``)."""
@@ -106,8 +107,8 @@ def verdict(gap: Interval, change: Interval, margin: float) -> str:
     return "not settled"
 
 
-def trend_test(first: np.ndarray, last: np.ndarray, *, margin: float = 0.05, confidence: float = 0.95,
-               resamples: int = 10_000, seed: int = 0) -> TrendTest:
+def trend_test(first: np.ndarray, last: np.ndarray, *, margin: float = EQUIVALENCE_MARGIN,
+               confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = 0) -> TrendTest:
     """Test whether the per-seed gap b − a opens from the first to the last checkpoint.
 
     first, last: (n,) the gap g_s of each seed at the first and at the last checkpoint (float64; NaN

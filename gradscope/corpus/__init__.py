@@ -1,4 +1,4 @@
-"""Text corpora for language modelling (issue #27): the memory-mapped corpus on disk and its reader.
+"""Text corpora for language modelling: the memory-mapped corpus on disk and its reader.
 Preparing one (SentencePiece) is a workflow: :mod:`gradscope.workflows.corpus`."""
 
 from gradscope.corpus.store import Corpus, Split, frequency_bins, frequency_ranks, open_corpus

@@ -16,6 +16,7 @@ import numpy as np
 
 from gradscope.errors import GradscopeError, check
 
+TEXT_LABEL = "text"  # what errors call a text file unless told: the commands' --text
 HEADING = re.compile(r"^(=\s)+.*?(\s=)+$")  # after strip(): "= Title =", "= = Sub = =" (WikiText)
 
 
@@ -35,7 +36,7 @@ def paragraphs(text: str) -> list[str]:
     return out
 
 
-def read_text(path: Path, what: str = "text") -> str:
+def read_text(path: Path, what: str = TEXT_LABEL) -> str:
     """A UTF-8 text file as a string; a missing, unreadable or non-UTF-8 file is a one-line error."""
     path = Path(path)
     check(path.is_file(), f"{what}: {path} is not a file")
@@ -61,7 +62,7 @@ def split_paragraphs(n: int, valid: float, test: float, seed: int) -> dict[str, 
     return {k: np.sort(v) for k, v in parts.items()}
 
 
-def iter_paragraphs(path: Path, what: str = "text", batch: int = 4096):  # noqa: ANN201 - a generator of lists
+def iter_paragraphs(path: Path, what: str = TEXT_LABEL, batch: int = 4096):  # noqa: ANN201 - a generator of lists
     """The paragraphs of a UTF-8 text file, exactly as :func:`paragraphs` of the whole text gives
     them, read line by line (memory bounded by one line and one batch): lists of up to ``batch``
     paragraphs. A non-UTF-8 byte is a one-line error naming its offset in the file.

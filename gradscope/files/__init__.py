@@ -1,5 +1,5 @@
-"""Files on disk, the one home for them (issue #24): below ``train/`` and ``store/``, which import it
-and never each other.
+"""Reading and writing files on disk safely: checkpoints, run directories, locks and atomic publication.
+``train/`` and ``store/`` both stand on it and import neither each other.
 
 - :mod:`~gradscope.files.publish`: temporaries named after their writer, atomic publication
   (replace, or refuse to replace), stale-temporary removal, disk-full errors;

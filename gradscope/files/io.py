@@ -19,7 +19,7 @@ import torch
 
 from gradscope.errors import GradscopeError
 from gradscope.guard import check_bytes
-from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
+from gradscope.files.publish import OUT_LABEL, WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 
 
 def sha256_file(path: Path) -> str:
@@ -31,7 +31,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def atomic_write(path: Path, write: Callable[[Path], None], *, overwrite: bool = True, what: str = "out") -> None:
+def atomic_write(path: Path, write: Callable[[Path], None], *, overwrite: bool = True, what: str = OUT_LABEL) -> None:
     """Call ``write(tmp)`` on a temporary sibling of ``path``, fsync it, then rename it to ``path``.
 
     The temporary is named after this process (:func:`gradscope.guard.temp_path`), so the next run
@@ -85,11 +85,11 @@ def _torch_save(obj: Any, path: Path) -> None:
         torch.save(obj, fh)
 
 
-def atomic_write_text(path: Path, text: str, *, what: str = "out") -> None:
+def atomic_write_text(path: Path, text: str, *, what: str = OUT_LABEL) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text), what=what)
 
 
-def atomic_save(obj: Any, path: Path, *, what: str = "out") -> None:
+def atomic_save(obj: Any, path: Path, *, what: str = OUT_LABEL) -> None:
     """``torch.save`` to ``path`` atomically."""
     atomic_write(path, lambda tmp: _torch_save(obj, tmp), what=what)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from gradscope.errors import GradscopeError
 
+OUT_LABEL = "out"  # what errors call the path being written unless told: the commands' --out (-o)
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
 
@@ -83,7 +84,7 @@ def _exists(path: Path, what: str) -> GradscopeError:
                           f"choose another path or pass overwrite=True (--overwrite)")
 
 
-def publish(tmp: Path, path: Path, *, overwrite: bool, what: str = "out") -> None:
+def publish(tmp: Path, path: Path, *, overwrite: bool, what: str = OUT_LABEL) -> None:
     """Rename the finished temporary ``tmp`` to ``path``. With ``overwrite`` an existing file is
     replaced atomically (an existing directory is moved aside first and removed after; a symbolic
     link is replaced itself, never what it points to); without
@@ -145,7 +146,7 @@ def sync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def disk_error(exc: OSError, path: Path, what: str = "out") -> GradscopeError:
+def disk_error(exc: OSError, path: Path, what: str = OUT_LABEL) -> GradscopeError:
     """A one-line user error for a write that failed for lack of space or permission."""
     reason = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
               errno.EFBIG: "file too large for this file system or limit", errno.EACCES: "permission denied",

@@ -19,6 +19,7 @@ PE_COMBINE = ("concat", "add")
 INPUTS = ("tokens", "vectors")
 MAX_SIZE = 2**31 - 1  # sizes and counts a tensor dimension can hold; memory is checked separately
 MAX_LAYERS = 1024  # layers are built one Python module at a time
+VOCAB_SIZE = 64  # K unless told: a task's vocabulary size, and so its model's output classes
 
 
 def shown(value: Any) -> str:
@@ -68,7 +69,7 @@ class ModelConfig:
     # option(...): a setting of `gradscope train --<field>` and of sweep specs (help: its --help text)
     core: str = option("gru", "Core: a name in gradscope's core registry ({cores}). A core's own settings follow "
                               "the training settings.")
-    vocab_size: int = 64  # K output classes; the embedding has K + 1 rows (sized to the task, not a setting)
+    vocab_size: int = VOCAB_SIZE  # K output classes; the embedding has K + 1 rows (sized to the task, not a setting)
     embed_size: int = option(512, "Embedding size E.")
     hidden_size: int = option(512, "Hidden size H.")
     num_layers: int = option(1, "Number of layers (RNN) or S4D blocks.")

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from gradscope.errors import check
-from gradscope.fields import option
+from gradscope.fields import DT_MAX, DT_MIN, option
 from gradscope.models.core import Core
 from gradscope.models.structure import JacobianStructure, StateBlock
 
@@ -47,8 +47,8 @@ class MambaConfig:
     state_size: int = option(8, "State size N (real modes per inner channel).", short="N", alias="state", low=1)
     expand: int = option(1, "Inner width E = expand × H.", short="expand", alias="expand", low=1)
     conv_width: int = option(4, "Width K of the causal depthwise convolution.", short="K_conv", alias="conv", low=2)
-    dt_min: float = 1e-3
-    dt_max: float = 1e-1
+    dt_min: float = DT_MIN
+    dt_max: float = DT_MAX
 
     def __post_init__(self) -> None:
         for name in ("state_size", "expand", "conv_width"):

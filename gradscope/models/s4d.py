@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.fields import option
+from gradscope.fields import DT_MAX, DT_MIN, option
 from gradscope.models.core import Core, scaled_rows
 from gradscope.models.structure import JacobianStructure, StateBlock
 
@@ -30,8 +30,8 @@ class S4DConfig:
     initial step sizes dt."""
 
     state_size: int = option(64, "State size N (N/2 complex modes per channel).", short="N", alias="state", low=2)
-    dt_min: float = 1e-3
-    dt_max: float = 1e-1
+    dt_min: float = DT_MIN
+    dt_max: float = DT_MAX
 
     def __post_init__(self) -> None:
         check(isinstance(self.state_size, int) and self.state_size > 0 and self.state_size % 2 == 0,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from gradscope.errors import check
 
 FORMS = ("dense", "diagonal", "complex_diagonal", "block_diagonal")
+DEFAULT_FORM = "dense"  # a state block's form unless it declares one: J_t's full block on it
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class StateBlock:
     name: str
     start: int
     stop: int
-    form: str = "dense"
+    form: str = DEFAULT_FORM
     size: int = 1  # block_diagonal: the width of each head's block; diagonal: how many consecutive entries
     # share one value (a scalar per head, e.g. Mamba-2's exp(Δ_h A_h) over a head's P·N entries)
     repeat: int = 1  # block_diagonal: how many consecutive blocks are the same block (M_t ⊗ I_repeat)

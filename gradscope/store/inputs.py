@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean, confidence_interval
-from gradscope.fields import BANDS
+from gradscope.fields import BAND, BANDS, CONFIDENCE, DEFAULT_SCORE, RESAMPLES
 from gradscope.errors import check
 from gradscope.store.io import attr_json, folder_entries, is_store, read_store, sha256_file
 from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
@@ -266,8 +266,8 @@ def _score(ds: xr.Dataset, score: str, path: Path) -> xr.DataArray:
     return ds[name]
 
 
-def stability_curves(stores: list[Input], score: str = "default", resamples: int = 10_000,
-                     seed: int = 0, band: str = "seeds", confidence: float = 0.95) -> list[StabilityPoint]:
+def stability_curves(stores: list[Input], score: str = DEFAULT_SCORE, resamples: int = RESAMPLES,
+                     seed: int = 0, band: str = BAND, confidence: float = CONFIDENCE) -> list[StabilityPoint]:
     """Per configuration, pair, condition and iteration: the mean score and its CI. A configuration with
     stores of two or more seeds there and ``band="seeds"``: the mean of the seeds' mean scores and the
     Student t-interval over seeds (seeds are the trials); otherwise the mean over the triplets of every
@@ -311,7 +311,7 @@ def at_iteration(ds: xr.Dataset, iteration: int | None, path: Path) -> int:
     return its.index(iteration)
 
 
-def stability_samples(stores: list[Input], score: str = "default",
+def stability_samples(stores: list[Input], score: str = DEFAULT_SCORE,
                       iteration: int | None = None) -> dict[str, dict[tuple[str, str], np.ndarray]]:
     """label → (pair, condition) → scores of all triplets (seeds pooled) at one checkpoint per store
     (``iteration``, or each store's last checkpoint)."""

@@ -29,7 +29,7 @@ import zarr
 
 from gradscope.errors import GradscopeError
 from gradscope.files.io import sha256_file  # noqa: F401 - re-exported for the store modules
-from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
+from gradscope.files.publish import OUT_LABEL, WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.store.integrity import RECORD, inspect_store, make_record, verify_record
 from gradscope.store.schema import check_attrs, check_layout, check_summary_fields
 from gradscope.version import __version__
@@ -49,7 +49,7 @@ def provenance(kind: str, command: str, device: str, extra: dict[str, Any] | Non
     return attrs
 
 
-def check_store_target(path: Path, overwrite: bool, what: str = "out") -> None:
+def check_store_target(path: Path, overwrite: bool, what: str = OUT_LABEL) -> None:
     """Refuse a path a store cannot be written to, before any work: no name (``''``, ``.``, ``..``),
     a missing parent directory, an existing path without ``overwrite``, a file, or a directory that
     is not a store and not empty (``overwrite`` replaces a store, never a folder of other files)."""

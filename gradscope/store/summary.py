@@ -10,7 +10,7 @@ import numpy as np
 import xarray as xr
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import CHECKPOINTS
+from gradscope.fields import CHECKPOINTS, DEFAULT_SCORE, SUMMARY_CHECKPOINTS
 from gradscope.guard import as_int
 from gradscope.models import model_fields
 from gradscope.store.accuracy import family_values
@@ -177,7 +177,7 @@ def _stability_trial(ds: xr.Dataset, path: Path, score: str,
     return metrics, units
 
 
-def trial_records(path: Path, score: str = "default", checkpoints: str = "last") -> list[TrialRecord]:
+def trial_records(path: Path, score: str = DEFAULT_SCORE, checkpoints: str = SUMMARY_CHECKPOINTS) -> list[TrialRecord]:
     """The trials in one store: one per configuration (and seed) of its checkpoints — a store of
     ``gradscope accuracy vanilla.pt pe.pt`` holds two (``store/parts.py``) — each with its config
     fields, seed, metrics at its last checkpoint, and how many of each metric's units (triplets,
@@ -204,7 +204,7 @@ def trial_records(path: Path, score: str = "default", checkpoints: str = "last")
     return records
 
 
-def trial_record(path: Path, score: str = "default") -> TrialRecord:
+def trial_record(path: Path, score: str = DEFAULT_SCORE) -> TrialRecord:
     """The trial in a store of one configuration (see :func:`trial_records`)."""
     records = trial_records(path, score)
     check(len(records) == 1, f"stores: {path} holds checkpoints of {len(records)} configurations; "

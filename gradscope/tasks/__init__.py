@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gradscope.tasks.base import IGNORE, Batch, Task
 from gradscope.tasks.copy import Copy
 from gradscope.tasks.delayed_sum import DelayedSum
+from gradscope.tasks.fields import TaskFields
 from gradscope.tasks.heldout import (Excluder, HeldOut, build_grid, build_heldout, grid_batch, row_hash,
                                      sample_excluding, sample_unique, supports_grid)
 from gradscope.tasks.predecessor import Predecessor
@@ -16,11 +15,8 @@ from gradscope.tasks.sort import Sort
 from gradscope.tasks.registry import TASKS, probe_tasks
 from gradscope.tasks.vocab import FREQUENT, GROUP_NAMES, RARE, group_bounds, sample_group, sample_tokens
 
-if TYPE_CHECKING:
-    from gradscope.tasks.config import TaskConfig
 
-
-def make_task(cfg: "TaskConfig") -> Task:
+def make_task(cfg: TaskFields) -> Task:
     """The task object for ``cfg.name``."""
     return TASKS[cfg.name](cfg)
 

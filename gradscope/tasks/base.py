@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
 
 from gradscope.tasks.family import Metrics, Part, ReportSection, Variable
+from gradscope.tasks.fields import TaskFields
 from gradscope.tasks.vocab import sample_tokens
-
-if TYPE_CHECKING:  # TaskConfig checks names against the registry
-    from gradscope.tasks.config import TaskConfig
 
 # TaskConfig fields that only some tasks read (each task's ``settings``); the others (name, vocab_size,
 # length, heldout_size and the extension's fields) every task has.
 OPTIONAL_SETTINGS = ("distribution", "rarity", "grid_per_cell", "min_length", "hold_min", "hold_max", "dim", "corpus")
 IGNORE = -100  # target value of unscored positions (cross-entropy ignore_index)
+Cfg = TypeVar("Cfg", bound=TaskFields)  # a task's configuration: a TaskConfig (or its fields alone)
 
 
 @dataclass(frozen=True)
@@ -75,16 +74,16 @@ class Task:
     report: ClassVar[ReportSection | None] = None
 
     @classmethod
-    def check_config(cls, cfg: "TaskConfig") -> None:
-        """Refuse (GradscopeError) settings this task cannot run with; the shared fields are checked
-        by TaskConfig itself."""
+    def check_config(cls, cfg: TaskFields) -> None:
+        """Refuse (GradscopeError) settings this task cannot run with; TaskConfig calls it once its
+        shared fields are checked."""
 
     @classmethod
-    def resolve(cls, cfg: "TaskConfig") -> "TaskConfig":
+    def resolve(cls, cfg: Cfg) -> Cfg:
         """``cfg`` completed from what the task reads (a corpus's vocabulary); most tasks: as it is."""
         return cfg
 
-    def __init__(self, cfg: "TaskConfig") -> None:
+    def __init__(self, cfg: TaskFields) -> None:
         self.cfg = cfg
 
     @property

@@ -7,15 +7,13 @@ Rows are right-padded with the query token to T = 2L + hold_max + 1 (unscored).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
-
-if TYPE_CHECKING:
-    from gradscope.tasks.config import TaskConfig
+from gradscope.tasks.fields import TaskFields
 
 
 class Copy(Task):
@@ -24,7 +22,7 @@ class Copy(Task):
     tiny = {"hold_min": 2, "hold_max": 3}
 
     @classmethod
-    def check_config(cls, cfg: "TaskConfig") -> None:
+    def check_config(cls, cfg: TaskFields) -> None:
         check(0 <= cfg.hold_min <= cfg.hold_max,
               f"hold_min/hold_max: got {cfg.hold_min}/{cfg.hold_max}; need 0 <= min <= max")
 

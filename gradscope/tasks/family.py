@@ -1,4 +1,4 @@
-"""What a task family declares to the layers above it (issue #39).
+"""What a task family declares to the layers above it.
 
 A family is its task class (one file, one line in :mod:`gradscope.tasks.registry`). Beside how its
 batches and held-out sets are made (:class:`~gradscope.tasks.base.Task`) and its probe source

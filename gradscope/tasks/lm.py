@@ -1,4 +1,4 @@
-"""``lm``: language modelling on a prepared text corpus (issue #27; paper appendix E).
+"""``lm``: language modelling on a prepared text corpus (paper appendix E).
 
 One row is one paragraph of the corpus, truncated to its first L tokens (``length``; the paper used
 L = 1,024 on WikiText-103), so the positional encoding restarts at t = 0 with every paragraph:
@@ -17,19 +17,17 @@ compared against the held-out set.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from gradscope.corpus.store import Corpus, Split, open_corpus
 from gradscope.errors import check
-from gradscope.tasks.base import IGNORE, Batch, Task
+from gradscope.tasks.base import IGNORE, Batch, Cfg, Task
 from gradscope.tasks.family import (COUNT, FLOAT, INT, STR, Metrics, Panel, Part, ReportSection, Variable, perplexity,
                                     ratio, stack)
-
-if TYPE_CHECKING:
-    from gradscope.tasks.config import TaskConfig
+from gradscope.tasks.fields import TaskFields
 
 
 def paragraph_rows(split: Split, index: np.ndarray, length: int, start: int, width: int | None = None) -> Batch:
@@ -85,7 +83,7 @@ class LanguageModel(Task):
     default_length: ClassVar[int | None] = 1024  # the paper's first 1,024 tokens of each paragraph
 
     @classmethod
-    def check_config(cls, cfg: "TaskConfig") -> None:
+    def check_config(cls, cfg: TaskFields) -> None:
         check(bool(cfg.corpus), "corpus: the lm task needs a corpus directory (make one with "
                                 "`gradscope corpus prepare RAW.txt -o DIR`, then pass --corpus DIR)")
         check(cfg.distribution == "uniform",
@@ -93,7 +91,7 @@ class LanguageModel(Task):
               f"of paragraphs, no dual distribution)")
 
     @classmethod
-    def resolve(cls, cfg: "TaskConfig") -> "TaskConfig":
+    def resolve(cls, cfg: Cfg) -> Cfg:
         """``cfg`` with the corpus path made absolute, the vocabulary size and corpus sha256 read
         from its manifest, and ``heldout_size`` capped at the valid split's paragraph count."""
         corpus = open_corpus(cfg.corpus)

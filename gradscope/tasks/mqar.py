@@ -19,7 +19,7 @@ groups are named so (``lower-ids``, ``upper-ids``), never "frequent" and "rare".
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -28,10 +28,8 @@ from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
 from gradscope.tasks.family import (COUNT, FLOAT, INT, STR, Metrics, Panel, Part, ReportSection, Variable, ratio,
                                     stack, units)
+from gradscope.tasks.fields import TaskFields
 from gradscope.tasks.vocab import GROUP_NAMES, RARE, group_bounds, token_weights
-
-if TYPE_CHECKING:
-    from gradscope.tasks.config import TaskConfig
 
 MAX_BINS = 4
 # a uniform vocabulary has no frequency groups: its keys are split by id, and named for it
@@ -70,7 +68,7 @@ class MQAR(Task):
                       title="by pair–query distance", x_title="distance (positions)"),))
 
     @classmethod
-    def check_config(cls, cfg: "TaskConfig") -> None:
+    def check_config(cls, cfg: TaskFields) -> None:
         check(cfg.length >= 2 and cfg.length % 2 == 0,
               f"length: got {cfg.length}; an mqar row holds length/2 key–value pairs, so length must be even and ≥ 2")
         check(cfg.length // 2 <= cfg.vocab_size,

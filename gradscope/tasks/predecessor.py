@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import math
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
+from gradscope.tasks.fields import TaskFields
 from gradscope.tasks.vocab import token_weights
-
-if TYPE_CHECKING:
-    from gradscope.tasks.config import TaskConfig
 
 
 class Predecessor(Task):
     name: ClassVar[str] = "predecessor"
 
     @classmethod
-    def check_config(cls, cfg: "TaskConfig") -> None:
+    def check_config(cls, cfg: TaskFields) -> None:
         check(cfg.length >= 2, f"length: got {cfg.length}; predecessor needs L >= 2")
         check(cfg.vocab_size >= cfg.length, f"vocab_size: got {cfg.vocab_size}; predecessor needs non-repeating "
                                             f"tokens, so vocab_size must be >= length ({cfg.length})")

@@ -32,8 +32,8 @@ MEMBERS = ("base", "same-target", "same-suffix")
 MAX_LABEL = 100  # characters of a condition label
 MAX_HEADER = 10_000  # bytes of a .npy header (numpy's own limit)
 # The most triplets a probes file may hold: 256 × the default 4 conditions × 64, more than any analysis
-# runs. A file's sizes are checked against what this implies before anything is decompressed (issue #24:
-# a 42 MB deflate bomb was refused only after it had grown past 8 GB, by the machine's memory).
+# runs. A file's sizes are checked against what this implies before anything is decompressed (a 42 MB
+# deflate bomb would otherwise grow past 8 GB before the machine's memory refused it).
 MAX_PROBE_TRIPLETS = 1 << 16
 
 

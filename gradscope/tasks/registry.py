@@ -32,7 +32,7 @@ TASKS: dict[str, type[Task]] = {
 }
 
 # task names of stores that are read as a registered family without being one: the raw-text path
-# (`gradscope accuracy --text`, task "text", gradscope/workflows/text_accuracy.py) stores the lm family's part
+# (`gradscope accuracy --text`, task "text", gradscope/workflows/text/accuracy.py) stores the lm family's part
 READ_AS: dict[str, str] = {"text": "lm"}
 
 

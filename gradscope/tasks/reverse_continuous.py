@@ -12,7 +12,7 @@ probability 0.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,9 +21,7 @@ from torch import nn
 from gradscope.errors import check
 from gradscope.tasks.base import Batch, Task
 from gradscope.tasks.family import FLOAT, INT, Metrics, Panel, Part, ReportSection, Variable, stack
-
-if TYPE_CHECKING:
-    from gradscope.tasks.config import TaskConfig
+from gradscope.tasks.fields import TaskFields
 
 
 def sphere_points(shape: tuple[int, ...], dim: int, gen: torch.Generator) -> torch.Tensor:
@@ -115,7 +113,7 @@ class ReverseContinuous(Task):
         return np.where(tokens.numpy() == query, "query", "point").astype(object)
 
     @classmethod
-    def check_config(cls, cfg: "TaskConfig") -> None:
+    def check_config(cls, cfg: TaskFields) -> None:
         check(cfg.dim >= 2, f"dim: got {cfg.dim}; reverse-continuous draws tokens from the sphere S^(dim−1) "
                             f"and needs dim >= 2 (--dim)")
         check(cfg.distribution == "uniform",
@@ -164,7 +162,7 @@ def _sequence_means(cosine: np.ndarray) -> np.ndarray:
 
 
 # --- Probes --------------------------------------------------------------------------------------
-# Gradient-stability probes of this family (moved here from tasks/vector_probes.py, issue #39).
+# Gradient-stability probes of this family.
 #
 # The probe machinery (docs/definitions.md §4) builds triplets of token ids. For a model that reads vectors, the
 # ids index a fixed table of M points drawn uniformly on the sphere S^(d−1) (seeded), and id M is the

@@ -6,7 +6,7 @@ every core is causal, padding after a sequence cannot change its outputs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -14,9 +14,7 @@ import torch
 from gradscope.errors import check
 from gradscope.tasks.base import IGNORE, Batch, Task
 from gradscope.tasks.family import FLOAT, INT, Part, Variable, ratio, stack
-
-if TYPE_CHECKING:
-    from gradscope.tasks.config import TaskConfig
+from gradscope.tasks.fields import TaskFields
 
 
 class ReverseVariable(Task):
@@ -29,7 +27,7 @@ class ReverseVariable(Task):
               "length": Variable(dims=("length",), kind=INT, help="the sequence lengths that occur")}
 
     @classmethod
-    def check_config(cls, cfg: "TaskConfig") -> None:
+    def check_config(cls, cfg: TaskFields) -> None:
         check(1 <= cfg.min_length <= cfg.length,
               f"min_length: got {cfg.min_length}; need 1 <= min_length <= length ({cfg.length})")
 

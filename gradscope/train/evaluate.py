@@ -7,13 +7,14 @@ from typing import Any
 import torch
 
 from gradscope.analysis.accuracy import grid_target_accuracy, sequence_accuracy, token_accuracy, token_correct
+from gradscope.fields import PREDICT_CHUNK
 from gradscope.models import SeqModel
 from gradscope.tasks.decoding import decode
 from gradscope.tasks import GROUP_NAMES, Batch, HeldOut, Task, grid_batch
 
 
 @torch.no_grad()
-def predict(model: SeqModel, inputs: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+def predict(model: SeqModel, inputs: torch.Tensor, chunk: int = PREDICT_CHUNK) -> torch.Tensor:
     """Argmax predictions (n, T) for inputs (n, T), computed ``chunk`` rows at a time."""
     device = next(model.parameters()).device
     out = [model(inputs[i:i + chunk].to(device)).argmax(-1).cpu() for i in range(0, inputs.shape[0], chunk)]
@@ -21,14 +22,14 @@ def predict(model: SeqModel, inputs: torch.Tensor, chunk: int = 1024) -> torch.T
 
 
 @torch.no_grad()
-def predict_vectors(model: SeqModel, inputs: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+def predict_vectors(model: SeqModel, inputs: torch.Tensor, chunk: int = PREDICT_CHUNK) -> torch.Tensor:
     """Point predictions (n, T, d) for vector inputs (n, T, d + 1), ``chunk`` rows at a time."""
     device = next(model.parameters()).device
     out = [model(inputs[i:i + chunk].to(device)).cpu() for i in range(0, inputs.shape[0], chunk)]
     return torch.cat(out) if out else inputs.new_empty(*inputs.shape[:2], model.config.vocab_size)
 
 
-def predict_decoded(model: SeqModel, batch: Batch, decoding: str, chunk: int = 1024) -> torch.Tensor:
+def predict_decoded(model: SeqModel, batch: Batch, decoding: str, chunk: int = PREDICT_CHUNK) -> torch.Tensor:
     """Argmax predictions (n, T): a feedback model's output phase fed by ``decoding`` (teacher or
     autoregressive, :mod:`gradscope.tasks.decoding`); a standard model ignores ``decoding``."""
     if not model.config.feedback:

@@ -23,7 +23,7 @@ from typing import IO, Any, Callable
 
 import torch
 
-from gradscope.config import RunConfig
+from gradscope.config import DECODING, RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import as_int
 from gradscope.files.publish import WRITE_ERRORS, disk_error, remove_stale_temporaries
@@ -158,7 +158,7 @@ def _resumed_state(cfg: RunConfig, run_dir: Path, device: torch.device) -> tuple
     return state, log
 
 
-def loss_and_correct(model: SeqModel, batch: Batch, decoding: str = "none",
+def loss_and_correct(model: SeqModel, batch: Batch, decoding: str = DECODING,
                      forward: Callable[[torch.Tensor], torch.Tensor] | None = None, family: type[Task] = Task,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training objective on one batch, as its task ``family`` declares it (:meth:`Task.objective`; the

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import xarray as xr
 
+from gradscope.workflows.options import DEVICE_LABEL
 from gradscope.config import RunConfig
 from gradscope.errors import check
 from gradscope.files.checkpoint import Loaded
@@ -16,7 +17,7 @@ from gradscope.tasks import TASKS
 from gradscope.train.device import resolve_device
 from gradscope.workflows.common import checkpoint_sources, config_attrs, expand_checkpoints, load_source
 from gradscope.workflows.families import check_options, evaluation_of
-from gradscope.workflows.options import AccuracyOptions  # declared there, torch-free (a command's --help)
+from gradscope.workflows.options import AccuracyOptions, with_overrides  # declared there, torch-free (a command's --help)
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class AccuracyRun:
     results: list[Any]  # each checkpoint's, as its family's evaluation gives them (gradscope.workflows.families)
     options: AccuracyOptions
     command: str = ""
-    device: str = "cpu"
+    device: str = DEVICE_LABEL
     configs: tuple[dict[str, Any], ...] = ()  # each checkpoint's config attributes (config_attrs)
 
     def to_xarray(self) -> xr.Dataset:
@@ -70,24 +71,19 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
                        tuple(configs))
 
 
-def accuracy(source: Any, *, bins: int | tuple[int, ...] | None = None, grid: bool | None = None,
-             device: str = "auto", batch_size: int = 1024, decoding: str = "both", resamples: int | None = None,
-             seed: int | None = None,
-             corpus: str | Path | None = None) -> xr.Dataset:
+def accuracy(source: Any, *, opts: AccuracyOptions | None = None, **overrides: Any) -> xr.Dataset:
     """Accuracy on the held-out sets (docs/definitions.md §5) as an xarray Dataset with the variables of an accuracy
     store: token, sequence and Damerau–Levenshtein accuracy per checkpoint, and the frequency grid
-    by target position when the checkpoint has one. Options are named as ``gradscope accuracy``'s flags.
+    by target position when the checkpoint has one.
 
     source: a checkpoint file or run directory (or a list of them: every checkpoint, oldest first),
     or a :class:`~gradscope.files.checkpoint.Loaded` (not read again). A model of your own has no
-    held-out set: evaluate it in your own code.
-    bins: the grid's target-position bins, a count or 0-based edges (None: 4, quarters); given for a
-    checkpoint without a grid (or with grid=False), it is refused, not ignored.
-    decoding: a feedback model's decodings (both, autoregressive, teacher). A task family whose
-    evaluation is its own (gradscope.workflows.families) stores its own part and reads its own options:
-    reverse-continuous the bootstrap's resamples (None: 10,000) and seed (None: 0), lm the ``corpus``
-    directory if it moved; an option no evaluation of the checkpoint's family reads is refused.
+    held-out set: evaluate it in your own code (or, a transformers LM on a raw text, :func:`gradscope.text_accuracy`).
+    opts: :class:`AccuracyOptions` (None: the defaults); overrides: any of its fields, named as ``gradscope
+    accuracy``'s flags. bins given for a checkpoint without a grid (or with grid=False) is refused, not ignored.
+    A task family whose evaluation is its own (gradscope.workflows.families) stores its own part and reads its
+    own options: reverse-continuous the bootstrap's resamples and seed, lm the ``corpus`` directory if it moved;
+    an option no evaluation of the checkpoint's family reads is refused.
     """
-    opts = AccuracyOptions(bins=bins, grid=grid, device=device, batch_size=batch_size, decoding=decoding,
-                           resamples=resamples, seed=seed, corpus=None if corpus is None else str(corpus))
+    opts = with_overrides(AccuracyOptions, opts, overrides, "accuracy")
     return run_accuracy(checkpoint_sources(source), opts).to_xarray()

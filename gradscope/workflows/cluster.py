@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes
-from gradscope.workflows.study_options import (ADDRESS, MAX_RETRIES, MAX_THREADS, SCHEMES,  # noqa: F401
+from gradscope.workflows.study.options import (ADDRESS, MAX_RETRIES, MAX_THREADS, SCHEMES,  # noqa: F401
                                                ClusterOptions, parse_resources)  # declared torch-free, re-exported
 from gradscope.workflows.sweep import Analyses, PointOutcome, SweepPoint, run_point
 

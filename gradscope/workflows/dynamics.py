@@ -31,6 +31,7 @@ import torch
 import xarray as xr
 from torch import nn
 
+from gradscope.workflows.options import DEVICE_LABEL
 from gradscope.analysis import dynamics as dyn
 from gradscope.analysis.lyapunov import analytic_jacobian
 from gradscope.config import RunConfig
@@ -55,10 +56,10 @@ from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
 from gradscope.models.wrap import WrappedModel, fit_positions
-from gradscope.workflows.common import (MAX_COUNT, as_count, conditions_for, config_attrs,
-                                        checkpoint_sources, expand_checkpoints, load_source, warn_diverged)
-from gradscope.workflows.options import (LADDERS, PARTS, QR_DTYPE_NAMES, RENAMED_DYNAMICS, DynamicsOptions,
-                                         applied_options, check_read, derived_warmup, set_options, take_renamed)  # declared there, torch-free
+from gradscope.workflows.common import (conditions_for, config_attrs, expand_checkpoints, load_source,
+                                        warn_diverged)
+from gradscope.workflows.options import (FACTORY_LENGTH, LADDERS, PARTS, QR_DTYPE_NAMES, DynamicsOptions,
+                                         applied_options, derived_warmup)  # declared there, torch-free
 
 QR_DTYPES = dict(zip(QR_DTYPE_NAMES, (torch.float64, torch.float32)))
 OWNERS = {"flow": ("sequences",), "grid": ("grid_sequences",), "spectra": ("sequences",), "gates": ("sequences",),
@@ -414,7 +415,7 @@ class DynamicsRun:
     lyapunov_steps: np.ndarray | None
     options: DynamicsOptions
     command: str = ""
-    device: str = "cpu"
+    device: str = DEVICE_LABEL
     nonfinite: dict[str, int] = field(default_factory=dict)  # part → NaN/Inf values (see nonfinite_counts)
     plan: DynamicsPlan | None = None  # how many Lyapunov exponents, by which engine, and why
     held: str = ""  # the attention caches the step spectra, gates and Lyapunov spectrum hold as inputs (analysis.held)
@@ -553,13 +554,13 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
     return parts, dyn.block_spectra(core), names, lyap_steps
 
 
-def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOptions(), *,
-                 target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (),
-                 corpus: str | Path | None = None,
-                 on_start: Callable[[int], None] | None = None, on_progress: Callable[[int], None] | None = None,
-                 command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
+def run_checkpoint_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOptions(), *,
+                            on_start: Callable[[int], None] | None = None,
+                            on_progress: Callable[[int], None] | None = None,
+                            command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
     """Dynamics of every checkpoint (run directories expand to all of theirs, oldest first), on the
-    same probe sequences and the same trajectories. ``on_progress(1)`` after each checkpoint.
+    same probe sequences (``opts.target_freq`` × ``opts.disturbant``; an lm checkpoint's test paragraphs, of
+    ``opts.corpus`` if it moved) and the same trajectories. ``on_progress(1)`` after each checkpoint.
     Checkpoints are loaded one at a time, each dropped before the next is loaded; a diverged one
     (NaN/Inf values) is stored as it is, with a :class:`DivergedWarning`. ``on_plan(plan)`` before any
     work: what :func:`plan_dynamics` chose for options left out, and why."""
@@ -573,6 +574,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     check(text or task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined "
                                               f"for {', '.join(probe_tasks())} (an input phase followed by query "
                                               f"tokens) and lm")
+    target_freq, disturbant = opts.target_freq, opts.disturbant
     check(not text or not (target_freq or disturbant),
           "target_freq/disturbant: lm checkpoints are probed on test paragraphs; each step is classed "
           "frequent or rare by the corpus's train counts")
@@ -594,7 +596,7 @@ def run_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = DynamicsOpt
     if on_plan is not None:
         on_plan(plan)
     if source is not None:
-        own = source.task(loaded, corpus)
+        own = source.task(loaded, opts.corpus)
         tokens = source.sequences(own, opts.sequences, opts.seed)
         probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), (source.label,) * n, (source.label,) * n)
         classes = source.token_classes(tokens, own)
@@ -716,14 +718,16 @@ def run_model_dynamics(model: nn.Module, tokens: torch.Tensor, opts: DynamicsOpt
     return out
 
 
-def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = DynamicsOptions(), *, length: int = 32,
-                         token_counts: Path | None = None, command: str = "", config: Path | None = None,
+def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = DynamicsOptions(), *,
+                         command: str = "", config: Path | None = None,
                          on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
     """``gradscope dynamics --model-factory FILE.py:FUNC CKPT`` (or ``hf[:CLASS]``, with ``config``: see
     :func:`gradscope.workflows.factory.build_model`): the model that ``FUNC(CKPT)`` builds, on
-    ``opts.sequences`` probe sequences of ``length`` tokens drawn uniformly (seed ``opts.seed``) from its
-    embedding's vocabulary; steps classed frequent/rare by ``token_counts`` when given."""
-    length = as_count(length, "length", 1, MAX_COUNT)
+    ``opts.sequences`` probe sequences of ``opts.length`` tokens (None: :data:`FACTORY_LENGTH`) drawn uniformly
+    (seed ``opts.seed``) from its embedding's vocabulary; steps classed frequent/rare by ``opts.token_counts``
+    when given."""
+    length = FACTORY_LENGTH if opts.length is None else opts.length
+    token_counts = opts.token_counts
     model = build_model(spec, Path(checkpoint), config)
     vocab = getattr(getattr(model, "inputs", None), "num_embeddings", None)
     check(vocab is not None, f"model_factory: {spec} built a model without an nn.Embedding input; dynamics draws its "
@@ -740,37 +744,3 @@ def run_factory_dynamics(spec: str, checkpoint: Path, opts: DynamicsOptions = Dy
     run = run_model_dynamics(model, tokens, opts, counts=counts, command=command, on_plan=on_plan)
     result = dataclasses.replace(run.results[0], path=Path(checkpoint), run=Path(checkpoint).stem)
     return dataclasses.replace(run, results=[result])
-
-
-def dynamics(source: Any, *, tokens: torch.Tensor | None = None, trajectory_tokens: torch.Tensor | None = None,
-             counts: torch.Tensor | None = None, target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (),
-             corpus: str | Path | None = None, **options: Any) -> xr.Dataset:
-    """The dynamics view (docs/definitions.md §7) as an xarray Dataset with the variables of a dynamics store.
-    Options are named as ``gradscope dynamics``'s flags.
-
-    source: a checkpoint file or run directory, or a list of them (every checkpoint, oldest first),
-    a ``Loaded`` checkpoint (not read again), or an in-memory model (``gradscope.wrap(...)``) with
-    ``tokens`` (n, T) and optionally ``trajectory_tokens`` and ``counts`` (see :func:`run_model_dynamics`).
-    options: the fields of :class:`DynamicsOptions` (parts, sequences, grid_sequences, sv, trajectories,
-    steps, lyap_warmup, reorth, seed, device, exponents, qr_dtype, budget_seconds), or ``opts=DynamicsOptions(…)``.
-    target_freq / disturbant: the probe conditions, as in :func:`gradscope.stability`.
-    corpus: an lm checkpoint's corpus directory, if it moved since training.
-    """
-    if "target_groups" in options:  # the names before issue #24
-        warnings.warn("dynamics(target_groups=…) is now target_freq=…, as its flag", DeprecationWarning, stacklevel=2)
-        target_freq = options.pop("target_groups")
-    if "disturbant_groups" in options:
-        warnings.warn("dynamics(disturbant_groups=…) is now disturbant=…, as its flag", DeprecationWarning, stacklevel=2)
-        disturbant = options.pop("disturbant_groups")
-    take_renamed(options, RENAMED_DYNAMICS, "dynamics")
-    opts = options.pop("opts", None)
-    if opts is not None:  # the options are opts' (others beside it would be dropped)
-        check(not options, f"{'/'.join(sorted(options))}: give them in opts=DynamicsOptions(…), or leave out opts")
-    opts = opts if opts is not None else DynamicsOptions(**options)
-    check_read(opts.parts, set_options(opts) | {k for k, v in (("target_freq", target_freq),
-                                                                ("disturbant", disturbant)) if v})
-    if isinstance(source, nn.Module):
-        check(tokens is not None, "tokens: give the probe sequences (n, T) to analyse an in-memory model")
-        return run_model_dynamics(source, tokens, opts, trajectory_tokens=trajectory_tokens, counts=counts).to_xarray()
-    return run_dynamics(checkpoint_sources(source), opts, target_freq=tuple(target_freq),
-                        disturbant=tuple(disturbant), corpus=corpus).to_xarray()

@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-import warnings
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import (CHECKPOINTS, DEFAULT_BINS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT, PARTS,
+from gradscope.fields import (CHECKPOINT_BUDGET_SECONDS, CHECKPOINTS, CONFIDENCE, DEFAULT_BINS, DEFAULT_DEVICE,
+                              DEFAULT_SCORE, EQUIVALENCE_MARGIN, ESTIMATOR, INTERVAL, JACOBIAN_METHOD, RESAMPLES,
+                              SCORE_KINDS, SUMMARY_CHECKPOINTS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT, PARTS,
                               MAX_RESAMPLES, MAX_SEED, as_count, as_int, as_seed, check_seconds, one_of, option)
 
-# Names the stability options had before issue #24 gave them their flags' names; accepted, with a DeprecationWarning.
-RENAMED_OPTIONS = {"target_groups": "target_freq", "disturbant_groups": "disturbant", "position": "target_pos",
-                   "probes_file": "probes", "chunk": "batch_size", "top_sv": "sv",
-                   # before issue #39: dynamics' --budget-seconds is the whole command's, stability's was per checkpoint
-                   "budget_seconds": "checkpoint_budget_seconds"}
-# and the dynamics options' (top_sv before issue #24; warmup before #39: train's --warmup is the learning-rate warm-up)
-RENAMED_DYNAMICS = {"top_sv": "sv", "warmup": "lyap_warmup"}
+O = TypeVar("O")
+
+def with_overrides(cls: type[O], opts: O | None, overrides: dict[str, Any], where: str) -> O:
+    """The options a public function runs with: ``opts`` (None: ``cls``'s defaults) with each of ``overrides``
+    (field names, as the command's flags) set; a name that is not a field of ``cls`` is one error naming it."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(overrides) - set(names))
+    check(not unknown, f"{unknown[0] if unknown else ''}: not an option of {where}; its options are {', '.join(names)}")
+    check(opts is None or isinstance(opts, cls), f"opts: got {type(opts).__name__}; expected {cls.__name__}(…)")
+    return dataclasses.replace(opts, **overrides) if opts is not None else cls(**overrides)
+
 
 # the dynamics options each part alone reads, and those of the probe sequences (flow, grid, spectra, gates): one
 # given while --parts leaves its part out would be recorded in the store and ignored, so it is refused
@@ -49,10 +53,15 @@ def unread_options(parts: tuple[str, ...] | None, given: set[str], parts_name: s
     return None
 
 
+# the dynamics options that say where the probes come from: a store records the probes themselves instead
+PROBE_SOURCE = ("target_freq", "disturbant", "length", "token_counts", "corpus", "split")
+
+
 def applied_options(opts: "DynamicsOptions") -> dict[str, Any]:
     """What a dynamics store records of ``opts`` (as planned): every option but those of parts it leaves out
-    (a part the plan dropped, say, takes its options with it), so nothing that was not applied reaches a store."""
-    out = dataclasses.asdict(opts)
+    (a part the plan dropped, say, takes its options with it), so nothing that was not applied reaches a store,
+    and but the probes' source (:data:`PROBE_SOURCE`), which the store records as the probes."""
+    out = {k: v for k, v in dataclasses.asdict(opts).items() if k not in PROBE_SOURCE}
     chosen = set(PARTS if opts.parts is None else opts.parts)
     for part, names in PART_OPTIONS.items():
         if part not in chosen:
@@ -92,52 +101,76 @@ QR_DTYPE_NAMES = ("float64", "float32")
 # the estimate fits the budget. Given explicitly, the same numbers reproduce any earlier store.
 LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250, 125)}
 DECODING_CHOICES = ("both", "autoregressive", "teacher")  # a feedback model's decodings (paper App. B.2)
+TRIPLETS = 64  # stability probe triplets per condition
+SPLIT = 0.5  # the share of the token types that occur which are frequent (the rest are rare)
+HF = "hf"  # the model factory of a transformers model from its save_pretrained directory
+TEXT_MAX_LENGTH = 1024  # tokens per row when a pretrained LM scores a raw text (the paper's lm max length)
+TEXT_RESAMPLES = 1000  # bootstrap resamples over a text's paragraphs
+TEXT_BATCH = 16  # rows of a raw text per forward pass
+DEVICE_LABEL = "cpu"  # a run's recorded device when none is given
+FACTORY_LENGTH = 32  # tokens per probe sequence of a model of one's own, and per row of a text
 DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and checkpoints (600 per part before #37)
 
 
-_LIBRARY = str(Path(__file__).resolve().parents[1])  # gradscope's own files
+# help texts two commands' options share, written once
+TARGET_HELP = 'Target token group: {groups} (repeatable). Default: frequent and rare for dual-frequency checkpoints, all otherwise.'
+DISTURBANT_HELP = 'Disturbant (prefix and suffix) group: {groups} (repeatable).'
+CORPUS_HELP = "lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's)."
+FACTORY_HELP = ("Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) "
+                "(runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a "
+                "save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")
+TEXT_HELP = ("With --model hf: a raw UTF-8 text whose paragraphs the probes are drawn from, tokenised with the model's own "
+             "tokenizer; tokens are grouped by their frequency in the text (docs/real-text.md).")
+COUNTS_TEXT_HELP = "With --text: a (larger) text whose token counts define the frequency groups (default: --text)."
+TOKENIZER_HELP = "With --text: the folder of the model's tokenizer (default: the model's directory)."
+SOURCES = ("checkpoints", "model", "factory", "text")  # what a command analyses (gradscope.workflows.sources)
 
 
-def deprecated(message: str) -> None:
-    """A DeprecationWarning attributed to the first caller outside gradscope (and outside the code dataclasses
-    generate, and dataclasses.replace): Python's default filters show it only there, in a user's own code."""
-    frame, level = sys._getframe(0), 1
-    while frame is not None and (frame.f_code.co_filename.startswith(_LIBRARY) or frame.f_code.co_filename in
-                                 ("<string>", dataclasses.__file__)):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, DeprecationWarning, stacklevel=level)
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """Where the model comes from, beside the paths a command is given (:func:`gradscope.workflows.sources.source_of`
+    resolves them): gradscope checkpoints when every field is left out; else ``model_factory`` builds the model
+    from one file or directory, and ``text`` reads it on a raw text. Each field is named as its flag."""
+
+    model_factory: str | None = option(None, FACTORY_HELP, also=("--model",))
+    config: Path | None = option(None, "With --model-factory hf:CLASS and a weights file: the model's config.json.")
+    text: Path | None = option(None, TEXT_HELP)
+    counts_text: Path | None = option(None, COUNTS_TEXT_HELP)
+    tokenizer: Path | None = option(None, TOKENIZER_HELP)
+
+    def __post_init__(self) -> None:
+        check(self.model_factory is None or isinstance(self.model_factory, str),
+              f"model_factory: got {type(self.model_factory).__name__}; expected FILE.py:FUNC, module:FUNC or hf[:CLASS]")
+        for name in ("config", "text", "counts_text", "tokenizer"):
+            as_path(self, name)
 
 
-def renamed_field(obj: Any, old: str, value: Any, new: str) -> None:
-    """An options dataclass's old keyword ``old`` (an InitVar; None: not given): its value goes to the field
-    ``new``, with a DeprecationWarning for the code that built the dataclass. Given with ``new`` set to another
-    value than its default, one error (a dataclass cannot tell its default given from its default left out)."""
-    if value is None:
-        return
-    current, default = getattr(obj, new), obj.__dataclass_fields__[new].default
-    _renamed(type(obj).__name__, old, new, clash=current not in (default, value))
-    object.__setattr__(obj, new, value)
+def as_path(opts: Any, name: str) -> None:
+    """Field ``name`` of the frozen ``opts`` as a Path (None stays None; a str becomes a Path)."""
+    value = getattr(opts, name)
+    check(value is None or isinstance(value, (str, Path)), f"{name}: got {type(value).__name__}; expected a path")
+    if isinstance(value, str):
+        object.__setattr__(opts, name, Path(value))
 
 
-def take_renamed(options: dict[str, Any], renames: dict[str, str], where: str,
-                 defaults: dict[str, Any] | None = None) -> None:
-    """A public function's old keywords: each ``renames`` key given in ``options`` (its keywords; with
-    ``defaults``, its named parameters and their defaults) moves to its new name, with a DeprecationWarning
-    for the function's caller (``where``: the function's name); given with its new name too, one error."""
-    for old, new in renames.items():
-        value = options.pop(old, None)
-        if value is None:
-            continue
-        given = options.get(new) is not None if defaults is None else options.get(new) != defaults.get(new)
-        _renamed(where, old, new, clash=given and options[new] != value)
-        options[new] = value
+def as_groups(opts: Any, name: str) -> None:
+    """Field ``name`` of the frozen ``opts``: probe groups as a tuple, each once."""
+    groups = getattr(opts, name)
+    check(isinstance(groups, (tuple, list)) and all(isinstance(g, str) for g in groups),
+          f"{name}: got {groups!r}; expected a tuple of groups ({', '.join(GROUPS)})")
+    object.__setattr__(opts, name, tuple(dict.fromkeys(groups)))  # a group named twice is one condition
 
 
-def _renamed(where: str, old: str, new: str, *, clash: bool) -> None:
-    """An old name used in ``where``: one error when ``clash`` (its new name set to another value), else the
-    DeprecationWarning."""
-    check(not clash, f"{new}: given twice, also as {old} (its old name); give {new} only")
-    deprecated(f"{where}({old}=…) is now {new}=…, as its flag --{new.replace('_', '-')}")
+@dataclass(frozen=True, kw_only=True)
+class TableOptions:
+    """What `gradscope stability` prints (the store holds every score, and no intervals)."""
+
+    score: str = option(DEFAULT_SCORE, "Score shown in the table: {scores} (all are stored).")
+    resamples: int = option(RESAMPLES, "Bootstrap resamples for the CIs.")
+
+    def __post_init__(self) -> None:
+        one_of("score", self.score, SCORE_KINDS)
+        object.__setattr__(self, "resamples", as_count(self.resamples, "resamples", 1, MAX_RESAMPLES))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,68 +180,48 @@ class StabilityOptions:
     dual-frequency checkpoint, all/all for a uniform one."""
 
     # target groups
-    target_freq: tuple[str, ...] = option((), 'Target token group: {groups} (repeatable). Default: frequent and rare for dual-frequency checkpoints, all otherwise.')
+    target_freq: tuple[str, ...] = option((), TARGET_HELP)
     # disturbant groups
-    disturbant: tuple[str, ...] = option((), 'Disturbant (prefix and suffix) group: {groups} (repeatable).')
+    disturbant: tuple[str, ...] = option((), DISTURBANT_HELP)
     # the target position p, 1-based
     target_pos: int = option(1, 'Target position p (1-based) whose state z_p the Jacobian starts from.')
     # per condition
-    triplets: int = option(64, 'Probe triplets per condition.')
+    triplets: int = option(TRIPLETS, 'Probe triplets per condition.')
     # a probes file (.npy, .npz or a stability store)
     probes: Path | None = option(None, "Explicit probes: .npy int64 (n, 3, L), .npz with 'tokens' (+ 'target_group', 'disturbant_group'), or a previous stability store.")
     seed: int = option(0, 'Seed for the probes and the bootstrap.')
-    method: str = option("auto", 'Jacobian engine: auto, {engines}.')
+    method: str = option(JACOBIAN_METHOD, 'Jacobian engine: auto, {engines}.')
     # triplets per Jacobian batch
     batch_size: int = option(32, 'Triplets per Jacobian batch (bounds memory).')
     # singular values kept per Jacobian
     sv: int = option(64, 'Singular values kept per Jacobian.')
-    device: str = option("auto", 'auto (cuda when present), cpu, cuda or cuda:N.')
+    device: str = option(DEFAULT_DEVICE, 'auto (cuda when present), cpu, cuda or cuda:N.')
     # a user's own model (``--model-factory``): generated probes need token counts and a length;
     # ``filler`` is the output phase's token (L copies after each probe), None for no output phase
     token_counts: Path | None = option(None, 'With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.')
     length: int | None = option(None, "With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length).")
     filler: int | None = option(None, 'With --model-factory: output phase of L copies of this token id after each probe (default: none).')
-    split: float = 0.5
+    split: float = SPLIT
     # lm checkpoints: this corpus directory instead of the recorded one (it moved)
-    corpus: Path | None = option(None, "lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")
+    corpus: Path | None = option(None, CORPUS_HELP)
     # exact Jacobians, or a sketch with standard errors (issue #37): auto is exact wherever it fits
     # checkpoint_budget_seconds (estimated before any work) and memory; sketch_units fixes the sketch's size
-    estimator: str = option("auto", 'auto (exact Jacobians wherever they fit --checkpoint-budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).')
+    estimator: str = option(ESTIMATOR, 'auto (exact Jacobians wherever they fit --checkpoint-budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).')
     sketch_units: int | None = option(None, 'Independent units of the sketch (default: the most in 4..16 that fit the budget).')
-    checkpoint_budget_seconds: float = option(600.0, "Time budget of each checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.")
-    # the old names (RENAMED_OPTIONS), constructor keywords only: read the new names (opts.position is None)
-    target_groups: InitVar[tuple[str, ...] | None] = None
-    disturbant_groups: InitVar[tuple[str, ...] | None] = None
-    position: InitVar[int | None] = None
-    probes_file: InitVar[Path | None] = None
-    chunk: InitVar[int | None] = None
-    top_sv: InitVar[int | None] = None
-    budget_seconds: InitVar[float | None] = None
-
-    def __post_init__(self, target_groups: Any, disturbant_groups: Any, position: Any, probes_file: Any, chunk: Any,
-                      top_sv: Any, budget_seconds: Any) -> None:
+    checkpoint_budget_seconds: float = option(CHECKPOINT_BUDGET_SECONDS, "Time budget of each checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.")
+    def __post_init__(self) -> None:
         """Types and ranges (bounds that need the model, such as target_pos <= L, and the memory the
         probes need are checked once the checkpoint is known)."""
-        old = dict(zip(RENAMED_OPTIONS, (target_groups, disturbant_groups, position, probes_file, chunk, top_sv,
-                                         budget_seconds)))
-        for name, value in old.items():
-            renamed_field(self, name, value, RENAMED_OPTIONS[name])
         for name in ("target_freq", "disturbant"):
-            groups = getattr(self, name)
-            check(isinstance(groups, (tuple, list)) and all(isinstance(g, str) for g in groups),
-                  f"{name}: got {groups!r}; expected a tuple of groups ({', '.join(GROUPS)})")
-            object.__setattr__(self, name, tuple(dict.fromkeys(groups)))  # a group named twice is one condition
+            as_groups(self, name)
         for name in ("target_pos", "triplets", "batch_size", "sv"):
             object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
         object.__setattr__(self, "seed", as_seed(self.seed))
         check(self.method == "auto" or self.method in ENGINES,
               f"method: got {self.method!r}; valid values are auto, {', '.join(ENGINES)}")
         check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
-        for name in ("probes", "token_counts"):
-            value = getattr(self, name)
-            check(value is None or isinstance(value, (str, Path)), f"{name}: got {type(value).__name__}; expected a path")
-            if isinstance(value, str):
-                object.__setattr__(self, name, Path(value))
+        for name in ("probes", "token_counts", "corpus"):
+            as_path(self, name)
         if self.length is not None:
             object.__setattr__(self, "length", as_count(self.length, "length", 1, MAX_COUNT))
         if self.filler is not None:
@@ -242,25 +255,26 @@ class DynamicsOptions:
     trajectories: int | None = option(None, 'Lyapunov trajectories (default: 8, fewer if that does not fit).')
     steps: int | None = option(None, "Steps per Lyapunov trajectory, the task's episodes back to back (default: 1000, fewer if that does not fit).")
     # None: a tenth of the steps, at most 100
-    # its name before issue #39 was warmup, which is train's learning-rate warm-up (the old name is a hidden flag
-    # and a keyword, both warning)
     lyap_warmup: int | None = option(None, 'Warm-up steps discarded from the Lyapunov estimate (default: a tenth of --steps, at most 100).')
     reorth: int = option(1, 'Re-orthonormalise every k steps (product of k step Jacobians first).')
     seed: int = option(0, 'Seed of the probes and trajectories.')
-    device: str = option("auto", 'auto (cuda when present), cpu, cuda or cuda:N.')
+    device: str = option(DEFAULT_DEVICE, 'auto (cuda when present), cpu, cuda or cuda:N.')
     # None: all D when they fit the time budget, else the top k that fit
     exponents: int | None = option(None, 'Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).')
     qr_dtype: str = option("float64", "dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).")
     # the whole command's estimated wall time (dynamics_cost)
     budget_seconds: float = option(DEFAULT_BUDGET, "Time budget of the whole command (every part and checkpoint), estimated before any work at this machine's measured rates (options left out shrink to fit it) and watched while it runs (parts the plan chose are left out if it would pass 1.2 × the budget).")
-    top_sv: InitVar[int | None] = None  # sv's name before issue #24 (a keyword only; read sv)
-    warmup: InitVar[int | None] = None  # lyap_warmup's name before issue #39 (a keyword only; read lyap_warmup)
+    # the probes' source: recorded with the probes (their conditions, tokens and classes), not among the options
+    target_freq: tuple[str, ...] = option((), "Probe target group(s) of a checkpoint's task: {groups} (repeatable).")
+    disturbant: tuple[str, ...] = option((), "Probe disturbant group(s) of a checkpoint's task: {groups} (repeatable).")
+    length: int | None = option(None, f"With --model-factory: probe sequence length (default {FACTORY_LENGTH}), tokens uniform over the embedding's vocabulary; with --text: the row length, start token included (default {FACTORY_LENGTH}).")
+    token_counts: Path | None = option(None, "With --model-factory: counts per token id (.npy, or one per line): steps are classed frequent/rare by them.")
+    corpus: Path | None = option(None, CORPUS_HELP)
+    split: float = SPLIT  # with text: the share of the types that occur which are frequent
 
-    def __post_init__(self, top_sv: int | None, warmup: int | None) -> None:
+    def __post_init__(self) -> None:
         """Types and ranges; the memory and time the sizes imply are checked once the model is known
         (:func:`plan_dynamics`). ``parts`` may be a comma-separated string."""
-        renamed_field(self, "top_sv", top_sv, "sv")
-        renamed_field(self, "warmup", warmup, "lyap_warmup")  # train's --warmup is the learning-rate warm-up
         if isinstance(self.parts, str):
             object.__setattr__(self, "parts", tuple(p.strip() for p in self.parts.split(",") if p.strip()))
         elif isinstance(self.parts, (tuple, list)) and all(isinstance(p, str) for p in self.parts):  # --parts a,b --parts c
@@ -288,6 +302,14 @@ class DynamicsOptions:
         object.__setattr__(self, "seed", as_seed(self.seed, "seed"))
         check(self.seed < 2**63 - 1, f"seed: got {self.seed}; it must be below {2**63 - 1} (trajectories use seed + 1)")
         check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
+        for name in ("target_freq", "disturbant"):
+            as_groups(self, name)
+        for name in ("token_counts", "corpus"):
+            as_path(self, name)
+        if self.length is not None:
+            object.__setattr__(self, "length", as_count(self.length, "length", 1, MAX_COUNT))
+        check(isinstance(self.split, (int, float)) and not isinstance(self.split, bool) and 0 < self.split < 1,
+              f"split: got {self.split!r}; it must lie strictly between 0 and 1")
 
     @property
     def resolved(self) -> bool:
@@ -328,17 +350,17 @@ class AccuracyOptions:
     # None: 4 (quarters) where there is a grid
     bins: int | tuple[int, ...] | str | None = option(None, 'Target-position bins of the grid: a count or 0-based edges (0,8,64). Default: 4 (quarters; one per position on a shorter grid); refused for a checkpoint without a grid.')
     grid: bool | None = option(None, 'Require (--grid) or skip (--no-grid) the frequency grid. Default: evaluate it when the checkpoint has one.')
-    device: str = option("auto", 'auto (cuda when present), cpu, cuda or cuda:N.')
+    device: str = option(DEFAULT_DEVICE, 'auto (cuda when present), cpu, cuda or cuda:N.')
     batch_size: int = option(1024, 'Sequences per forward pass (with --text: rows per forward pass, default 16).')
     decoding: str = option("both", 'Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.')
     resamples: int | None = option(None, 'Bootstrap resamples: of the per-position cosine-similarity CIs (reverse-continuous; default 10,000), or with --text of the CIs over paragraphs (default 1,000).')
     seed: int | None = option(None, 'Seed of the bootstrap resamples (reverse-continuous, or --text; default 0).')
     # lm checkpoints: read this corpus directory instead of the recorded one
     corpus: str | None = option(None, "lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")
-    chunk: InitVar[int | None] = None  # batch_size's name before issue #24 (a keyword only; read batch_size)
 
-    def __post_init__(self, chunk: int | None) -> None:
-        renamed_field(self, "chunk", chunk, "batch_size")
+    def __post_init__(self) -> None:
+        if isinstance(self.corpus, Path):
+            object.__setattr__(self, "corpus", str(self.corpus))
         if isinstance(self.bins, str):  # as the flag gives it: '4' or '0,8,64'
             object.__setattr__(self, "bins", parse_bins(self.bins))
         object.__setattr__(self, "batch_size", as_count(self.batch_size, "batch_size", 1, MAX_COUNT))
@@ -357,7 +379,7 @@ class AccuracyOptions:
 
     @property
     def resamples_used(self) -> int:
-        return 10_000 if self.resamples is None else self.resamples
+        return RESAMPLES if self.resamples is None else self.resamples
 
     @property
     def seed_used(self) -> int:
@@ -380,29 +402,26 @@ class SummarizeOptions:
                                            "rarity, distribution, and the cores' own settings) or by their short names "
                                            "(model, vocab, hidden, layers, embed, combine, state, …; an unknown name "
                                            "lists them all).")
-    unit: str = option("trial", "Resampling unit: trial (seeds, as in the paper) or token (pooled "
+    unit: str = option(UNITS[0], "Resampling unit: trial (seeds, as in the paper) or token (pooled "
                                 "tokens/sequences/triplets).")
-    resamples: int = option(10_000, "Bootstrap resamples.")
-    ci: float = option(0.95, "Confidence level.")
-    # its name before issue #39 was method, which is stability's Jacobian engine (the old name is a hidden flag and a
-    # keyword, both warning); summary stores still record it as their "method" attribute
-    interval: str = option("percentile", "Interval: {intervals} (percentile is the paper's; t is Student t, "
+    resamples: int = option(RESAMPLES, "Bootstrap resamples.")
+    ci: float = option(CONFIDENCE, "Confidence level.")
+    # summary stores record it as their "method" attribute
+    interval: str = option(INTERVAL, "Interval: {intervals} (percentile is the paper's; t is Student t, "
                                          "better coverage with few trials).")
     metric: tuple[str, ...] = option((), "Metrics to show (repeatable; 'all' for every one). Default: the main ones. "
                                          "The store always holds all.")
-    score: str = option("default", "Stability stores: which score to summarize: {scores}.")
+    score: str = option(DEFAULT_SCORE, "Stability stores: which score to summarize: {scores}.")
     compare: str | None = option(None, "A --by field with two values (e.g. pe): paired permutation test between "
                                        "them, by seed.")
-    checkpoints: str = option("last", "Which checkpoints of each store: last, or all (with --compare: the seed-level "
+    checkpoints: str = option(SUMMARY_CHECKPOINTS, "Which checkpoints of each store: last, or all (with --compare: the seed-level "
                                       "interval of the difference at every training iteration, and the test of "
                                       "whether it opens from the first to the last; docs/cli.md).")
-    margin: float = option(0.05, "With --checkpoints all and --compare: the equivalence margin of the test's 'no "
+    margin: float = option(EQUIVALENCE_MARGIN, "With --checkpoints all and --compare: the equivalence margin of the test's 'no "
                                  "effect' (both t-intervals inside ±margin).", low=0)
     seed: int = option(0, "Seed of the bootstrap and permutation resampling.")
-    method: InitVar[str | None] = None  # interval's name before issue #39 (a keyword only; read interval)
 
-    def __post_init__(self, method: str | None) -> None:
-        renamed_field(self, "method", method, "interval")  # stability's --method is the Jacobian engine
+    def __post_init__(self) -> None:
         check(self.kind is None or self.kind in SUMMARIZED,
               f"kind: got {self.kind!r}; valid kinds are {', '.join(SUMMARIZED)}")
         if isinstance(self.by, (tuple, list)):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import json
 import time
@@ -13,10 +12,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 import xarray as xr
 from torch import nn
 
+from gradscope.fields import DEFAULT_SCORE, RESAMPLES
+from gradscope.workflows.options import DEVICE_LABEL
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean
 from gradscope.analysis.cost import OVERRUN, PlanWarning, Rates
 from gradscope.analysis.stability import PAIRS, StabilityPlan, StabilityResult, plan_stability, probe_stability
@@ -34,11 +34,11 @@ from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import TASKS, probe_tasks
 from gradscope.workflows.families import evaluation_of
-from gradscope.workflows.common import (conditions_for, config_attrs,
-                                        checkpoint_sources, expand_checkpoints, load_source, model_id, warn_diverged)
+from gradscope.workflows.common import (conditions_for, config_attrs, expand_checkpoints, load_source, model_id,
+                                        warn_diverged)
 from gradscope.tasks import make_task
 from gradscope.tasks.config import TaskConfig
-from gradscope.workflows.options import RENAMED_OPTIONS, StabilityOptions, deprecated, take_renamed  # declared there, torch-free (--help)
+from gradscope.workflows.options import StabilityOptions  # declared there, torch-free (--help)
 
 
 
@@ -135,7 +135,7 @@ class StabilityRun:
     results: list[CheckpointResult]
     options: StabilityOptions
     command: str = ""
-    device: str = "cpu"
+    device: str = DEVICE_LABEL
     configs: tuple[dict[str, Any], ...] = ()
     plans: tuple[StabilityPlan, ...] = ()  # per checkpoint: exact or sketch, and why
 
@@ -157,7 +157,7 @@ class StabilityRun:
         configs = self.configs or (self.config,) * len(self.results)
         return [model_id(c["model_config"]) for c in configs]
 
-    def summary(self, kind: str = "default", seed: int = 0, resamples: int = 10_000) -> list["SummaryRow"]:
+    def summary(self, kind: str = DEFAULT_SCORE, seed: int = 0, resamples: int = RESAMPLES) -> list["SummaryRow"]:
         return summarize(self.results, self.probes, kind, seed, resamples, self.models)
 
     @property
@@ -259,11 +259,11 @@ def warn_diverged_jacobians(run: StabilityRun) -> None:
                                                       f"scores), counted and left out of every mean")
 
 
-def run_stability(paths: list[Path | Loaded], opts: StabilityOptions,
-                  on_start: Callable[[int], None] | None = None,
-                  on_progress: Callable[[int], None] | None = None, *, command: str = "",
-                  device_label: str | None = None, probes: Probes | None = None,
-                  on_plan: Callable[[StabilityPlan], None] | None = None) -> StabilityRun:
+def run_checkpoint_stability(paths: list[Path | Loaded], opts: StabilityOptions, *,
+                             on_start: Callable[[int], None] | None = None,
+                             on_progress: Callable[[int], None] | None = None, command: str = "",
+                             device_label: str | None = None, probes: Probes | None = None,
+                             on_plan: Callable[[StabilityPlan], None] | None = None) -> StabilityRun:
     """Analyse every checkpoint with the same probes. ``on_start(total triplets)`` then
     ``on_progress(k)`` report progress. Checkpoints are loaded one at a time, and each is dropped
     (optimizer state and all) before the next is loaded. Non-finite Jacobians (a diverged model)
@@ -394,8 +394,8 @@ class SummaryRow:
     model: str = ""  # the checkpoint's model label (see StabilityRun.models)
 
 
-def summarize(results: list[CheckpointResult], probes: Probes, kind: str = "default", seed: int = 0,
-              resamples: int = 10_000, models: list[str] | None = None) -> list[SummaryRow]:
+def summarize(results: list[CheckpointResult], probes: Probes, kind: str = DEFAULT_SCORE, seed: int = 0,
+              resamples: int = RESAMPLES, models: list[str] | None = None) -> list[SummaryRow]:
     """Mean score with a 95% bootstrap CI over triplets, per checkpoint × condition × pair; NaN
     scores are counted in each interval's ``nan`` and left out of its mean."""
     check(kind in results[0].result.scores, f"score: got {kind!r}; valid values are "
@@ -412,61 +412,3 @@ def summarize(results: list[CheckpointResult], probes: Probes, kind: str = "defa
                                        bootstrap_mean(scores[i, mask], seed=seed, resamples=resamples), c,
                                        models[c] if models else ""))
     return rows
-
-
-def stability(source: Any, *, probes: Any = None, target_pos: int = 1, triplets: int = 64,
-              target_freq: tuple[str, ...] = (), disturbant: tuple[str, ...] = (), seed: int = 0,
-              method: str = "auto", batch_size: int = 32, sv: int = 64, device: str = "auto",
-              token_counts: str | Path | None = None, length: int | None = None, filler: int | None = None,
-              split: float = 0.5, corpus: str | Path | None = None, estimator: str = "auto",
-              sketch_units: int | None = None, checkpoint_budget_seconds: float = 600.0, **renamed: Any) -> xr.Dataset:
-    """Gradient stability (docs/definitions.md §4) as an xarray Dataset with the variables of a stability store
-    (write it with ``gradscope.store.write_store``). Each option is named as its ``gradscope
-    stability`` flag (``target_pos`` is ``--target-pos``); the names before issue #24 (position,
-    chunk, top_sv, target_groups, disturbant_groups) still work, with a DeprecationWarning.
-
-    source: a checkpoint file or run directory (or a list of them: every checkpoint, oldest first),
-    a :class:`~gradscope.files.checkpoint.Loaded` (not read again), or an in-memory model
-    (``gradscope.wrap(...)`` or ``gradscope.load(...).model``).
-    probes: None (generated: ``triplets`` per condition of the checkpoint's task, or, for a wrapped
-    model, from ``token_counts`` and ``length``), a path (.npy (n, 3, L) token ids, .npz, or a
-    stability store), a :class:`~gradscope.tasks.probes.Probes`, or an integer tensor (n, 3, L).
-    target_pos: the target position p (1-based). filler: a wrapped model's output-phase token (L
-    copies after each probe; None: no output phase). corpus: an lm checkpoint's corpus directory, if
-    it moved since training (its manifest must match the run's).
-    estimator: "auto" (exact wherever it fits ``checkpoint_budget_seconds`` and the memory budget,
-    else a sketch), "exact" or "sketch"; sketch_units: the sketch's independent units (default: the
-    most in 4…16 that fit the budget). A sketched store holds ``se_<variable>`` standard errors beside
-    each estimated variable (docs/stores.md).
-    """
-    given = None
-    probes_path = None
-    if isinstance(probes, (str, Path)):
-        probes_path = Path(probes)
-    elif isinstance(probes, (torch.Tensor, Probes)):
-        if isinstance(probes, torch.Tensor) and probes.device.type not in ("cpu", "meta"):
-            probes = probes.cpu()
-        given = validate_probes(probes)
-    else:
-        check(probes is None, f"probes: got {type(probes).__name__}; expected a path, a Probes or a tensor (n, 3, L)")
-    unknown = sorted(set(renamed) - set(RENAMED_OPTIONS))
-    check(not unknown, f"{unknown[0] if unknown else ''}: not an option of stability")
-    if "probes_file" in renamed:  # the old name of a probes path
-        check(probes is None, "probes: given twice, also as probes_file (its old name); give probes only")
-        deprecated("stability(probes_file=…) is now probes=…, as its flag --probes")
-        probes_path = Path(renamed["probes_file"])
-    named = {"target_freq": target_freq, "disturbant": disturbant, "target_pos": target_pos, "batch_size": batch_size,
-             "sv": sv, "checkpoint_budget_seconds": checkpoint_budget_seconds,
-             **{k: v for k, v in renamed.items() if k != "probes_file"}}
-    take_renamed(named, {k: v for k, v in RENAMED_OPTIONS.items() if k != "probes_file"}, "stability",
-                 {n: p.default for n, p in inspect.signature(stability).parameters.items()})
-    opts = StabilityOptions(target_freq=tuple(named["target_freq"]), disturbant=tuple(named["disturbant"]),
-                            target_pos=named["target_pos"], triplets=triplets, probes=probes_path, seed=seed,
-                            method=method, batch_size=named["batch_size"], sv=named["sv"], device=device,
-                            token_counts=Path(token_counts) if token_counts is not None else None,
-                            length=length, filler=filler, split=split, corpus=None if corpus is None else Path(corpus),
-                            estimator=estimator, sketch_units=sketch_units,
-                            checkpoint_budget_seconds=named["checkpoint_budget_seconds"])
-    if isinstance(source, nn.Module):
-        return run_model_stability(source, opts, probes=given).to_xarray()
-    return run_stability(checkpoint_sources(source), opts, probes=given).to_xarray()

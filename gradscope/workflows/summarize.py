@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from gradscope.fields import CONFIDENCE, EQUIVALENCE_MARGIN, INTERVAL, RESAMPLES
+from gradscope.workflows.options import UNITS
 from gradscope.analysis.bootstrap import (FEW_TRIALS, PermutationResult, confidence_interval,
                                           paired_permutation_test)
 from gradscope.analysis.trend import trend_test
@@ -24,7 +26,7 @@ from gradscope.store.records import SummaryEntry, TrainingComparison, TrainingPo
 from gradscope.store.io import store_kind
 from gradscope.store.summary import (expand_store_paths, summary_attrs, summary_dataset, training_dataset,
                                      trial_records)
-from gradscope.workflows.options import SummarizeOptions, take_renamed
+from gradscope.workflows.options import SummarizeOptions, with_overrides
 
 # `--by` names of the shared fields; the registered cores' own settings add theirs (field_aliases)
 FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_combine", "vocab": "vocab_size",
@@ -94,8 +96,8 @@ def unmatched_fields(records: list[TrialRecord], by: tuple[str, ...]) -> list[st
 
 
 def summarize_groups(groups: dict[tuple[str, ...], list[TrialRecord]], by: tuple[str, ...], metrics: list[str], *,
-                     unit: str = "trial", method: str = "percentile", confidence: float = 0.95,
-                     resamples: int = 10_000, seed: int = 0) -> list[SummaryEntry]:
+                     unit: str = UNITS[0], method: str = INTERVAL, confidence: float = CONFIDENCE,
+                     resamples: int = RESAMPLES, seed: int = 0) -> list[SummaryEntry]:
     """Mean and CI of every metric in every group."""
     check(unit in ("trial", "token"), f"unit: got {unit!r}; valid values are trial, token")
     if unit == "token":  # pooled resampling needs unit-level values (per-bin grid metrics have none)
@@ -167,8 +169,8 @@ def _differences(pairs: dict[int, tuple[TrialRecord, TrialRecord]], metric: str,
 
 
 def compare_over_training(records: list[TrialRecord], by: tuple[str, ...], field_name: str, metrics: list[str], *,
-                          method: str = "percentile", confidence: float = 0.95, resamples: int = 10_000,
-                          seed: int = 0, margin: float = 0.05) -> list[TrainingComparison]:
+                          method: str = INTERVAL, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                          seed: int = 0, margin: float = EQUIVALENCE_MARGIN) -> list[TrainingComparison]:
     """Two arms over seeds and training checkpoints (records of every checkpoint: ``trial_records(...,
     checkpoints="all")``). Within each combination of the other ``by`` fields and for each metric: at every
     iteration, the interval (``method``) of the per-seed differences b − a over the seeds both arms have
@@ -231,22 +233,19 @@ def few_trials(entries: list[SummaryEntry]) -> bool:
     return any(e.interval.n < FEW_TRIALS for e in entries)
 
 
-def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...] = "core,pe,vocab_size",
-              unit: str = "trial", resamples: int = 10_000, ci: float = 0.95, interval: str = "percentile",
-              metric: tuple[str, ...] = (), score: str = "default", compare: str | None = None,
-              checkpoints: str = "last", margin: float = 0.05, seed: int = 0,
-              method: str | None = None) -> xr.Dataset:
+def summarize(source: Any, *, opts: SummarizeOptions | None = None, **overrides: Any) -> xr.Dataset:
     """Seeds as trials: the mean and confidence interval of every metric per group of stores, as the
     summary store's Dataset: ``mean``, ``low``, ``high``, ``n``, ``nan`` over (group, metric), the
     per-seed ``values`` and ``seed``, and a ``label`` and one coordinate per ``by`` field on ``group``.
     ``ds.to_dataframe()`` (or ``ds[["mean", "low", "high", "n"]].to_dataframe()``) is the table
-    ``gradscope summarize`` prints, from the same numbers. Options are named as its flags.
+    ``gradscope summarize`` prints, from the same numbers. opts: :class:`SummarizeOptions` (None: the defaults);
+    overrides: any of its fields, named as the command's flags.
 
     source: a store path, a sweep directory, a folder of stores or a quoted wildcard, or a list of
     them; stores of one kind (accuracy or stability), or ``kind`` to pick one.
     by: config fields to group by (comma-separated or a tuple), named as gradscope train's settings (core, pe,
     vocab_size, hidden_size, …) or by their short names (model, vocab, hidden, …).
-    interval: the interval method (percentile, bca, basic, t); ``method`` is its name before issue #39 (it warns).
+    interval: the interval method (percentile, bca, basic, t).
     compare with checkpoints="all": two arms (e.g. ``compare="pe"``) over seeds and training checkpoints, for
     the ``metric`` chosen (default: the main ones): the dataset also holds, per contrast, metric and
     iteration, the seed-level interval of the difference (``diff_mean``, ``diff_low``, ``diff_high``,
@@ -254,11 +253,7 @@ def summarize(source: Any, *, kind: str | None = None, by: str | tuple[str, ...]
     ``change_*``, ``verdict``; :func:`gradscope.analysis.trend.trend_test`). The main table is at each
     store's last checkpoint either way.
     """
-    named = {"interval": interval, "method": method}
-    take_renamed(named, {"method": "interval"}, "summarize", {"interval": "percentile"})
-    opts = SummarizeOptions(kind=kind, by=by, unit=unit, resamples=resamples, ci=ci, interval=named["interval"],
-                            metric=metric, score=score, compare=compare, checkpoints=checkpoints, margin=margin,
-                            seed=seed)  # every value checked there, as for the command
+    opts = with_overrides(SummarizeOptions, opts, overrides, "summarize")  # every value checked there
     plan = plan_summary(source, opts)
     attrs = summary_attrs("", plan.fields, opts.unit, opts.interval, opts.ci, opts.resamples,
                           [r.path for r in plan.records], plan.kind)

@@ -32,7 +32,6 @@ import shutil
 import socket
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,16 +40,15 @@ import torch
 
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import safe_component
-from gradscope.presets import BETAS, PRESETS, RENAMED_SETTINGS, build_config, renamed
+from gradscope.presets import BETAS, PRESETS, build_config
 from gradscope.presets import settings as settings_of_a_run
 from gradscope.store.io import write_store
 from gradscope.train.loop import EVAL_FILE, is_run_dir, read_run_config
 from gradscope.workflows.accuracy import AccuracyOptions
 from gradscope.workflows.lock import point_lock
-from gradscope.workflows.reproduce import (Layout, PlannedRun, accuracy_step, check_run_sizes, stability_step,
+from gradscope.workflows.study.reproduce import (Layout, PlannedRun, accuracy_step, check_run_sizes, stability_step,
                                            train_step)
 from gradscope.workflows.common import conditions_for
-from gradscope.workflows.options import RENAMED_OPTIONS
 from gradscope.workflows.stability import StabilityOptions
 from gradscope.tasks.registry import probe_tasks
 
@@ -61,8 +59,7 @@ else:  # pragma: no cover - Python 3.10
 
 SPEC_KEYS = ("name", "preset", "settings", "axes", "accuracy", "stability")
 ACCURACY_KEYS = ("checkpoints", "bins", "device")
-# target_pos is --target-pos; position, its name before issue #24, is still read (one of the two)
-STABILITY_KEYS = ("checkpoints", "target_freq", "disturbant", "triplets", "target_pos", "position", "seed", "device")
+STABILITY_KEYS = ("checkpoints", "target_freq", "disturbant", "triplets", "target_pos", "seed", "device")
 Checkpoints = str | tuple[int, ...]  # "all", "last" or iterations
 MAX_SPEC_BYTES = 1 << 20  # a spec is a few lines; more is a mistake (or an attack)
 MAX_POINTS = 10_000  # grid points of one sweep
@@ -88,16 +85,6 @@ class Analyses:
         described = {"accuracy": opts(self.accuracy), "accuracy_checkpoints": self.accuracy_checkpoints,
                      "stability": opts(self.stability), "stability_checkpoints": self.stability_checkpoints}
         return json.loads(json.dumps(described))  # as the manifest will hold it (tuples become lists)
-
-
-def recorded_analyses(described: Any) -> Any:
-    """A manifest's recorded analyses as :meth:`Analyses.describe` names them now: a stability option recorded
-    under its name before a rename (``budget_seconds`` before issue #39) is read under its new name, so a
-    sweep written before the rename resumes."""
-    if not isinstance(described, dict) or not isinstance(described.get("stability"), dict):
-        return described
-    stability = {RENAMED_OPTIONS.get(k, k): v for k, v in described["stability"].items()}
-    return {**described, "stability": stability}
 
 
 @dataclass(frozen=True)
@@ -195,22 +182,13 @@ def _analyses(doc: dict[str, Any]) -> Analyses:
             stab = StabilityOptions(target_freq=_groups("stability", "target_freq", table.get("target_freq", [])),
                                     disturbant=_groups("stability", "disturbant", table.get("disturbant", [])),
                                     triplets=_int("stability", "triplets", table.get("triplets", 16), 1),
-                                    target_pos=_target_pos(table),
+                                    target_pos=_int("stability", "target_pos", table.get("target_pos", 1), 1),
                                     seed=_int("stability", "seed", table.get("seed", 0), 0),
                                     device=_text("stability", "device", table.get("device", "auto")))
         except GradscopeError as exc:
             raise GradscopeError(str(exc) if str(exc).startswith("spec:") else f"spec: [stability] {exc}") from None
         stab_ckpt = _checkpoints("stability", table.get("checkpoints", "all"))
     return Analyses(acc, acc_ckpt, stab, stab_ckpt)
-
-
-def _target_pos(table: dict[str, Any]) -> int:
-    """[stability]'s target position: ``target_pos`` (the flag's name, --target-pos), or ``position`` (its name
-    before issue #24, still read); not both."""
-    check(not ("target_pos" in table and "position" in table),
-          "spec: [stability] target_pos: given twice, also as position (its old name); give target_pos only")
-    key = "position" if "position" in table else "target_pos"
-    return _int("stability", key, table.get(key, 1), 1)
 
 
 def parse_spec(text: str, source: str = "spec") -> SweepSpec:
@@ -230,10 +208,9 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     axes = doc.get("axes", {})
     check(isinstance(settings, dict), "spec: settings must be a table ([settings])")
     check(isinstance(axes, dict) and bool(axes), "spec: give at least one axis in [axes], e.g. seed = [1, 2]")
-    names = (*settings_of_a_run(), *RENAMED_SETTINGS)  # the registered cores' own options included; old names warn
+    names = settings_of_a_run()  # the registered cores' own options included
     _unknown("[settings]", settings, (*names, *BETAS))
     _unknown("[axes]", axes, names)
-    renamed({**settings, **{k: v[0] if isinstance(v, list) and v else v for k, v in axes.items()}})  # warn once per old name
     both = sorted(set(settings) & set(axes))
     check(not both, f"spec: {', '.join(both)} is both a setting and an axis; keep it in one place")
     for key, value in settings.items():
@@ -312,9 +289,7 @@ def plan_points(spec: SweepSpec) -> list[SweepPoint]:
         axes = tuple(zip(names, values))
         options = {**dict(spec.settings), **dict(axes)}
         try:
-            with warnings.catch_warnings():  # an old setting name: parse_spec said so once
-                warnings.simplefilter("ignore", DeprecationWarning)
-                config = build_config(spec.preset, options)
+            config = build_config(spec.preset, options)
         except GradscopeError as exc:
             where = ", ".join(f"{a}={v}" for a, v in axes)
             raise GradscopeError(f"spec: at {where}: {exc}") from None

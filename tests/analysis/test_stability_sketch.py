@@ -122,8 +122,6 @@ def test_plan_exact_where_it_fits_else_a_sketch() -> None:
     assert plan_stability(big, 768, 32, 1, checkpoint_budget_seconds=1e9, memory_bytes=1 << 30).estimator == "sketch"  # J too big
     with pytest.raises(GradscopeError, match=r"checkpoint_budget_seconds: exact J .* a sketch of 4 units ~[\d,]+ s \(budget 10 s\)"):
         plan_stability(big, 768, 32, 1, checkpoint_budget_seconds=10)
-    with pytest.warns(DeprecationWarning, match="now checkpoint_budget_seconds"):  # its name before issue #39
-        assert plan_stability(big, 768, 32, 1, budget_seconds=1e9, memory_bytes=1 << 40).estimator == "exact"
     with pytest.raises(GradscopeError, match="estimator: got 'fast'"):
         plan_stability(big, 768, 32, 1, estimator="fast")
 

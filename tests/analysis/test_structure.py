@@ -249,8 +249,6 @@ def test_options_papercuts() -> None:
     assert DynamicsOptions(steps=50).lyap_warmup == 5 and DynamicsOptions().filled().lyap_warmup == 100  # a tenth, at most 100
     with pytest.raises(GradscopeError, match="below steps = 50"):
         DynamicsOptions(steps=50, lyap_warmup=60)
-    with pytest.warns(DeprecationWarning, match="now lyap_warmup="):  # its name before issue #39
-        assert DynamicsOptions(steps=50, warmup=7).lyap_warmup == 7
     assert DynamicsOptions(parts="lyapunov").parts == ("lyapunov",)
     assert DynamicsOptions(parts="flow, grid").parts == ("flow", "grid")
 

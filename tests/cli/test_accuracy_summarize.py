@@ -140,20 +140,8 @@ def test_token_unit_and_t_method(runner: CliRunner, seed_runs: dict, tmp_path: P
     pooled_total = sum(int(read_store(s)["sequence_scored"].sum()) for s in stores)
     assert float(ds["mean"].sel(metric="token_accuracy")[0]) == pytest.approx(pooled_right / pooled_total)
     assert int(ds["n"].sel(metric="token_accuracy")[0]) == pooled_total
-    # --interval's old name (issue #39: stability's --method is the Jacobian engine) works for one release, warning
-    again = tmp_path / "tok-old.zarr"
-    old = _run(runner, "summarize", *stores, "--unit", "token", "--method", "t", "-o", again, "--resamples", "500")
-    assert old.exit_code == 0 and old.stderr.splitlines()[0] == ("warning: --method is deprecated and will be removed; "
-                                                                 "use --interval (stability's --method is the Jacobian "
-                                                                 "engine)"), old.stderr
-    np.testing.assert_array_equal(read_store(again)["low"].values, ds["low"].values)
-    assert read_store(again).attrs["method"] == ds.attrs["method"] == "t"  # the store's attribute keeps its name
-    both = _run(runner, "summarize", *stores, "--method", "t", "--interval", "t", "-o", tmp_path / "both.zarr")
-    assert both.exit_code == 2 and both.stderr.splitlines()[-1] == \
-        "error: --interval: given twice, also as --method (its old name); give --interval only"
-    with pytest.warns(DeprecationWarning, match=r"now interval="):
-        api = gradscope.summarize([str(s) for s in stores], unit="token", method="t", resamples=500)
-    np.testing.assert_array_equal(api["low"].values, ds["low"].values)
+    api = gradscope.summarize([str(s) for s in stores], unit="token", interval="t", resamples=500)
+    assert api.attrs["method"] == "t"  # the store's attribute keeps its name
 
 
 def test_summarize_stability_stores(runner: CliRunner, seed_runs: dict, tmp_path: Path) -> None:

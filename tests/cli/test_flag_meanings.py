@@ -54,8 +54,7 @@ SAME_MEANING = {
 # two meanings under one name: none. --method (stability's Jacobian engine) was also summarize's interval method, now
 # --interval; --warmup (train's learning-rate warm-up) was also dynamics' Lyapunov warm-up, now --lyap-warmup;
 # --budget-seconds (dynamics: the whole command's) was stability's per checkpoint, now --checkpoint-budget-seconds.
-# Each old name still works for one release, hidden and warning (tests/cli/test_accuracy_summarize.py,
-# tests/workflows/test_dynamics.py, and below)
+# The old names are gone (nothing was released): each is an unknown option (tests/workflows/test_api.py)
 TWO_MEANINGS: dict[str, str] = {}
 
 
@@ -110,15 +109,10 @@ def test_a_flag_shared_by_commands_reads_the_same_or_says_why_not() -> None:
 
 def test_reproduce_model_dir_is_no_longer_named_like_a_model_factory(tmp_path: Path) -> None:
     """`reproduce --model DIR` named a directory, while `--model` is --model-factory's short name in stability,
-    dynamics and accuracy: it is --model-dir now; the old name still works for one release, with a warning."""
+    dynamics and accuracy: it is --model-dir now, and --model is no option of reproduce."""
     runner = CliRunner()
     old = runner.invoke(app, ["reproduce", "--model", str(tmp_path), "-o", str(tmp_path / "study")])
-    assert old.exit_code == 2 and old.stderr.splitlines() == [
-        "warning: --model is deprecated and will be removed; use --model-dir (--model names a model factory elsewhere)",
-        "error: --model-dir/--text: they go together: gradscope reproduce --model-dir DIR --text FILE -o OUT"], old.stderr
-    both = runner.invoke(app, ["reproduce", "--model", str(tmp_path), "--model-dir", str(tmp_path), "--text", "t.txt"])
-    assert both.exit_code == 2 and both.stderr == \
-        "error: --model-dir: given twice, also as --model (its old name); give --model-dir only\n"
+    assert old.exit_code == 2 and "No such option: --model" in old.stderr, old.stderr
     assert not (tmp_path / "study").exists()
 
 
@@ -134,7 +128,7 @@ def test_a_refusal_names_the_option_as_the_user_typed_it(tmp_path: Path) -> None
 
 def test_stability_budget_per_checkpoint_has_its_own_name(tmp_path: Path) -> None:
     """`stability --budget-seconds` was per checkpoint while `dynamics --budget-seconds` is the whole command's
-    (found in review): stability's is --checkpoint-budget-seconds; the old name works for one release, warning."""
+    (found in review): stability's is --checkpoint-budget-seconds."""
     runner = CliRunner()
     args = ["stability", str(SAMPLE), "--triplets", "2", "--target-freq", "rare", "--disturbant", "rare", "-q"]
     new = runner.invoke(app, [*args, "--checkpoint-budget-seconds", "0.001", "-o", str(tmp_path / "a.zarr")])
@@ -142,15 +136,4 @@ def test_stability_budget_per_checkpoint_has_its_own_name(tmp_path: Path) -> Non
     assert new.exit_code == old.exit_code == 2, (new.stderr, old.stderr)
     assert new.stderr.startswith("error: --checkpoint-budget-seconds: exact J"), new.stderr
     assert new.stdout == ""  # no bar was shown, so none of rich's empty line after the bars either
-    assert old.stderr.splitlines() == ["warning: --budget-seconds is deprecated and will be removed; use "
-                                       "--checkpoint-budget-seconds (dynamics' --budget-seconds is the whole "
-                                       "command's)", *new.stderr.splitlines()]
-    done = runner.invoke(app, [*args, "--budget-seconds", "500", "-o", str(tmp_path / "c.zarr")])
-    assert done.exit_code == 0, done.stderr  # the store records the command with the flag that will keep working
-    from gradscope.store.io import read_store
-    assert "--checkpoint-budget-seconds 500.0" in read_store(tmp_path / "c.zarr").attrs["command"]
-    assert "--budget-seconds" not in read_store(tmp_path / "c.zarr").attrs["command"].replace("--checkpoint-budget", "")
-    both = runner.invoke(app, [*args, "--budget-seconds", "5", "--checkpoint-budget-seconds", "5"])
-    assert both.exit_code == 2 and both.stderr.splitlines()[-1] == ("error: --checkpoint-budget-seconds: given twice, "
-                                                                    "also as --budget-seconds (its old name); give "
-                                                                    "--checkpoint-budget-seconds only")
+    assert "No such option: --budget-seconds" in old.stderr, old.stderr

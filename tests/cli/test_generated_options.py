@@ -24,7 +24,7 @@ from gradscope.cli.stability import stability_command
 from gradscope.cli.summarize import summarize_command
 from gradscope.cli.sweep import sweep_command
 from gradscope.workflows.options import AccuracyOptions, DynamicsOptions, StabilityOptions, SummarizeOptions
-from gradscope.workflows.study_options import (ClusterOptions, CorpusOptions, ReportOptions, StudyOptions,
+from gradscope.workflows.study.options import (ClusterOptions, CorpusOptions, ReportOptions, StudyOptions,
                                                TextStudyOptions)
 
 CASES = [("stability", StabilityOptions, stability_command), ("dynamics", DynamicsOptions, dynamics_command),

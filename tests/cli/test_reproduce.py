@@ -34,7 +34,7 @@ def test_reproduce_micro_end_to_end_and_resume(runner: CliRunner, tmp_path: Path
 
 def test_half_trained_runs_are_resumed_and_foreign_runs_refused(tmp_path: Path) -> None:
     from gradscope.train import train
-    from gradscope.workflows.reproduce import Layout, plan_runs, train_step
+    from gradscope.workflows.study.reproduce import Layout, plan_runs, train_step
     layout = Layout(tmp_path / "study")
     planned = plan_runs("tiny", [DEFAULT_CORE], [1], iterations=8, pes=("none",))[0]
     train(planned.config, layout.run(planned), stop_after=4)
@@ -84,11 +84,11 @@ def test_the_study_loop_runs_from_python_as_the_command_runs_it(runner: CliRunne
 
 def test_the_dry_run_measures_training_steps_from_python_as_the_command_does(runner: CliRunner, tmp_path: Path) -> None:
     """--dry-run's CPU-time column: a few real training steps of each planned configuration, timed by
-    gradscope.workflows.reproduce.seconds_per_step (a notebook can call it on the plan)."""
+    gradscope.workflows.study.reproduce.seconds_per_step (a notebook can call it on the plan)."""
     import math
 
-    from gradscope.workflows.reproduce import plan_study, seconds_per_step
-    from gradscope.workflows.study_options import StudyOptions
+    from gradscope.workflows.study.reproduce import plan_study, seconds_per_step
+    from gradscope.workflows.study.options import StudyOptions
 
     study = plan_study(StudyOptions(seeds="1", iterations=10), tmp_path / "s")
     seconds = seconds_per_step(study.runs[0])

@@ -1,7 +1,6 @@
-"""A run's settings are named once, as their config fields (issue #39, part 2): `gradscope train
+"""A run's settings are named once, as their config fields : `gradscope train
 --<field>`, a sweep spec's key and :func:`gradscope.presets.build_config`'s option are the same
-name, so an error that names a field names the flag, with no table between them and no rewriting.
-The old names (--vocab, --model, --hidden, …) still work for one release, with a warning."""
+name, so an error that names a field names the flag, with no table between them and no rewriting."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ from gradscope.fields import option
 
 TINY = ["--length", "4", "--embed-size", "4", "--iterations", "2", "--checkpoint-every", "2", "--batch-size", "4",
         "--heldout-size", "8", "--grid-per-cell", "1", "-q"]
-OLD_TINY = ["--length", "4", "--embed", "4", "--iterations", "2", "--checkpoint-every", "2", "--batch-size", "4",
-            "--heldout", "8", "--grid-per-cell", "1", "-q"]
 
 
 def _help(runner: CliRunner) -> str:
@@ -86,35 +83,13 @@ def test_a_field_error_names_the_flag(runner: CliRunner, tmp_path: Path, args: l
     assert not (tmp_path / "r").exists()
 
 
-def test_old_and_new_flags_train_the_same_run(runner: CliRunner, tmp_path: Path) -> None:
-    """--model/--vocab/--hidden/--embed/--heldout still work, each with one warning line naming its
-    new flag, and the run is the one the new flags make; the command is recorded with the new flags (it must
-    still run once the old names are gone)."""
-    new = runner.invoke(app, ["train", "-o", str(tmp_path / "new"), "--core", "lstm", "--vocab-size", "6",
-                              "--hidden-size", "6", "--num-layers", "2", *TINY])
-    assert new.exit_code == 0, new.output
-    assert "warning" not in new.stderr
-    old = runner.invoke(app, ["train", "-o", str(tmp_path / "old"), "--model", "lstm", "--vocab", "6", "--hidden", "6",
-                              "--layers", "2", *OLD_TINY])
-    assert old.exit_code == 0, old.output
-    lines = old.stderr.splitlines()
-    for was, now in (("model", "core"), ("vocab", "vocab-size"), ("hidden", "hidden-size"), ("layers", "num-layers"),
-                     ("embed", "embed-size"), ("heldout", "heldout-size")):
-        said = [line for line in lines if line.startswith(f"warning: --{was} is deprecated")]
-        assert len(said) == 1 and said[0].endswith(f"use --{now}"), old.stderr
-    configs = [json.loads((tmp_path / d / "config.json").read_text()) for d in ("new", "old")]
-    assert configs[0]["config"] == configs[1]["config"]
-    assert configs[0]["config"]["model"]["core"] == "lstm" and configs[0]["config"]["model"]["num_layers"] == 2
-    assert "--core lstm" in configs[0]["command"] and "--hidden-size 6" in configs[0]["command"]
-    assert "--core lstm" in configs[1]["command"] and "--hidden-size 6" in configs[1]["command"]
-    assert not any(f"--{was} " in configs[1]["command"] for was in ("model", "vocab", "hidden", "layers"))
-
-
-def test_an_old_and_a_new_name_of_one_setting_are_refused(runner: CliRunner, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["train", "-o", str(tmp_path / "r"), "--vocab", "6", "--vocab-size", "8", *TINY])
-    assert result.exit_code == 2
-    assert result.stderr.startswith("error: --vocab-size: given twice, also as --vocab"), result.stderr
-    assert not (tmp_path / "r").exists()
+def test_the_old_flags_are_refused_in_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    """The settings' names before they were named as their fields (--model, --vocab, --hidden, …) are gone:
+    nothing was released, so a rename is free; each is an unknown option, and nothing is written."""
+    for old in ("--model", "--vocab", "--hidden", "--layers", "--embed", "--heldout"):
+        result = runner.invoke(app, ["train", "-o", str(tmp_path / "r"), old, "6", *TINY])
+        assert result.exit_code == 2 and "No such option" in result.stderr, (old, result.stderr)
+        assert not (tmp_path / "r").exists()
 
 
 def test_a_core_option_is_recorded_in_the_command(runner: CliRunner, tmp_path: Path) -> None:
@@ -127,32 +102,23 @@ def test_a_core_option_is_recorded_in_the_command(runner: CliRunner, tmp_path: P
     assert "--state-size 4" in command and "--core s4d" in command and "--vocab-size 6" in command
 
 
-def test_build_config_takes_the_field_names_and_the_old_ones_with_a_warning() -> None:
+def test_build_config_takes_the_field_names_only() -> None:
     from gradscope.presets import build_config
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new names warn of nothing
-        new = build_config("tiny", {"core": "lstm", "vocab_size": 8, "hidden_size": 12, "embed_size": 6,
-                                    "num_layers": 2, "heldout_size": 64})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = build_config("tiny", {"model": "lstm", "vocab": 8, "hidden": 12, "embed": 6, "layers": 2, "heldout": 64})
-    assert old == new and all(w.category is DeprecationWarning for w in caught)
-    assert sorted(str(w.message).split(",")[0] for w in caught) == [
-        "the setting embed is now embed_size", "the setting heldout is now heldout_size",
-        "the setting hidden is now hidden_size", "the setting layers is now num_layers",
-        "the setting model is now core", "the setting vocab is now vocab_size"]
-    with pytest.raises(GradscopeError, match="^hidden_size: given twice, also as hidden"):
-        build_config("tiny", {"hidden": 12, "hidden_size": 12})
+        warnings.simplefilter("error")  # the names warn of nothing
+        build_config("tiny", {"core": "lstm", "vocab_size": 8, "hidden_size": 12, "embed_size": 6, "num_layers": 2,
+                              "heldout_size": 64})
+    with pytest.raises(GradscopeError, match="^hidden: not a setting of a run"):  # an old name is a misspelt one now
+        build_config("tiny", {"hidden": 12})
     with pytest.raises(GradscopeError, match="^num_layers: got 0"):  # the field's own check, as it is
         build_config("tiny", {"num_layers": 0})
     with pytest.raises(GradscopeError, match="^hiden_size: not a setting of a run; valid settings are core, "):
         build_config("tiny", {"hiden_size": 8})  # a misspelt name was ignored, and the preset's H trained
 
 
-def test_a_sweep_spec_takes_the_field_names_and_the_old_ones_with_a_warning() -> None:
-    """A spec's keys are the settings' names; an old spec still plans the same runs under the same
-    point names (a sweep that resumes finds its points)."""
+def test_a_sweep_spec_takes_the_field_names() -> None:
+    """A spec's keys are the settings' names; an old name is an unknown key."""
     from gradscope.workflows.sweep import parse_spec, plan_points
 
     def spec(settings: str, axes: str) -> str:
@@ -162,29 +128,21 @@ def test_a_sweep_spec_takes_the_field_names_and_the_old_ones_with_a_warning() ->
         warnings.simplefilter("error")
         new = plan_points(parse_spec(spec('core = "gru"\nhidden_size = 8\nembed_size = 4',
                                           "vocab_size = [6, 8]\nnum_layers = [1, 2]")))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = plan_points(parse_spec(spec('model = "gru"\nhidden = 8\nembed = 4', "vocab = [6, 8]\nlayers = [1, 2]")))
-    assert sorted(str(w.message).split(" is now")[0] for w in caught) == [  # once each, not once per point
-        "the setting embed", "the setting hidden", "the setting layers", "the setting model", "the setting vocab"]
-    assert [p.run.config for p in old] == [p.run.config for p in new]
     assert [p.name for p in new] == ["gru-none-K6-num_layers1-s111", "gru-none-K6-num_layers2-s111",
                                      "gru-none-K8-num_layers1-s111", "gru-none-K8-num_layers2-s111"]
-    assert [p.name for p in old] == [n.replace("num_layers", "layers") for n in (p.name for p in new)]
+    with pytest.raises(GradscopeError, match="unknown key"):
+        parse_spec(spec('model = "gru"', "seed = [1]"))
     with pytest.raises(GradscopeError, match="unknown key"):
         parse_spec(spec("hidden_sizes = 8", "seed = [1]"))
 
 
-def test_sweep_says_an_old_spec_key_in_one_line(runner: CliRunner, tmp_path: Path) -> None:
+def test_sweep_refuses_an_old_spec_key_in_one_line(runner: CliRunner, tmp_path: Path) -> None:
     spec = tmp_path / "s.toml"
     spec.write_text('name = "s"\n[settings]\nhidden = 8\nembed_size = 4\niterations = 2\ncheckpoint_every = 2\n'
-                    '[axes]\nvocab = [6, 8]\n')
+                    '[axes]\nvocab_size = [6, 8]\n')
     result = runner.invoke(app, ["sweep", str(spec), "--dry-run", "-o", str(tmp_path / "out")])
-    assert result.exit_code == 0, result.output
-    said = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(said) == 2 and all(str(spec) in line for line in said), result.stderr
-    assert any("hidden is now hidden_size" in line for line in said)
-    assert any("vocab is now vocab_size" in line for line in said)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "hidden" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_summarize_groups_by_the_settings_names_as_train_spells_them() -> None:

@@ -16,7 +16,7 @@ from gradscope.analysis.lm import FREQ_LABELS, position_edges
 from gradscope.cli.app import app
 from gradscope.config import RunConfig
 from gradscope.corpus import frequency_bins, is_heading, open_corpus, paragraphs
-from gradscope.workflows.corpus import CorpusSettings, decode_ids, encode_text, prepare_corpus
+from gradscope.workflows.corpus import CorpusOptions, decode_ids, encode_text, prepare_corpus
 from gradscope.errors import GradscopeError
 from gradscope.models import SeqModel
 from gradscope.models.pe import SinusoidalPE
@@ -51,7 +51,7 @@ def write_raw(path: Path, paragraphs_: int = 240, seed: int = 0) -> list[str]:
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lm")
     write_raw(root / "raw.txt")
-    prepare_corpus(root / "raw.txt", root / "corpus", CorpusSettings(vocab_size=60, valid=0.1, test=0.1))
+    prepare_corpus(root / "raw.txt", root / "corpus", CorpusOptions(vocab_size=60, valid=0.1, test=0.1))
     return root / "corpus"
 
 
@@ -81,7 +81,7 @@ def test_sentencepiece_round_trip_and_stored_splits(corpus_dir: Path, tmp_path: 
     assert corpus.counts.sum() == corpus.splits["train"].tokens.shape[0]
     assert np.array_equal(corpus.counts, np.bincount(np.asarray(corpus.splits["train"].tokens), minlength=60))
     # deterministic: the same text and settings give the same tokenizer and tokens
-    again = prepare_corpus(tmp_path / "again.txt", tmp_path / "c2", CorpusSettings(vocab_size=60, valid=0.1, test=0.1))
+    again = prepare_corpus(tmp_path / "again.txt", tmp_path / "c2", CorpusOptions(vocab_size=60, valid=0.1, test=0.1))
     assert again.manifest["tokenizer"]["sha256"] == corpus.manifest["tokenizer"]["sha256"]
     assert np.array_equal(np.asarray(again.splits["test"].tokens), np.asarray(corpus.splits["test"].tokens))
 
@@ -250,14 +250,14 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     for name, damage in (("train.tokens.npy", b"\x93NUMPY garbage"), ("manifest.json", b"{not json"),
                          ("train.offsets.npy", None)):
         broken = tmp_path / f"broken-{name}"
-        prepare_corpus(tmp_path / "raw.txt", broken, CorpusSettings(vocab_size=40))
+        prepare_corpus(tmp_path / "raw.txt", broken, CorpusOptions(vocab_size=40))
         if damage is None:
             (broken / name).unlink()
         else:
             (broken / name).write_bytes(damage)
         fails(base + ["--corpus", str(broken)], "corpus")
     empty = tmp_path / "emptyfiles"
-    prepare_corpus(tmp_path / "raw.txt", empty, CorpusSettings(vocab_size=40))
+    prepare_corpus(tmp_path / "raw.txt", empty, CorpusOptions(vocab_size=40))
     (empty / "test.tokens.npy").write_bytes(b"")
     fails(base + ["--corpus", str(empty)], "corpus")
     fails(base + ["--corpus", str(corpus_dir), "--vocab-size", "61"], "--vocab-size")
@@ -267,7 +267,7 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     (tmp_path / "afile").write_text("x")
     fails(["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "afile" / "sub")], "not a directory")
     nested = tmp_path / "nested"
-    prepare_corpus(tmp_path / "raw.txt", nested, CorpusSettings(vocab_size=40))
+    prepare_corpus(tmp_path / "raw.txt", nested, CorpusOptions(vocab_size=40))
     (nested / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     fails(base + ["--corpus", str(nested)], "not valid JSON")
     with pytest.raises(GradscopeError, match="valid_file/test_file"):
@@ -403,7 +403,7 @@ def test_an_lm_store_whose_frequency_bins_repeat_is_refused(corpus_dir: Path, tm
 def test_corpus_preparation_reports_its_stages(tmp_path: Path) -> None:
     write_raw(tmp_path / "raw.txt")
     stages: list[str] = []
-    prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", CorpusSettings(vocab_size=40, valid=0.1, test=0.1),
+    prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", CorpusOptions(vocab_size=40, valid=0.1, test=0.1),
                    on_stage=stages.append)
     assert [s.split()[0] for s in stages] == ["reading", "training", "encoding", "writing"]
 

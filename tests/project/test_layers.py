@@ -1,8 +1,8 @@
-"""The package's layers point one way (issues #14, #24): every package and top-level module of
-gradscope has a rank of its own, and a module imports only from its own package or lower ranks
-(docs/architecture.md draws the graph). reports read data only through store; the library never
-imports typer or plotly; no import cycles, and no function-level imports of gradscope modules in
-the library."""
+"""The package's layers point one way: every package and top-level module of gradscope has a rank of
+its own, and a module imports only from its own package or lower ranks (docs/architecture.md draws the
+graph). reports read data only through store; the library never imports typer or plotly; no import
+cycles, not even through `if TYPE_CHECKING:` imports, and no function-level imports of gradscope modules
+in the library."""
 
 from __future__ import annotations
 
@@ -38,14 +38,10 @@ def modules() -> dict[str, ast.Module]:
     return found
 
 
-def imports(tree: ast.Module, name: str, top_level_only: bool) -> list[tuple[str, int, bool]]:
-    """(imported module, line, at module level) for every import in the tree."""
-    def type_checking(node: ast.AST) -> bool:  # `if TYPE_CHECKING:` blocks never run
-        return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-
-    skipped = {id(c) for m in tree.body if type_checking(m) for c in ast.walk(m)}
-    top = {id(n) for n in tree.body} | {id(n) for n in ast.walk(tree) if isinstance(n, ast.If)
-                                        and any(id(n) == id(m) for m in tree.body)}
+def imports(tree: ast.Module, name: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every import in the tree; an import in a
+    module-level ``if`` (``if TYPE_CHECKING:`` too) is at module level."""
+    top = {id(c) for m in tree.body for c in (ast.walk(m) if isinstance(m, ast.If) else [m])}
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -59,11 +55,8 @@ def imports(tree: ast.Module, name: str, top_level_only: bool) -> list[tuple[str
             targets = [a.name for a in node.names]
         else:
             continue
-        at_top = id(node) in top or any(id(node) in {id(c) for c in ast.walk(m)} for m in tree.body if isinstance(m, ast.If))
-        if top_level_only and id(node) in skipped:
-            continue  # a type checker's import, not a run-time edge
         for t in targets:
-            out.append((t, node.lineno, at_top))
+            out.append((t, node.lineno, id(node) in top))
     return out
 
 
@@ -84,7 +77,7 @@ def test_layers_point_one_way() -> None:
     bad = []
     for name, tree in modules().items():
         me = layer(name)
-        for target, line, _ in imports(tree, name, False):
+        for target, line, _ in imports(tree, name):
             other = layer(target)
             if me is not None and other is not None and other != me and RANK[other] > RANK[me]:
                 bad.append(f"{name}:{line} imports {target}")
@@ -92,7 +85,7 @@ def test_layers_point_one_way() -> None:
                 bad.append(f"{name}:{line} imports {target}: {me} and {other} share files/ and import neither each other")
             # (and the report's options, declared torch-free with the other commands' options: settings, not data)
             if me == "reports" and other not in (None, "reports", "store", "files", "errors", "version") \
-                    and target != "gradscope.workflows.study_options":
+                    and target != "gradscope.workflows.study.options":
                 bad.append(f"{name}:{line} (reports) imports {target}: reports read data through store only "
                            f"(and write files through files/)")
     assert not bad, "\n".join(bad)
@@ -103,7 +96,7 @@ def test_library_never_imports_typer_or_plotly_and_has_no_hidden_imports() -> No
     for name, tree in modules().items():
         if layer(name) in ("cli", "reports"):
             continue
-        for target, line, at_top in imports(tree, name, False):
+        for target, line, at_top in imports(tree, name):
             if target.split(".")[0] in ("typer", "plotly", "click", "rich"):
                 bad.append(f"{name}:{line} imports {target}")
             if target.startswith("gradscope") and not at_top:
@@ -111,16 +104,19 @@ def test_library_never_imports_typer_or_plotly_and_has_no_hidden_imports() -> No
     assert not bad, "\n".join(bad)
 
 
-def test_no_import_cycles() -> None:
-    mods = modules()
-    graph = {name: set() for name in mods}
+def import_graph(mods: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """module → the modules of ``mods`` it imports at module level, ``if TYPE_CHECKING:`` imports included."""
+    graph: dict[str, set[str]] = {name: set() for name in mods}
     for name, tree in mods.items():
-        for target, _, at_top in imports(tree, name, True):
-            if at_top and target in mods and target != name:
+        for target, _, at_top in imports(tree, name):
+            # a submodule importing its own package (whose __init__ imports it) is not a cycle through them
+            if at_top and target in mods and target != name and not name.startswith(target + "."):
                 graph[name].add(target)
-    # a package's __init__ importing its own submodules is not a cycle through them
-    for name in graph:
-        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles of ``graph`` (one per back edge of a depth-first walk), each from a module back to it."""
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles = []
@@ -128,7 +124,7 @@ def test_no_import_cycles() -> None:
     def visit(node: str) -> None:
         state[node] = 1
         stack.append(node)
-        for nxt in graph[node]:
+        for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
                 cycles.append(stack[stack.index(nxt):] + [nxt])
             elif nxt not in state:
@@ -139,6 +135,14 @@ def test_no_import_cycles() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """No cycle, not even one closed by an ``if TYPE_CHECKING:`` import: such a cycle never runs, but it
+    ties its modules together for a reader and a type checker, and the first import needed at run
+    time makes it a real one."""
+    cycles = find_cycles(import_graph(modules()))
     assert not cycles, "\n".join(" → ".join(c) for c in cycles)
 
 
@@ -152,7 +156,7 @@ def test_each_library_is_imported_only_by_the_packages_the_docs_name() -> None:
     bad = []
     for name, tree in modules().items():
         me = layer(name)
-        for target, line, _ in imports(tree, name, False):
+        for target, line, _ in imports(tree, name):
             lib = target.split(".")[0]
             if lib in MAY_IMPORT and me not in MAY_IMPORT[lib]:
                 bad.append(f"{name}:{line} imports {target}; only {sorted(MAY_IMPORT[lib])} may")
@@ -177,10 +181,17 @@ def test_the_docs_import_graph_is_the_tests_ranks() -> None:
 def test_the_checks_can_fail() -> None:
     """The cycle and layer checks see a planted violation."""
     tree = ast.parse("from gradscope.workflows.stability import run_stability\n")
-    assert [t for t, _, _ in imports(tree, "gradscope.store.x", False)] == ["gradscope.workflows.stability"]
+    assert [t for t, _, _ in imports(tree, "gradscope.store.x")] == ["gradscope.workflows.stability"]
     assert RANK[layer("gradscope.workflows.stability")] > RANK[layer("gradscope.store.x")]
     sideways = ast.parse("from gradscope.train.loop import train\n")
-    assert [t for t, _, _ in imports(sideways, "gradscope.store.x", False)] == ["gradscope.train.loop"]
+    assert [t for t, _, _ in imports(sideways, "gradscope.store.x")] == ["gradscope.train.loop"]
     assert RANK[layer("gradscope.train.loop")] != RANK[layer("gradscope.store.x")]  # one of them is upward
     nested = ast.parse("def f():\n    from gradscope.models import SeqModel\n")
-    assert [at_top for _, _, at_top in imports(nested, "gradscope.analysis.x", False)] == [False]
+    assert [at_top for _, _, at_top in imports(nested, "gradscope.analysis.x")] == [False]
+    # a cycle closed by a type checker's import is still a cycle
+    planted = {"gradscope.tasks.a": ast.parse("from gradscope.tasks.b import B\n"),
+               "gradscope.tasks.b": ast.parse("from typing import TYPE_CHECKING\n\n"
+                                              "if TYPE_CHECKING:\n    from gradscope.tasks.a import A\n")}
+    assert find_cycles(import_graph(planted)) == [["gradscope.tasks.a", "gradscope.tasks.b", "gradscope.tasks.a"]]
+    del planted["gradscope.tasks.b"].body[1]  # without the type-only import: no cycle
+    assert find_cycles(import_graph(planted)) == []

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.floats import assert_close_normwise
-from gradscope.workflows.stability import StabilityOptions, run_stability
+from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_checkpoints"
@@ -29,7 +29,7 @@ CASES = {"gru-none-s1": [SAMPLES / "gru-none-s1"],
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_stability_store_numbers_are_unchanged(name: str) -> None:
-    ds = run_stability(CASES[name], StabilityOptions(triplets=3, seed=5, sv=16)).to_xarray()
+    ds = run_checkpoint_stability(CASES[name], StabilityOptions(triplets=3, seed=5, sv=16)).to_xarray()
     keys = sorted(k.split("/", 1)[1] for k in REFERENCE.files if k.startswith(name + "/"))
     assert len(keys) >= 17  # every score, statistic, the singular values and the probes
     for key in keys:

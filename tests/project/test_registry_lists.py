@@ -65,7 +65,7 @@ def test_help_texts_carry_no_hand_written_lists() -> None:
     """Each option's help names its choices by placeholder; as shown, the placeholder is the registry's list."""
     import dataclasses
     lists = {"frequent, rare", "default, frobenius", "flow, grid, spectra", "analytic, vjp", "percentile, bca"}
-    from gradscope.workflows import study_options
+    from gradscope.workflows.study import options as study_options
     classes = [options.StabilityOptions, options.DynamicsOptions, options.AccuracyOptions, options.SummarizeOptions,
                *(getattr(study_options, n) for n in ("ReportOptions", "StudyOptions", "TextStudyOptions"))]
     for cls in classes:

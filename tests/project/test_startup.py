@@ -66,11 +66,11 @@ def test_help_imports_no_heavy_library(command: str) -> None:
 
 @pytest.mark.parametrize("command", ["report", "reproduce", "sweep", "corpus prepare"])
 def test_help_of_the_study_commands_imports_no_heavy_library(command: str) -> None:
-    """Their options are generated from torch- and plotly-free dataclasses (gradscope/workflows/study_options.py)."""
+    """Their options are generated from torch- and plotly-free dataclasses (gradscope/workflows/study/options.py)."""
     argv = ["gradscope", *command.split(), "--help"]
     mods = _modules_after(f"import sys\nsys.argv = {argv!r}\nfrom gradscope.cli.app import app\n"
                           "try:\n    app()\nexcept SystemExit:\n    pass")
-    assert "gradscope.workflows.study_options" in mods and "typer" in mods  # the help was built from the dataclass
+    assert "gradscope.workflows.study.options" in mods and "typer" in mods  # the help was built from the dataclass
     heavy = [m for m in ("torch", "xarray", "zarr", "scipy", "pandas", "dask", "plotly") if m in mods]
     assert not heavy, heavy
 

@@ -394,7 +394,7 @@ def test_a_sweep_point_killed_at_random_moments_finishes_as_if_never_killed(ref:
     """The sweep's per-point runner (what each dask task runs), killed in a checkpoint write, in each
     store write and at a random moment, then run again: the point's lock left by the dead runner is
     taken over, and its run and stores equal an uninterrupted runner's."""
-    from gradscope.workflows.reproduce import Layout
+    from gradscope.workflows.study.reproduce import Layout
     from gradscope.workflows.sweep import parse_spec, plan_points, run_point
 
     spec = parse_spec(SPEC)

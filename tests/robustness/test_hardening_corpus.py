@@ -28,7 +28,7 @@ from gradscope.cli.app import app
 from gradscope.corpus import open_corpus
 from gradscope.corpus.store import COUNTS, MANIFEST, offsets_file, sha256_path, tokens_file
 from gradscope.errors import GradscopeError
-from gradscope.workflows.corpus import CorpusSettings, prepare_corpus
+from gradscope.workflows.corpus import CorpusOptions, prepare_corpus
 
 WORDS = ("the cat sat on a mat and dog ran to big red house with blue door under tree old man saw small bird in "
          "green field quick fox jumps over lazy river bank").split()
@@ -59,7 +59,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     3-iteration lm run on ``a``."""
     from typer.testing import CliRunner
     root = tmp_path_factory.mktemp("hcorpus")
-    settings = CorpusSettings(vocab_size=40, valid=0.15, test=0.15)
+    settings = CorpusOptions(vocab_size=40, valid=0.15, test=0.15)
     prepare_corpus(write_text(root / "a.txt", 160, 0), root / "a", settings)
     prepare_corpus(write_text(root / "b.txt", 160, 1), root / "b", settings)
     r = CliRunner().invoke(app, [*TRAIN, "--corpus", str(root / "a"), "--iterations", "3", "--checkpoint-every", "3",

@@ -17,9 +17,9 @@ import torch
 
 from tests.helpers.fuzzkit import assert_clean, count, invoke, leftovers
 from gradscope.store import read_store
-from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics
+from gradscope.workflows.dynamics import DynamicsOptions, run_checkpoint_dynamics
 from gradscope.workflows.common import DivergedWarning
-from gradscope.workflows.stability import StabilityOptions, run_stability
+from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
 from tests.helpers.runs import COMPLEX_CORE, DEFAULT_CORE, OTHER_CORE
 
 CORES = (DEFAULT_CORE, OTHER_CORE, COMPLEX_CORE)  # from the registry, by kind (tests/helpers/runs.py)
@@ -123,14 +123,14 @@ def test_api_warns_and_counts_and_healthy_checkpoints_are_unaffected(healthy: di
     opts = StabilityOptions(triplets=2, seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        alone = run_stability([healthy[DEFAULT_CORE]], opts)  # healthy: no warning
+        alone = run_checkpoint_stability([healthy[DEFAULT_CORE]], opts)  # healthy: no warning
     with pytest.warns(DivergedWarning, match="non-finite"):
-        both = run_stability([healthy[DEFAULT_CORE], bad], opts)
+        both = run_checkpoint_stability([healthy[DEFAULT_CORE], bad], opts)
     assert both.nonfinite_jacobians == 3 * len(both.probes)
     for kind, scores in alone.results[0].result.scores.items():
         assert torch.equal(both.results[0].result.scores[kind], scores)  # bit for bit
         assert bool(both.results[1].result.scores[kind].isnan().all())
     assert both.nan_count["default"] == 2 * len(both.probes)
     with pytest.warns(DivergedWarning):
-        dyn = run_dynamics([bad], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=1, steps=12, lyap_warmup=2))
+        dyn = run_checkpoint_dynamics([bad], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=1, steps=12, lyap_warmup=2))
     assert sum(dyn.nonfinite.values()) > 0

@@ -753,7 +753,7 @@ def test_checkpoints_are_loaded_one_at_a_time(runs: dict[str, Path], monkeypatch
         return loaded
 
     monkeypatch.setattr(common, "load_checkpoint", load)
-    run = workflow.run_stability([runs["first"], runs["other"], runs["first"]],
+    run = workflow.run_checkpoint_stability([runs["first"], runs["other"], runs["first"]],
                                  workflow.StabilityOptions(triplets=1, target_freq=("rare",)))
     assert held == [0, 0, 0]  # nothing of the previous checkpoint (optimizer state included) is held
     assert len(run.results) == 3

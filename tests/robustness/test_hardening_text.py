@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from gradscope.cli.app import app  # noqa: E402
 from gradscope.store.io import read_store  # noqa: E402
-from gradscope.workflows.text import TokenCacheWarning, tokenize_text  # noqa: E402
+from gradscope.workflows.text.tokenize import TokenCacheWarning, tokenize_text  # noqa: E402
 from tests.workflows.test_text import make_text, refused  # noqa: E402
 from tests.workflows.test_text_probes import LENGTH, POS, saved  # noqa: E402,F401 - the fixture
 

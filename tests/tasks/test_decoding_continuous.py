@@ -19,7 +19,8 @@ from gradscope.errors import GradscopeError
 from gradscope.models import SeqModel
 from gradscope.tasks.decoding import decode, decode_logits, teacher_inputs
 from gradscope.tasks import make_task
-from gradscope.train import load, train
+from gradscope.files.checkpoint import load
+from gradscope.train import train
 
 
 def _feedback_model(core: str, K: int = 6) -> SeqModel:

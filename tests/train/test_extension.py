@@ -165,7 +165,7 @@ def test_cli_extends_and_records(runner, tmp_path: Path, parent: Path) -> None:
 
 
 def test_extension_study_reuses_parents_and_tabulates(tmp_path: Path) -> None:
-    from gradscope.workflows.extension import ExtensionPlan, extension_table, run_extension, table_markdown
+    from gradscope.workflows.study.extension import ExtensionPlan, extension_table, run_extension, table_markdown
 
     base = small_run(iterations=6, distribution="dual")
     plan = ExtensionPlan(base, K2, seeds=(7,), pes=("none",), extend_iterations=4, distribution="uniform")

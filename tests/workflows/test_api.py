@@ -4,9 +4,9 @@ and name their options as the CLI's flags; summarize gives in Python the numbers
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import shutil
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,109 +23,64 @@ from gradscope.workflows.stability import StabilityOptions
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = [ROOT / "sample_checkpoints" / f"gru60k-none-s{s}" for s in (2, 5)]
 CKPT = RUNS[0] / "step-0060000.pt"
-# Python-only options: what a command takes in another form (a file, a model of your own), or not at all
-PYTHON_ONLY = {"stability": {"probes", "split"}, "dynamics": {"tokens", "trajectory_tokens", "counts", "options"},
-               "accuracy": set(), "summarize": {"source"}}
+# what a command's function takes beside its options: a model in memory's own probes (dynamics)
+PYTHON_ONLY = {"stability": set(), "dynamics": {"tokens", "trajectory_tokens", "counts"}, "accuracy": set(),
+               "summarize": set()}
+OPTIONS = {"stability": StabilityOptions, "dynamics": DynamicsOptions, "accuracy": AccuracyOptions,
+           "summarize": SummarizeOptions}
 
 
 def _flags(command) -> set[str]:  # noqa: ANN001 - every option, those generated from an options dataclass too
     return {opt.lstrip("-").replace("-", "_") for p in command.get_params(typer.Context(command)) for opt in p.opts}
 
 
-def test_workflow_options_are_named_as_the_flags() -> None:
+def test_every_workflow_function_has_one_shape() -> None:
+    """``f(source, *, opts=None, **overrides)``: the options dataclass is the only place where an option's name,
+    default, bounds and help live; the function repeats none of them."""
+    for name, cls in OPTIONS.items():
+        params = list(inspect.signature(getattr(gradscope, name)).parameters.values())
+        assert params[0].name == "source" and params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+        assert params[1].name == "opts" and params[1].kind is params[1].KEYWORD_ONLY and params[1].default is None
+        assert params[-1].kind is params[-1].VAR_KEYWORD, name
+        assert {p.name for p in params[2:-1]} == PYTHON_ONLY[name], name
+
+
+def test_every_option_field_is_a_flag_of_its_command() -> None:
     commands = typer.main.get_command(app).commands
-    for name in ("stability", "accuracy", "dynamics", "summarize"):
-        params = inspect.signature(getattr(gradscope, name)).parameters
-        first, *rest = params.values()
-        assert first.name == "source" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
-        assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in rest), f"{name}: options are keywords only"
-        flags = _flags(commands[name])
-        options = {p.name for p in rest if p.kind is p.KEYWORD_ONLY}
-        assert options - PYTHON_ONLY[name] <= flags, f"{name}: {sorted(options - PYTHON_ONLY[name] - flags)} have no flag"
-    fields = {f for f in StabilityOptions.__dataclass_fields__ if f not in ("token_counts", "length", "filler", "split")}
-    flags = _flags(commands["stability"])
-    assert {f for f in fields if StabilityOptions.__dataclass_fields__[f]._field_type.name == "_FIELD"} <= flags
+    for name, cls in OPTIONS.items():
+        fields = {f.name for f in dataclasses.fields(cls) if "help" in f.metadata}
+        assert fields and fields <= _flags(commands[name]), (name, sorted(fields - _flags(commands[name])))
 
 
-def test_a_function_option_defaults_to_its_options_field() -> None:
-    """A workflow function that spells its options out (rather than taking **options) gives each the default
-    of its options dataclass's field: declared once there, only repeated in the signature for help()."""
-    import dataclasses
+def test_overrides_set_over_opts_and_an_unknown_name_is_one_error() -> None:
+    from gradscope.workflows.options import with_overrides
 
-    from gradscope.workflows.study_options import TextStudyOptions
-
-    pairs = [(gradscope.stability, StabilityOptions), (gradscope.accuracy, AccuracyOptions),
-             (gradscope.summarize, SummarizeOptions), (gradscope.reproduce_text, TextStudyOptions)]
-    for function, cls in pairs:
-        fields = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-        shared = [p for p in inspect.signature(function).parameters.values() if p.name in fields]
-        assert len(shared) >= 8, function.__name__  # the check sees the options it is about
-        for p in shared:
-            field = fields[p.name]
-            assert p.default == field or {p.default, field} <= {None, ()}, (function.__name__, p.name, p.default, field)
-
-
-def test_old_option_names_still_work_with_a_warning() -> None:
-    with pytest.warns(DeprecationWarning, match="target_pos"):
-        opts = StabilityOptions(position=3, top_sv=5, chunk=7)
-    assert (opts.target_pos, opts.sv, opts.batch_size) == (3, 5, 7)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert StabilityOptions(target_pos=3).target_pos == 3
-    with pytest.warns(DeprecationWarning, match="probes="), pytest.raises(gradscope.GradscopeError, match="gone.npy"):
-        gradscope.stability(CKPT, probes_file=ROOT / "gone.npy")  # the old name is used, not dropped
+    base = StabilityOptions(triplets=5, seed=3)
+    assert with_overrides(StabilityOptions, base, {"seed": 4}, "stability") == StabilityOptions(triplets=5, seed=4)
+    assert with_overrides(StabilityOptions, None, {}, "stability") == StabilityOptions()
+    # the names before the options were named as their flags are gone (nothing was released): one line each
+    for call, old in ((lambda: gradscope.stability(CKPT, position=3), "position"),
+                      (lambda: gradscope.stability(CKPT, probes_file=ROOT / "x.npy"), "probes_file"),
+                      (lambda: gradscope.dynamics(CKPT, warmup=3), "warmup"),
+                      (lambda: gradscope.summarize("nothing-*.zarr", method="t"), "method"),
+                      (lambda: gradscope.accuracy(CKPT, chunk=7), "chunk")):
+        with pytest.raises(gradscope.GradscopeError, match=f"^{old}: not an option of"):
+            call()
+    for cls, old in ((StabilityOptions, "top_sv"), (DynamicsOptions, "warmup"), (AccuracyOptions, "chunk"),
+                     (SummarizeOptions, "method")):
+        with pytest.raises(TypeError):
+            cls(**{old: 1})
+    with pytest.raises(gradscope.GradscopeError, match="opts: got DynamicsOptions"):
+        gradscope.stability(CKPT, opts=DynamicsOptions())
 
 
-@pytest.mark.parametrize("make", [
-    lambda: SummarizeOptions(method="bca", interval="t"),
-    lambda: DynamicsOptions(top_sv=4, sv=16),
-    lambda: DynamicsOptions(warmup=4, lyap_warmup=5),
-    lambda: AccuracyOptions(chunk=7, batch_size=99),
-    lambda: StabilityOptions(position=3, target_pos=5),
-    lambda: gradscope.summarize("nothing-*.zarr", method="t", interval="bca"),
-    lambda: gradscope.dynamics(CKPT, warmup=3, lyap_warmup=4),
-    lambda: gradscope.stability(CKPT, position=3, target_pos=5),
-    lambda: gradscope.stability(CKPT, budget_seconds=5, checkpoint_budget_seconds=6),
-    lambda: gradscope.stability(CKPT, probes=ROOT / "new.npy", probes_file=ROOT / "old.npy")])
-def test_an_old_name_given_with_its_new_one_is_refused(make) -> None:  # noqa: ANN001
-    """Found in review: given both ways, the old name silently won (the new one set to another value than its
-    default; a dataclass cannot tell its default given from left out, a function's keywords can)."""
-    with pytest.raises(gradscope.GradscopeError, match="given twice, also as"):
-        make()
-
-
-def test_an_old_name_through_dataclasses_replace_warns_for_the_caller() -> None:
-    """The warning is attributed to the first frame outside gradscope and dataclasses (second review: through
-    dataclasses.replace it pointed into dataclasses.py, where Python's default filters hide it)."""
-    import dataclasses
-
-    for make in (lambda: dataclasses.replace(StabilityOptions(), budget_seconds=5.0),
-                 lambda: dataclasses.replace(DynamicsOptions(), warmup=3),
-                 lambda: SummarizeOptions(method="t")):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            make()
-        assert [Path(w.filename).name for w in caught] == [Path(__file__).name], [w.filename for w in caught]
-
-
-def test_a_script_sees_the_deprecation_warning_of_an_old_keyword(tmp_path: Path) -> None:
-    """Python shows a DeprecationWarning only where it is attributed to the caller's own code (found in review:
-    warned from inside gradscope, it was hidden from every script): each names the function the script called."""
-    import subprocess
-    import sys
-
-    script = ("import gradscope\n"
-              "for call in (lambda: gradscope.summarize('nothing-*.zarr', method='t'),\n"
-              f"             lambda: gradscope.dynamics({str(CKPT)!r}, warmup=3, steps=2, parts='lyapunov', sv=1),\n"
-              f"             lambda: gradscope.stability({str(CKPT)!r}, position=0)):\n"
-              "    try:\n        call()\n    except gradscope.GradscopeError:\n        pass\n")
-    (tmp_path / "user.py").write_text(script)
-    done = subprocess.run([sys.executable, "user.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    for said in ("summarize(method=…) is now interval=…", "dynamics(warmup=…) is now lyap_warmup=…",
-                 "stability(position=…) is now target_pos=…"):
-        assert said in done.stderr, done.stderr
-    assert done.stderr.count("user.py:") >= 3  # attributed to the script's own lines
+def test_an_old_flag_is_refused_in_one_line(tmp_path: Path) -> None:
+    runner = typer.testing.CliRunner()
+    for args in (["dynamics", str(CKPT), "--warmup", "3"], ["stability", str(CKPT), "--budget-seconds", "5"],
+                 ["summarize", str(CKPT), "--method", "t"], ["train", "--vocab", "8"],
+                 ["reproduce", "--model", str(tmp_path)]):
+        result = runner.invoke(app, [*args, "-o", str(tmp_path / "x")])
+        assert result.exit_code == 2 and "No such option" in result.output + result.stderr, args
 
 
 def test_a_loaded_checkpoint_is_not_read_again(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import xarray as xr
 import gradscope
 from gradscope.cli.app import app
 from gradscope.models.core import scan
-from gradscope.workflows.dynamics import DynamicsOptions, run_dynamics, task_trajectories
+from gradscope.workflows.dynamics import DynamicsOptions, run_checkpoint_dynamics, task_trajectories
 
 import subprocess
 
@@ -98,7 +98,7 @@ def test_python_api_equals_cli(dynamics_store: Path, trained_runs: dict) -> None
 
 def test_every_core_runs(trained_runs: dict) -> None:
     for name in ("other", "complex"):
-        run = run_dynamics([trained_runs[name]], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=2,
+        run = run_checkpoint_dynamics([trained_runs[name]], DynamicsOptions(sequences=1, grid_sequences=1, trajectories=2,
                                                                  steps=40, lyap_warmup=4, sv=2))
         ds = run.to_xarray()
         D = ds.sizes["exponent"]
@@ -167,14 +167,6 @@ def test_short_runs_need_no_warmup_flag(trained_runs: dict, runner, tmp_path: Pa
     bad = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--lyap-warmup", "60",
                               "-o", str(tmp_path / "b.zarr")])
     assert bad.exit_code == 2 and "below steps = 50" in bad.stderr and bad.stderr.count("\n") == 1
-    # --lyap-warmup's old name (issue #39: train's --warmup is the learning-rate warm-up) works for one release
-    old = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "lyapunov", "--steps", "50", "--trajectories", "1",
-                              "--warmup", "7", "-o", str(tmp_path / "c.zarr"), "-q"])
-    assert old.exit_code == 0 and old.stderr == ("warning: --warmup is deprecated and will be removed; use --lyap-warmup "
-                                                 "(train's --warmup is the learning-rate warm-up)\n"), old.stderr
-    assert json.loads(xr.open_zarr(tmp_path / "c.zarr", consolidated=False).attrs["options"])["lyap_warmup"] == 7
-    flow = runner.invoke(app, ["dynamics", str(ckpt), "--parts", "flow", "--warmup", "7", "-o", str(tmp_path / "d.zarr")])
-    assert flow.exit_code == 2 and flow.stderr.splitlines()[-1].startswith("error: --warmup: they set the lyapunov part")
     # the rule is the workflow's: from Python too, an option of a part left out is refused, not recorded and ignored
     # (found in review: gradscope.dynamics(run, parts="grid", lyap_warmup=5) wrote lyap_warmup into the store)
     for given, names in (({"parts": "grid", "lyap_warmup": 5}, "lyap_warmup"), ({"parts": "flow", "sv": 3}, "sv"),

@@ -12,7 +12,7 @@ import torch
 
 from gradscope.errors import GradscopeError
 from gradscope.models.structure import JacobianStructure, StateBlock
-from gradscope.workflows.dynamics import DynamicsOptions, core_shape, plan_bytes, plan_dynamics, run_dynamics
+from gradscope.workflows.dynamics import DynamicsOptions, core_shape, plan_bytes, plan_dynamics, run_checkpoint_dynamics
 from gradscope.workflows.dynamics_cost import CoreShape
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_checkpoints"
@@ -31,7 +31,7 @@ def test_defaults_plan_work_that_fits_the_budget_on_the_shipped_samples(name: st
         raise Planned
 
     with pytest.raises(Planned):
-        run_dynamics([SAMPLES / name], DynamicsOptions(), on_plan=stop)
+        run_checkpoint_dynamics([SAMPLES / name], DynamicsOptions(), on_plan=stop)
     plan = plans[0]
     assert sum(plan.seconds.values()) * plan.checkpoints <= DynamicsOptions().budget_seconds
     assert plan.options.resolved and "lyapunov" in plan.options.parts and plan.lines
@@ -40,10 +40,10 @@ def test_defaults_plan_work_that_fits_the_budget_on_the_shipped_samples(name: st
 
 def test_explicit_work_over_the_budget_names_budget_seconds() -> None:
     with pytest.raises(GradscopeError, match="--budget-seconds"):
-        run_dynamics([SAMPLES / "lstm-none-s1"], DynamicsOptions(trajectories=8, steps=1000, exponents=256))
+        run_checkpoint_dynamics([SAMPLES / "lstm-none-s1"], DynamicsOptions(trajectories=8, steps=1000, exponents=256))
     big = DynamicsOptions(trajectories=8, steps=1000, budget_seconds=1e6)  # the defaults before #37, exactly
     with pytest.raises(Planned):
-        run_dynamics([SAMPLES / "lstm-none-s1"], big, on_plan=lambda plan: (_ for _ in ()).throw(Planned()))
+        run_checkpoint_dynamics([SAMPLES / "lstm-none-s1"], big, on_plan=lambda plan: (_ for _ in ()).throw(Planned()))
 
 
 def _mamba130m() -> JacobianStructure:
@@ -118,7 +118,7 @@ def test_a_block_triangular_sample_is_estimated_matrix_free_with_error_bars_stor
     from gradscope.store.io import write_store
 
     opts = DynamicsOptions(parts="grid,spectra", sequences=1, grid_sequences=1, sv=2, budget_seconds=40)
-    run = run_dynamics([SAMPLES / "mamba-none-s1" / "step-0006000.pt"], opts)
+    run = run_checkpoint_dynamics([SAMPLES / "mamba-none-s1" / "step-0006000.pt"], opts)
     assert run.plan.methods == {"grid": "estimate", "spectra": "estimate"}
     write_store(run.to_xarray(), tmp_path / "d.zarr")
     ds = gradscope.open_store(tmp_path / "d.zarr") if hasattr(gradscope, "open_store") else run.to_xarray()
@@ -208,7 +208,7 @@ def test_options_of_a_part_the_plan_drops_do_not_reach_the_store(tmp_path: Path)
     gone = applied_options(DynamicsOptions(parts=("lyapunov",), sv=4, steps=30))
     assert not {"sv", "sequences", "target_freq", "disturbant"} & set(gone)
     plans = []
-    run = run_dynamics([SAMPLES / "gru-none-s1" / "step-0006000.pt"],
+    run = run_checkpoint_dynamics([SAMPLES / "gru-none-s1" / "step-0006000.pt"],
                        DynamicsOptions(sv=4, sequences=1, grid_sequences=1, trajectories=1, steps=20, lyap_warmup=2,
                                        parts=("flow", "lyapunov")), on_plan=plans.append)
     out = tmp_path / "d.zarr"

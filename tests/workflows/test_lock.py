@@ -68,7 +68,7 @@ def test_a_lock_taken_over_meanwhile_is_left_to_its_new_holder(tmp_path: Path) -
 
 
 def test_run_point_refuses_a_point_that_is_already_running(tmp_path: Path) -> None:
-    from gradscope.workflows.reproduce import Layout
+    from gradscope.workflows.study.reproduce import Layout
     from gradscope.workflows.sweep import lock_path, parse_spec, plan_points, run_point
     spec = parse_spec('[settings]\niterations = 4\nhidden_size = 8\nembed_size = 4\n[axes]\nseed = [1]\n')
     point, layout = plan_points(spec)[0], Layout(tmp_path)

@@ -21,8 +21,8 @@ from gradscope.cli.app import app
 from gradscope.errors import GradscopeError
 from gradscope.store import read_store
 from gradscope.store.manifest import read_manifest
-from gradscope.train import list_checkpoints
-from gradscope.workflows.reproduce import Layout
+from gradscope.files.checkpoint import list_checkpoints
+from gradscope.workflows.study.reproduce import Layout
 from gradscope.workflows.sweep import parse_spec, plan_points, run_point
 
 from tests.helpers.runs import logged_iteration
@@ -345,34 +345,28 @@ def test_a_killed_worker_loses_only_work_since_the_last_checkpoint(shared_cluste
         assert logged == list(range(10, iterations + 1, 10))
 
 
-def test_a_sweep_written_before_a_stability_option_was_renamed_resumes(tmp_path: Path) -> None:
-    """A sweep's manifest records its analyses' options by field name; stability's budget was budget_seconds before
-    issue #39 (now checkpoint_budget_seconds): the same spec on that directory resumes, as before the rename
-    (found in review: it was refused as a sweep whose analyses differ)."""
+def test_a_sweep_whose_analyses_differ_is_refused(tmp_path: Path) -> None:
+    """A sweep's manifest records its analyses' options by field name: the same spec on that directory resumes;
+    a spec whose analyses differ is refused (their stores would mix settings)."""
     from gradscope.store.manifest import write_manifest
 
     spec_file = tmp_path / "spec.toml"
     spec_file.write_text('name = "s"\npreset = "tiny"\n[axes]\nseed = [1]\n[stability]\ntriplets = 4\n')
     described = parse_spec(spec_file.read_text()).analyses.describe()
-    assert "checkpoint_budget_seconds" in described["stability"]
-    described["stability"] = {("budget_seconds" if k == "checkpoint_budget_seconds" else k): v
-                              for k, v in described["stability"].items()}  # as a manifest written before holds it
     out = tmp_path / "sweep"
     out.mkdir()
     write_manifest(out, {"name": "s", "spec": spec_file.read_text(), "command": "", "analyses": described}, [])
     result = CliRunner().invoke(app, ["sweep", str(spec_file), "--out", str(out), "--dry-run"])
     assert result.exit_code == 0, result.output
-    described["stability"]["triplets"] = 8  # a real difference is still refused
+    described["stability"]["triplets"] = 8
     write_manifest(out, {"name": "s", "spec": spec_file.read_text(), "command": "", "analyses": described}, [])
     result = CliRunner().invoke(app, ["sweep", str(spec_file), "--out", str(out), "--dry-run"])
     assert result.exit_code == 2 and "differ from this spec's" in result.stderr, result.output
 
 
 def test_a_spec_names_the_target_position_as_the_flag_does() -> None:
-    """[stability] target_pos, as --target-pos (second review: only position, the pre-#24 name, was read and
-    target_pos was refused as unknown); position is still read, and the two together are one error."""
+    """[stability] target_pos, as --target-pos; position, an old name, is an unknown key."""
     base = 'name = "s"\npreset = "tiny"\n[axes]\nseed = [1]\n[stability]\ntriplets = 4\n'
     assert parse_spec(base + "target_pos = 3\n").analyses.stability.target_pos == 3
-    assert parse_spec(base + "position = 3\n").analyses.stability.target_pos == 3
-    with pytest.raises(GradscopeError, match=r"target_pos: given twice, also as position"):
-        parse_spec(base + "target_pos = 3\nposition = 3\n")
+    with pytest.raises(GradscopeError, match=r"position"):
+        parse_spec(base + "position = 3\n")

@@ -21,7 +21,7 @@ from gradscope.corpus.text import iter_paragraphs, paragraphs  # noqa: E402
 from gradscope.errors import GradscopeError  # noqa: E402
 from gradscope.analysis.text import windows  # noqa: E402
 from gradscope.store.io import read_store  # noqa: E402
-from gradscope.workflows.text import TokenCacheWarning, tokenize_text  # noqa: E402
+from gradscope.workflows.text.tokenize import TokenCacheWarning, tokenize_text  # noqa: E402
 
 WORDS = ("the a of cat dog bird sat ran flew on in under mat house tree big small red blue quick slow old new "
          "river stone lantern").split()

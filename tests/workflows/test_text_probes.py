@@ -15,6 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+import gradscope  # noqa: E402
 from gradscope.cli.app import app  # noqa: E402
 from gradscope.corpus.text import paragraphs  # noqa: E402
 from gradscope.store.io import read_store  # noqa: E402
@@ -120,42 +121,40 @@ def test_disturbant_groups_are_spans_of_the_group_and_the_draw_is_seeded(saved) 
     """--disturbant frequent: the base's prefix and suffix each hold at least half frequent tokens (the
     suffix of same-target and the prefix of same-suffix too, being other candidates' spans); the same
     seed gives the same probes, another seed others."""
-    from gradscope.workflows.text_probes import text_stability
-
     model_dir, text = saved
     ids, bos, counts = encoded(model_dir, text)
     frequent = groups_of(counts)["frequent"]
     opts = dict(target_freq=("frequent",), disturbant=("frequent",), triplets=6, length=LENGTH, target_pos=POS,
                 device="cpu", sv=4)
-    ds = text_stability(model_dir, text, seed=1, **opts)
+    ds = gradscope.stability(model_dir, model_factory="hf", text=text, seed=1, **opts)
     tokens = ds["probe_tokens"].values
     share = lambda span: np.mean([int(t) in frequent for t in span])  # noqa: E731
     for base, same_target, same_suffix in tokens:
         for span in (base[1:POS], base[POS + 1:], same_target[POS + 1:], same_suffix[1:POS]):
             assert share(span) >= 0.5, span
     assert list(ds["condition"].values) == ["frequent/frequent"] * 6
-    again = text_stability(model_dir, text, seed=1, **opts)["probe_tokens"].values
-    other = text_stability(model_dir, text, seed=2, **opts)["probe_tokens"].values
+    again = gradscope.stability(model_dir, model_factory="hf", text=text, seed=1, **opts)["probe_tokens"].values
+    other = gradscope.stability(gradscope.source(model_dir, model_factory="hf", text=text), seed=2,
+                                **opts)["probe_tokens"].values
     assert (again == tokens).all() and (other != tokens).any()
 
 
 def test_counts_text_defines_the_groups_and_unseen_steps_are_their_own_class(saved, tmp_path: Path) -> None:  # noqa: ANN001
     """With counts_text, the targets' group and the steps' classes follow its counts, not the probed
     text's: a type the counts text never holds is no target and its steps are class ``unseen``."""
-    from gradscope.workflows.text_probes import text_dynamics, text_stability
-
     model_dir, text = saved
     ids, bos, _ = encoded(model_dir, text)
     counts_text = tmp_path / "counts.txt"
     counts_text.write_text("the cat sat on the mat\nthe dog ran under the tree\nthe the the a a of\n")
     _, _, counts = encoded(model_dir, counts_text)
     groups = groups_of(counts)
-    ds = text_stability(model_dir, text, counts_text=counts_text, target_freq=("frequent", "rare"), triplets=4,
-                        length=LENGTH, target_pos=POS, device="cpu", sv=4)
+    ds = gradscope.stability(model_dir, model_factory="hf", text=text, counts_text=counts_text,
+                             target_freq=("frequent", "rare"), triplets=4, length=LENGTH, target_pos=POS, device="cpu",
+                             sv=4)
     for base, group in zip(ds["probe_tokens"].values[:, 0], ds["target_group"].values):
         assert int(base[POS]) in groups[group]
-    dd = text_dynamics(model_dir, text, counts_text=counts_text, length=LENGTH, parts="flow", sequences=6,
-                       device="cpu")
+    dd = gradscope.dynamics(model_dir, model_factory="hf", text=text, counts_text=counts_text, length=LENGTH,
+                            parts="flow", sequences=6, device="cpu")
     seen = groups["frequent"] | groups["rare"]
     for row, classes in zip(dd["tokens"].values, dd["token_class"].values):
         for token, k in zip(row[1:], classes[1:]):
@@ -195,7 +194,7 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
     text (the accuracy store's perplexity is the one ``accuracy --text`` gives; the stability probes
     are paragraph rows of the text) and the report; run again, every step is skipped and nothing is
     rewritten; with another option, the finished stores are refused, not mixed in."""
-    import gradscope
+
 
     model_dir, text = saved
     ids, bos, _ = encoded(model_dir, text)
@@ -234,14 +233,10 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
                                 "--probe-length", "100000"]), "--probe-length",
             "no paragraph")  # before any work: no accuracy store first
     assert not fresh.exists()
-    # from Python, with the same options: every step is skipped; `model=` is model_dir's old name (issue #39: the
-    # parameter is named as the flag, --model-dir), kept for one release with a DeprecationWarning
-    with pytest.warns(DeprecationWarning, match=r"now model_dir="):
-        study = gradscope.reproduce_text(model=model_dir, text=text, out=out, triplets=3, target_pos=POS,
-                                         probe_length=LENGTH, max_length=64, resamples=50, budget_seconds=20)
+    # from Python, with the same options: every step is skipped
+    study = gradscope.reproduce_text(model_dir, text=text, out=out, triplets=3, target_pos=POS,
+                                     probe_length=LENGTH, max_length=64, resamples=50, budget_seconds=20)
     assert study.ran == () and sorted(study.stores) == ["accuracy", "dynamics", "stability"]
-    with pytest.raises(gradscope.GradscopeError, match="^model_dir: given twice"):
-        gradscope.reproduce_text(model_dir, text, out=out, model=model_dir)
 
 
 @pytest.mark.parametrize(("extra", "words"), [
@@ -268,9 +263,9 @@ def test_a_text_study_is_keyed_by_content_never_by_path(saved, runner, tmp_path:
     text is refused before anything is hashed, and a stray large file beside the model is not read."""
     import shutil
 
-    import gradscope
-    from gradscope.workflows.study_options import TextStudyOptions
-    from gradscope.workflows.text_study import study_key
+
+    from gradscope.workflows.study.options import TextStudyOptions
+    from gradscope.workflows.text.study import study_key
 
     model_dir, text = saved
     local = tmp_path / "model"

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import same_nonfinite
 from gradscope.models.core import Core
-from gradscope.models.structure import JacobianStructure, StateBlock
+from gradscope.models.structure import DEFAULT_FORM, JacobianStructure, StateBlock
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Entry:
 
     name: str
     shape: tuple[int, ...]
-    form: str = "dense"
+    form: str = DEFAULT_FORM
     size: int = 1
     repeat: int = 1  # block_diagonal: consecutive blocks that are one block repeated (StateBlock.repeat)
     held: bool = False  # an attention cache: held as an input along the trajectory by the spectra (StateBlock.held)

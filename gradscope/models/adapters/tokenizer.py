@@ -12,6 +12,7 @@ from typing import Any
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes
 
+TOKENIZER_LABEL = "tokenizer"  # what errors call the tokenizer folder unless told: the commands' --tokenizer
 # what save_pretrained writes for the tokenizers transformers knows; hashed together as the tokenizer's identity
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
@@ -20,7 +21,7 @@ VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.mode
                     "sentencepiece.bpe.model")  # at least one: the others only configure a vocabulary
 
 
-def tokenizer_files(folder: Path, what: str = "tokenizer") -> list[Path]:
+def tokenizer_files(folder: Path, what: str = TOKENIZER_LABEL) -> list[Path]:
     """The tokenizer files of ``folder`` (sorted by name); a folder without a vocabulary file is refused."""
     folder = Path(folder)
     check(folder.is_dir(), f"{what}: {folder} is not a directory (give the folder tokenizer.save_pretrained wrote)")
@@ -54,7 +55,7 @@ def _refuse_remote_code(folder: Path, what: str) -> None:
                                   f"code from a model directory")
 
 
-def load_tokenizer(folder: Path, what: str = "tokenizer") -> Any:
+def load_tokenizer(folder: Path, what: str = TOKENIZER_LABEL) -> Any:
     """``AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)``, one
     line on any failure. Only a fast (Rust ``tokenizers``) or SentencePiece tokenizer transformers
     ships is accepted; the tokenizer must map text to ids (``__call__``)."""
@@ -89,7 +90,7 @@ def start_token(tok: Any) -> int | None:
     return None
 
 
-def encode(tok: Any, paragraphs: list[str], what: str = "tokenizer") -> list[list[int]]:
+def encode(tok: Any, paragraphs: list[str], what: str = TOKENIZER_LABEL) -> list[list[int]]:
     """Token ids of each paragraph, no special tokens added; a failure of the tokenizer is one line."""
     try:
         ids = tok(paragraphs, add_special_tokens=False)["input_ids"]

@@ -1,4 +1,4 @@
-"""How a checkpoint of each task family is evaluated (issue #39): the workflows layer's half of a family.
+"""How a checkpoint of each task family is evaluated: the half of a family that runs its model.
 
 A family's evaluation runs its model and reads the analysis and store layers, which rank above
 gradscope/tasks/ (docs/architecture.md), so the family's class cannot hold it. It lives here instead:

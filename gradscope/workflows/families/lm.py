@@ -3,7 +3,7 @@
 Evaluation: every paragraph of the corpus's test split (first L tokens, as in training) is scored; the
 result carries the usual token/sequence counts, and as the family's own counts the cross-entropy sums
 overall, by frequency bin and by position bin, which :meth:`gradscope.tasks.lm.LanguageModel.accuracy_part`
-turns into perplexities. The raw-text path (gradscope/workflows/text_accuracy.py) stores its counts the
+turns into perplexities. The raw-text path (gradscope/workflows/text/accuracy.py) stores its counts the
 same way (:func:`lm_part`).
 
 Probe source: stability's triplets and dynamics' sequences and trajectories are the corpus's own text

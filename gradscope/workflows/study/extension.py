@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -26,8 +26,7 @@ from gradscope.train.extend import extension_config
 from gradscope.files.io import atomic_write_text
 from gradscope.train.loop import EVAL_FILE, discard_unstarted, is_run_dir, read_run_config, resumable, train
 
-if TYPE_CHECKING:
-    from gradscope.workflows.reproduce import Layout, PlannedRun
+from gradscope.workflows.study.runs import Layout, PlannedRun
 
 KINDS = ("pretrain", "extension", "scratch")
 PES = ("none", "sinusoidal")
@@ -176,8 +175,8 @@ def table_markdown(rows: list[ExtensionRow], plan: ExtensionPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def study_extension_plans(runs: list["PlannedRun"], extended_vocab: int, iterations: int | None = None
-                          ) -> list[tuple[str, ExtensionPlan, list["PlannedRun"]]]:
+def study_extension_plans(runs: list[PlannedRun], extended_vocab: int, iterations: int | None = None
+                          ) -> list[tuple[str, ExtensionPlan, list[PlannedRun]]]:
     """Per core of the study: (core, its extension plan, its runs). Building the plans checks the
     extension's settings, so `reproduce` calls this before it trains anything."""
     plans = []
@@ -192,7 +191,7 @@ def study_extension_plans(runs: list["PlannedRun"], extended_vocab: int, iterati
     return plans
 
 
-def study_extension(layout: "Layout", runs: list["PlannedRun"], extended_vocab: int, iterations: int | None = None,
+def study_extension(layout: Layout, runs: list[PlannedRun], extended_vocab: int, iterations: int | None = None,
                     on_event: Callable[[str, str], None] | None = None) -> str:
     """The extension step of `gradscope reproduce`: per core of the study, its vanilla and PE runs
     (vocabulary K) are the pretrained parents; each is extended to ``extended_vocab`` items and a

@@ -23,11 +23,11 @@ import pydoc_data.topics
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.corpus import open_corpus
-from gradscope.workflows.corpus import CorpusSettings, prepare_corpus
+from gradscope.workflows.corpus import CorpusOptions, prepare_corpus
 from gradscope.corpus.store import MANIFEST
 from gradscope.errors import check
 from gradscope.tasks.lm import LanguageModel
-from gradscope.workflows.runs import PES, PlannedRun
+from gradscope.workflows.study.runs import PES, PlannedRun
 from gradscope.workflows.common import as_seed
 
 LM_SCALES = ("tiny", "paper")
@@ -47,9 +47,9 @@ def tiny_raw_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def corpus_settings(scale: str) -> CorpusSettings:
+def corpus_settings(scale: str) -> CorpusOptions:
     check(scale in LM_SCALES, f"scale: got {scale!r}; valid scales are {', '.join(LM_SCALES)}")
-    return CorpusSettings(vocab_size=1024) if scale == "tiny" else CorpusSettings(vocab_size=32_768)
+    return CorpusOptions(vocab_size=1024) if scale == "tiny" else CorpusOptions(vocab_size=32_768)
 
 
 def prepare_study_corpus(scale: str, root: Path, raw: Path | None = None, valid_file: Path | None = None,

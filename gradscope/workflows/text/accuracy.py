@@ -2,7 +2,7 @@
 causal LM on raw text, overall, by token frequency and by position in the paragraph, with bootstrap
 intervals over paragraphs (issue #38, part 2; docs/real-text.md).
 
-Each paragraph (:mod:`gradscope.workflows.text`) is one sequence: the tokenizer's start token (BOS,
+Each paragraph (:mod:`gradscope.workflows.text.tokenize`) is one sequence: the tokenizer's start token (BOS,
 else EOS, else none), then the paragraph's tokens; every paragraph token is a target, predicted from
 the start token and the tokens before it (without a start token the first token is context only).
 A sequence longer than ``max_length`` is scored in overlapping rows
@@ -24,6 +24,8 @@ import torch
 import xarray as xr
 from torch import nn
 
+from gradscope.fields import DEFAULT_DEVICE
+from gradscope.workflows.options import DEVICE_LABEL, HF, TEXT_BATCH, TEXT_MAX_LENGTH
 from gradscope.analysis.lm import LMCounts, position_edges
 from gradscope.analysis.text import TEXT_FREQ_LABELS, column_sums, ratio_interval, target_nll, text_bins, windows
 from gradscope.errors import check
@@ -35,7 +37,7 @@ from gradscope.store.records import AccuracyResult
 from gradscope.train.device import resolve_device
 from gradscope.workflows.common import MAX_COUNT, as_count
 from gradscope.workflows.families.lm import lm_part  # read as the lm family (tasks.registry.READ_AS)
-from gradscope.workflows.text import TokenizedText, tokenize_text
+from gradscope.workflows.text.tokenize import TokenizedText, tokenize_text
 
 LOGITS_BUDGET = 1 << 28  # bytes of float32 logits per forward batch (at most; one row always goes)
 DEFAULT_RESAMPLES = 1000
@@ -53,11 +55,11 @@ class TextAccuracyOptions:
     text: str
     counts_text: str | None = None
     tokenizer: str | None = None
-    max_length: int = 1024
-    batch_size: int = 16
+    max_length: int = TEXT_MAX_LENGTH
+    batch_size: int = TEXT_BATCH
     resamples: int = DEFAULT_RESAMPLES
     seed: int = 0
-    device: str = "auto"
+    device: str = DEFAULT_DEVICE
     cache: bool = True
 
     def __post_init__(self) -> None:
@@ -99,7 +101,7 @@ class TextAccuracyRun:
     counts_source: str
     paragraphs_scored: int
     command: str = ""
-    device: str = "cpu"
+    device: str = DEVICE_LABEL
 
     def to_xarray(self) -> xr.Dataset:
         opts = self.options
@@ -158,7 +160,7 @@ def _quiet_transformers() -> Iterator[None]:
         transformers.logging.set_verbosity(verbosity)
 
 
-def run_text_accuracy(model: Any, opts: TextAccuracyOptions, *, model_factory: str = "hf",
+def run_text_accuracy(model: Any, opts: TextAccuracyOptions, *, model_factory: str = HF,
                       on_start: Callable[[int], None] | None = None,
                       on_progress: Callable[[int], None] | None = None, command: str = "") -> TextAccuracyRun:
     """Score ``opts.text`` with ``model`` (a save_pretrained directory, or a causal LM in memory with
@@ -264,8 +266,8 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
 
 
 def text_accuracy(model: Any, text: str | Path, *, counts_text: str | Path | None = None,
-                  tokenizer: str | Path | None = None, model_factory: str = "hf", max_length: int = 1024,
-                  batch_size: int = 16, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, device: str = "auto",
+                  tokenizer: str | Path | None = None, model_factory: str = HF, max_length: int = TEXT_MAX_LENGTH,
+                  batch_size: int = TEXT_BATCH, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, device: str = DEFAULT_DEVICE,
                   cache: bool = True) -> xr.Dataset:
     """Perplexity and next-token accuracy of a causal LM on a raw UTF-8 text, overall, by token-frequency
     bin (counts from ``counts_text``, else from ``text``) and by position in the paragraph, with

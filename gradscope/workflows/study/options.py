@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gradscope.fields import DEFAULT_DEVICE, DEFAULT_SCORE, RESAMPLES
+from gradscope.workflows.options import DEFAULT_BUDGET, TEXT_MAX_LENGTH, TEXT_RESAMPLES, TRIPLETS
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import BANDS, MAX_COUNT, MAX_VOCAB, SCALES, as_count, as_seed, check_seconds, one_of, option
 
@@ -29,10 +31,10 @@ class ReportOptions:
 
     static: str | None = option(None, "Also write each figure as png or svg beside the HTML (needs kaleido>=1 and "
                                       "Chrome/Chromium on PATH).")
-    score: str = option("default", "Stability score to plot: {scores}.")
+    score: str = option(DEFAULT_SCORE, "Stability score to plot: {scores}.")
     iteration: int | None = option(None, "Checkpoint (training iteration) for distributions, spectra and the accuracy "
                                          "grid. Default: each store's last.")
-    resamples: int = option(10_000, "Bootstrap resamples for the stability CIs.")
+    resamples: int = option(RESAMPLES, "Bootstrap resamples for the stability CIs.")
     seed: int = option(0, "Seed of the stability bootstrap.")
     band: str = option("seeds", "Stability over training, for a configuration with stores of several seeds: the band "
                                 "over seeds (the seeds' mean scores, a Student t-interval; each seed's line one click "
@@ -66,7 +68,7 @@ def _items(value: object, name: str, example: str) -> tuple[str, ...]:
 
 STUDIES = ("reverse", "lm")
 # the stability probes of the lm and text studies, declared once: paragraph token 16 (1-based) of rows of 32 tokens,
-# the start token included (gradscope.workflows.text_probes.DEFAULT_LENGTH is this row length)
+# the start token included (gradscope.workflows.text.probes.DEFAULT_LENGTH is this row length)
 PROBE_TARGET_POS, PROBE_LENGTH = 16, 32
 
 
@@ -96,7 +98,7 @@ class StudyOptions:
     seeds: tuple[int, ...] | str | None = option(None, "Comma-separated training seeds (trials). Default: 1,2,3 (lm: "
                                                        "111,222,333 tiny, 111–555 paper).")
     iterations: int | None = option(None, "Override the scale's training iterations (for a quick look).")
-    triplets: int = option(64, "Stability probe triplets per condition.")
+    triplets: int = option(TRIPLETS, "Stability probe triplets per condition.")
     extend_to: int | None = option(None, "Also run the vocabulary-extension experiment (paper §4.2): extend each study "
                                          "run (vocabulary K) to this K' (only the new rows train, on uniform data over "
                                          "K' items) and train from scratch at K'; writes extension/table.md.")
@@ -155,15 +157,15 @@ class TextStudyOptions:
                                            "groups (default: --text).")
     tokenizer: str | None = option(None, "With --text: the folder of the model's tokenizer (default: the --model-dir "
                                          "directory).")
-    triplets: int = 64
+    triplets: int = TRIPLETS
     target_pos: int = PROBE_TARGET_POS
     probe_length: int = PROBE_LENGTH
-    max_length: int = option(1024, "With --text: accuracy's tokens per row (longer paragraphs are scored in "
+    max_length: int = option(TEXT_MAX_LENGTH, "With --text: accuracy's tokens per row (longer paragraphs are scored in "
                                    "overlapping windows).")
-    resamples: int = option(1000, "With --text: accuracy's bootstrap resamples over paragraphs.")
+    resamples: int = option(TEXT_RESAMPLES, "With --text: accuracy's bootstrap resamples over paragraphs.")
     seed: int = option(0, "With --text: the seed of the probes, trajectories and bootstrap.")
-    budget_seconds: float = option(60.0, "With --text: dynamics' time budget (stability's is ten times it).")
-    device: str = "auto"
+    budget_seconds: float = option(DEFAULT_BUDGET, "With --text: dynamics' time budget (stability's is ten times it).")
+    device: str = DEFAULT_DEVICE
 
     def __post_init__(self) -> None:
         # the study's key records every option: 20 from Python and 20.0 from the command line are one study

@@ -1,7 +1,7 @@
 """``gradscope reproduce --model-dir DIR --text FILE -o OUT`` (issue #38, part 4): the study's question on a
 pretrained LM and a raw text in one command — perplexity and accuracy by token frequency
-(:mod:`gradscope.workflows.text_accuracy`), gradient stability on probes drawn from the text and
-dynamics on its paragraphs (:mod:`gradscope.workflows.text_probes`), into ``OUT/accuracy.zarr``,
+(:mod:`gradscope.workflows.text.accuracy`), gradient stability on probes drawn from the text and
+dynamics on its paragraphs (:mod:`gradscope.workflows.text.probes`), into ``OUT/accuracy.zarr``,
 ``OUT/stability.zarr`` and ``OUT/dynamics.zarr``; the command line adds ``OUT/report.html`` (reports
 sit above workflows: docs/architecture.md).
 
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import xarray as xr
 
+from gradscope.fields import DEFAULT_DEVICE
+from gradscope.workflows.options import DEFAULT_BUDGET, HF, TEXT_MAX_LENGTH, TEXT_RESAMPLES, TRIPLETS
 from gradscope.errors import GradscopeError, check
 from gradscope.files.io import sha256_file
 from gradscope.guard import check_bytes
@@ -28,10 +29,11 @@ from gradscope.models.adapters.tokenizer import tokenizer_files, tokenizer_sha25
 from gradscope.store.io import read_store, write_store
 from gradscope.workflows.dynamics import DynamicsOptions
 from gradscope.workflows.stability import StabilityOptions
-from gradscope.workflows.text import BYTES_PER_TEXT_BYTE, tokenize_text
-from gradscope.workflows.text_accuracy import TextAccuracyOptions, run_text_accuracy
-from gradscope.workflows.study_options import PROBE_TARGET_POS, TextStudyOptions  # declared torch-free (reproduce --help)
-from gradscope.workflows.text_probes import DEFAULT_LENGTH, TextSource, run_text_dynamics, run_text_stability
+from gradscope.workflows.text.tokenize import BYTES_PER_TEXT_BYTE, tokenize_text
+from gradscope.workflows.text.accuracy import TextAccuracyOptions, run_text_accuracy
+from gradscope.workflows.study.options import PROBE_TARGET_POS, TextStudyOptions  # declared torch-free (reproduce --help)
+from gradscope.workflows.sources import TextSource
+from gradscope.workflows.text.probes import DEFAULT_LENGTH, run_text_dynamics, run_text_stability
 
 STEPS = ("accuracy", "stability", "dynamics")
 
@@ -106,7 +108,7 @@ def _plans_fit(folder: Path, stab_opts: StabilityOptions, dyn_opts: DynamicsOpti
     first store is written, so an option they would refuse is refused now, named as the study's option."""
     planners = {"stability": lambda: run_text_stability(folder, stab_opts, source, model_factory=model_factory,
                                                         on_plan=_stop),
-                "dynamics": lambda: run_text_dynamics(folder, dyn_opts, source, length=probe_length,
+                "dynamics": lambda: run_text_dynamics(folder, dyn_opts, source,
                                                       model_factory=model_factory, on_plan=_stop)}
     for step in (s for s in ("stability", "dynamics") if s in todo):
         try:
@@ -122,20 +124,13 @@ def _plans_fit(folder: Path, stab_opts: StabilityOptions, dyn_opts: DynamicsOpti
 
 def reproduce_text(model_dir: str | Path | None = None, text: str | Path | None = None, *, out: str | Path,
                    counts_text: str | Path | None = None,
-                   tokenizer: str | Path | None = None, model_factory: str = "hf", triplets: int = 64,
-                   target_pos: int = PROBE_TARGET_POS, probe_length: int = DEFAULT_LENGTH, max_length: int = 1024,
-                   resamples: int = 1000, seed: int = 0, budget_seconds: float = 60.0, device: str = "auto",
-                   command: str = "", on_step: Callable[[str, str], None] | None = None,
-                   model: str | Path | None = None) -> TextStudy:
+                   tokenizer: str | Path | None = None, model_factory: str = HF, triplets: int = TRIPLETS,
+                   target_pos: int = PROBE_TARGET_POS, probe_length: int = DEFAULT_LENGTH, max_length: int = TEXT_MAX_LENGTH,
+                   resamples: int = TEXT_RESAMPLES, seed: int = 0, budget_seconds: float = DEFAULT_BUDGET, device: str = DEFAULT_DEVICE,
+                   command: str = "", on_step: Callable[[str, str], None] | None = None) -> TextStudy:
     """Accuracy, stability and dynamics by token frequency of the ``save_pretrained`` directory
     ``model_dir`` on ``text`` (module docstring), into ``out``; ``on_step(step, note)`` says what is done.
-    The report: ``gradscope report OUT/*.zarr`` (or ``gradscope.reports.build.render_report``).
-    ``model``: ``model_dir``'s name before issue #39 (as the flag, --model-dir; it warns)."""
-    if model is not None:
-        check(model_dir is None, "model_dir: given twice, also as model (its old name); give model_dir only")
-        warnings.warn("reproduce_text(model=…) is now model_dir=…, as its flag --model-dir", DeprecationWarning,
-                      stacklevel=2)
-        model_dir = model
+    The report: ``gradscope report OUT/*.zarr`` (or ``gradscope.reports.build.render_report``)."""
     check(model_dir is not None and text is not None, "model_dir/text: give both, the model's directory and the text")
     opts = TextStudyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
                             tokenizer=None if tokenizer is None else str(tokenizer), triplets=triplets,
@@ -152,13 +147,13 @@ def reproduce_text(model_dir: str | Path | None = None, text: str | Path | None 
                                    seed=seed, device=device)
     stab_opts = StabilityOptions(triplets=triplets, target_pos=target_pos, length=probe_length, seed=seed,
                                  device=device, checkpoint_budget_seconds=10 * budget_seconds)
-    dyn_opts = DynamicsOptions(seed=seed, device=device, budget_seconds=budget_seconds)
+    dyn_opts = DynamicsOptions(seed=seed, device=device, budget_seconds=budget_seconds, length=probe_length)
     source = TextSource(opts.text, opts.counts_text, opts.tokenizer)
     makers: dict[str, Callable[[], xr.Dataset]] = {
         "accuracy": lambda: run_text_accuracy(folder, acc_opts, model_factory=model_factory, command=command).to_xarray(),
         "stability": lambda: run_text_stability(folder, stab_opts, source, model_factory=model_factory,
                                                 command=command).to_xarray(),
-        "dynamics": lambda: run_text_dynamics(folder, dyn_opts, source, length=probe_length,
+        "dynamics": lambda: run_text_dynamics(folder, dyn_opts, source,
                                               model_factory=model_factory, command=command).to_xarray(),
     }
     stores = {step: where / f"{step}.zarr" for step in STEPS}

@@ -1,7 +1,7 @@
 """``gradscope stability|dynamics DIR --model hf --text FILE``: gradient stability and dynamics of a
 pretrained LM on probes drawn from raw text (issue #38, part 3; docs/real-text.md).
 
-The text is tokenised (and cached) as for ``accuracy --text`` (:mod:`gradscope.workflows.text`). A
+The text is tokenised (and cached) as for ``accuracy --text`` (:mod:`gradscope.workflows.text.tokenize`). A
 probe row is the model's own input row for a paragraph: the tokenizer's start token (if it has one),
 then the paragraph's first tokens, ``length`` in all; ``target_pos`` p counts paragraph tokens.
 Frequency groups are :func:`~gradscope.tasks.probes.frequency_groups` of the counts of the text (or of
@@ -38,9 +38,9 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import xarray as xr
 from torch import nn
 
+from gradscope.workflows.options import HF
 from gradscope.errors import check
 from gradscope.guard import check_bytes, warn_nonfinite
 from gradscope.models.adapters import adapter_for
@@ -50,28 +50,16 @@ from gradscope.tasks.probes import GROUPS, Probes, frequency_groups
 from gradscope.workflows.common import MAX_COUNT, as_count
 from gradscope.workflows.dynamics import (DynamicsOptions, DynamicsPlan, DynamicsRun, defined_parts, plan_core,
                                          run_model_dynamics)
-from gradscope.workflows.options import RENAMED_DYNAMICS, RENAMED_OPTIONS, check_read, set_options, take_renamed
-from gradscope.workflows.study_options import PROBE_LENGTH
+from gradscope.workflows.sources import TextSource
+from gradscope.workflows.study.options import PROBE_LENGTH
 from gradscope.workflows.stability import StabilityOptions, StabilityRun, result_bytes, run_model_stability
-from gradscope.workflows.text import TokenizedText, tokenize_text
-from gradscope.workflows.text_accuracy import _quiet_transformers
+from gradscope.workflows.text.tokenize import TokenizedText, tokenize_text
+from gradscope.workflows.text.accuracy import _quiet_transformers
 
 DISTURBANT_SHARE = 0.5  # a frequent/rare disturbant span: at least this share of its tokens in the group
 DEFAULT_LENGTH = PROBE_LENGTH  # tokens per probe row, the start token included
 TARGET_GROUPS = ("frequent", "rare")  # the default targets
 DISTURBANT_GROUPS = ("all",)  # the default disturbants: the text as it is
-
-
-@dataclass(frozen=True)
-class TextSource:
-    """Where the probes come from, named as the flags: ``text`` (raw UTF-8), ``counts_text`` (the text
-    whose counts define the groups; None: ``text``), ``tokenizer`` (its folder; None: the model's
-    directory), ``cache`` (keep the tokenised text beside it)."""
-
-    text: str
-    counts_text: str | None = None
-    tokenizer: str | None = None
-    cache: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,7 +86,7 @@ class TextData:
                 "vocab_size": int(self.counts.size)}
 
 
-def text_model(model: Any, tokenizer: str | Path | None, model_factory: str = "hf",
+def text_model(model: Any, tokenizer: str | Path | None, model_factory: str = HF,
                config: str | Path | None = None) -> tuple[WrappedModel, Path, str]:
     """The wrapped model, its tokenizer's folder and a label: from a ``save_pretrained`` directory
     (``model_factory`` hf or hf:CLASS; its tokenizer in it unless ``tokenizer`` says where), or a
@@ -255,7 +243,7 @@ def _config(model: WrappedModel, data: TextData, tokenizer: Path, split: float, 
             "task_config": {**data.task_config(tokenizer, split), "length": length}, "train_config": {"seed": 0}}
 
 
-def run_text_stability(model: Any, opts: StabilityOptions, source: TextSource, *, model_factory: str = "hf",
+def run_text_stability(model: Any, opts: StabilityOptions, source: TextSource, *, model_factory: str = HF,
                        config: str | Path | None = None, command: str = "",
                        on_start: Callable[[int], None] | None = None,
                        on_progress: Callable[[int], None] | None = None,
@@ -284,15 +272,15 @@ def run_text_stability(model: Any, opts: StabilityOptions, source: TextSource, *
                                    on_progress=on_progress, on_plan=on_plan)
 
 
-def run_text_dynamics(model: Any, opts: DynamicsOptions, source: TextSource, *, length: int = DEFAULT_LENGTH,
-                      split: float = 0.5, model_factory: str = "hf", config: str | Path | None = None,
-                      command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
+def run_text_dynamics(model: Any, opts: DynamicsOptions, source: TextSource, *, model_factory: str = HF,
+                      config: str | Path | None = None, command: str = "",
+                      on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
     """Dynamics (docs/definitions.md §7) of ``model`` (see :func:`text_model`) on rows of ``source.text``'s paragraphs
-    (:func:`text_sequences`), steps classed by frequency group, Lyapunov trajectories of consecutive
-    paragraphs (:func:`text_trajectories`). Options left out are chosen by the plan, as for a checkpoint."""
-    length = as_count(length, "length", 2, MAX_COUNT)
-    check(isinstance(split, (int, float)) and not isinstance(split, bool) and 0 < split < 1,
-          f"split: got {split!r}; it must lie strictly between 0 and 1")
+    (:func:`text_sequences`; ``opts.length`` tokens per row, default :data:`DEFAULT_LENGTH`), steps classed by
+    frequency group (``opts.split``), Lyapunov trajectories of consecutive paragraphs (:func:`text_trajectories`).
+    Options left out are chosen by the plan, as for a checkpoint."""
+    length = as_count(DEFAULT_LENGTH if opts.length is None else opts.length, "length", 2, MAX_COUNT)
+    split = opts.split
     with _quiet_transformers():
         net, tok_dir, label = text_model(model, source.tokenizer, model_factory, config)
         warn_nonfinite(net, f"model: {label}")
@@ -316,38 +304,3 @@ def run_text_dynamics(model: Any, opts: DynamicsOptions, source: TextSource, *, 
     probes = Probes(run.probes.tokens, ("text",) * len(tokens), ("text",) * len(tokens))
     return dataclasses.replace(run, results=[result], probes=probes, token_class=text_token_classes(tokens.numpy(), data),
                                config=_config(net, data, tok_dir, split, length))
-
-
-def text_stability(model: Any, text: str | Path, *, counts_text: str | Path | None = None,
-                   tokenizer: str | Path | None = None, model_factory: str = "hf", cache: bool = True,
-                   **options: Any) -> xr.Dataset:
-    """Gradient stability (docs/definitions.md §4) of a pretrained LM on probe triplets drawn from a raw UTF-8 text
-    (docs/real-text.md), as a stability store's Dataset. model: a ``save_pretrained`` directory with its
-    tokenizer (loaded as ``model_factory``), or a model in memory with ``tokenizer``. options: the fields
-    of :class:`~gradscope.workflows.stability.StabilityOptions` (target_freq, disturbant, target_pos,
-    triplets, length (tokens per row, start token included; default 32), split, seed, method,
-    batch_size, sv, device, estimator, sketch_units, checkpoint_budget_seconds)."""
-    take_renamed(options, RENAMED_OPTIONS, "text_stability")
-    for name in ("target_freq", "disturbant"):
-        if name in options:
-            options[name] = tuple(options[name])
-    opts = StabilityOptions(**options)
-    source = TextSource(str(text), None if counts_text is None else str(counts_text),
-                        None if tokenizer is None else str(tokenizer), cache)
-    return run_text_stability(model, opts, source, model_factory=model_factory).to_xarray()
-
-
-def text_dynamics(model: Any, text: str | Path, *, counts_text: str | Path | None = None,
-                  tokenizer: str | Path | None = None, model_factory: str = "hf", length: int = DEFAULT_LENGTH,
-                  split: float = 0.5, cache: bool = True, **options: Any) -> xr.Dataset:
-    """The dynamics view (docs/definitions.md §7) of a pretrained LM on rows of a raw UTF-8 text's paragraphs, each step
-    classed by its token's frequency group (docs/real-text.md), as a dynamics store's Dataset. model: as
-    in :func:`text_stability`. length: tokens per row (start token included). options: the fields of
-    :class:`~gradscope.workflows.dynamics.DynamicsOptions`."""
-    take_renamed(options, RENAMED_DYNAMICS, "text_dynamics")
-    opts = DynamicsOptions(**options)
-    check_read(opts.parts, set_options(opts))
-    source = TextSource(str(text), None if counts_text is None else str(counts_text),
-                        None if tokenizer is None else str(tokenizer), cache)
-    return run_text_dynamics(model, opts, source, length=length, split=split,
-                             model_factory=model_factory).to_xarray()

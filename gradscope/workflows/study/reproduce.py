@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 import xarray as xr
 
+from gradscope.fields import CHECKPOINTS
 from gradscope.errors import GradscopeError, check
 from gradscope.files.checkpoint import checkpoint_iteration, resolve_checkpoints
 from gradscope.store.io import write_store
@@ -28,12 +29,12 @@ from gradscope.tasks import make_task
 from gradscope.train.loop import (EVAL_FILE, discard_unstarted, is_run_dir, loss_and_correct, read_run_config,
                                   resumable, train)
 from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
-from gradscope.workflows.extension import study_extension, study_extension_plans
+from gradscope.workflows.study.extension import study_extension, study_extension_plans
 from gradscope.workflows.families.lm import check_probe_shape
-from gradscope.workflows.lm_study import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
-from gradscope.workflows.runs import PES, Layout, PlannedRun, check_run_sizes, plan_runs  # noqa: F401 - re-exported
-from gradscope.workflows.stability import StabilityOptions, run_stability
-from gradscope.workflows.study_options import PROBE_LENGTH, PROBE_TARGET_POS, STUDIES, StudyOptions  # noqa: F401 - declared torch-free, re-exported
+from gradscope.workflows.study.lm import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
+from gradscope.workflows.study.runs import PES, Layout, PlannedRun, check_run_sizes, plan_runs  # noqa: F401 - re-exported
+from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
+from gradscope.workflows.study.options import PROBE_LENGTH, PROBE_TARGET_POS, STUDIES, StudyOptions  # noqa: F401 - declared torch-free, re-exported
 from gradscope.workflows.summarize import SummaryEntry, group_records, summarize_groups
 
 SUMMARY_FIELDS = ("core", "pe")
@@ -179,7 +180,7 @@ def train_step(r: PlannedRun, layout: Layout, on_step: Callable[[int, dict | Non
 
 
 def accuracy_step(r: PlannedRun, layout: Layout, command: str = "", opts: AccuracyOptions = AccuracyOptions(),
-                  checkpoints: str | tuple[int, ...] = "all") -> "xr.Dataset | None":
+                  checkpoints: str | tuple[int, ...] = CHECKPOINTS[1]) -> "xr.Dataset | None":
     """The accuracy store of one run (at the chosen checkpoints), or None when it exists already."""
     if layout.accuracy(r).exists():
         return None
@@ -202,10 +203,10 @@ def select_checkpoints(run_dir: Path, which: str | tuple[int, ...]) -> list[Path
 
 
 def stability_step(r: PlannedRun, layout: Layout, opts: StabilityOptions, command: str = "",
-                   checkpoints: str | tuple[int, ...] = "all") -> "xr.Dataset | None":
+                   checkpoints: str | tuple[int, ...] = CHECKPOINTS[1]) -> "xr.Dataset | None":
     """The stability store of one run (``opts``' conditions at the chosen checkpoints), or None
     when it exists."""
     if layout.stability(r).exists():
         return None
-    return run_stability(select_checkpoints(layout.run(r), checkpoints), opts, command=command,
+    return run_checkpoint_stability(select_checkpoints(layout.run(r), checkpoints), opts, command=command,
                          device_label=opts.device).to_xarray()
