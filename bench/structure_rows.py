@@ -32,7 +32,8 @@ import torch
 from gradscope.analysis.dynamics import lyapunov_spectrum, trajectory_tokens
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.models import SeqModel
-from gradscope.train import load, train
+from gradscope.files.checkpoint import load
+from gradscope.train import train
 from gradscope.workflows.dynamics import DynamicsOptions, run_checkpoint_dynamics, task_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -116,7 +116,7 @@ def source_of(source: Any, opts: SourceOptions | None = None, **overrides: Any) 
 # the options each kind of source does not read, per command, and why
 NOT_READ: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "stability": {
-        "checkpoints": (("token_counts", "filler"), "they describe probes for a model of your own (model_factory); "
+        "checkpoints": (("token_counts", "filler"), "they describe probes for a model of your own (--model-factory); "
                                                     "gradscope checkpoints generate their own"),
         "model": (("corpus",), "it names an lm checkpoint's corpus; a model of your own has none"),
         "factory": (("corpus",), "it names an lm checkpoint's corpus; a model of your own has none"),
@@ -124,7 +124,7 @@ NOT_READ: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                                                                  "which is the corpus too; no output phase follows"),
     },
     "dynamics": {
-        "checkpoints": (("length", "token_counts"), "they describe probes for a model of your own (model_factory); "
+        "checkpoints": (("length", "token_counts"), "they describe probes for a model of your own (--model-factory); "
                                                     "a gradscope checkpoint draws its probes from its task"),
         "model": (("target_freq", "disturbant", "corpus", "length"), "a model in memory is given its probe tokens, "
                                                                      "and has no task groups or corpus"),

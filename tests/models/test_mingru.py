@@ -100,7 +100,7 @@ def test_trains_and_is_analysed_from_the_cli(runner, tmp_path) -> None:  # type:
                              "--resamples", "100"])
     assert st.exit_code == 0, st.stderr
     dyn = runner.invoke(app, ["dynamics", str(run), "-o", str(tmp_path / "d.zarr"), "--parts", "lyapunov",
-                              "--trajectories", "2", "--steps", "40", "--warmup", "5", "-q"])
+                              "--trajectories", "2", "--steps", "40", "--lyap-warmup", "5", "-q"])
     assert dyn.exit_code == 0, dyn.stderr
     import xarray as xr
     with xr.open_zarr(tmp_path / "d.zarr", consolidated=False) as ds:

@@ -17,7 +17,8 @@ from gradscope.config import TaskConfig
 from gradscope.errors import GradscopeError
 from gradscope.models import SeqModel
 from gradscope.tasks import make_task
-from gradscope.train import extension_config, load, train
+from gradscope.files.checkpoint import load
+from gradscope.train import extension_config, train
 
 K, K2 = 8, 12
 

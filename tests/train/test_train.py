@@ -15,7 +15,8 @@ import torch
 
 from tests.helpers.runs import COMPLEX_CORE, DEFAULT_CORE, OTHER_CORE, logged_iteration, small_run
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-from gradscope.train import load, lr_at, train
+from gradscope.files.checkpoint import load
+from gradscope.train import lr_at, train
 
 
 def test_schedule_warmup_then_cosine() -> None:

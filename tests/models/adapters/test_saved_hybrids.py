@@ -40,7 +40,7 @@ def test_a_saved_hybrid_loads_exactly_and_runs_from_the_cli(name: str, runner, t
     import gradscope
     from gradscope.cli.app import app
     from gradscope.models.adapters.load import load_hf
-    from gradscope.workflows.stability import stability
+    from gradscope.workflows.api import stability
 
     model, vocab = _tiny(name)
     if hasattr(model.config, "_experts_implementation"):
