@@ -8,11 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.markup import escape  # paths are text, never markup
 
-from gradscope.workflows.options import TEXT_MAX_LENGTH
-from gradscope.errors import GradscopeError
-from gradscope.workflows.options import AccuracyOptions  # torch-free: --help builds the options from it
+from gradscope.workflows.options import AccuracyOptions, SourceOptions  # torch-free: --help builds the options
 
-from .common import SETTINGS, check_out, command_line, default_out, given, make_console, refuse_given
+from .common import SETTINGS, check_out, command_line, default_out, make_console
 from .errors import user_errors
 from .generated import build_options, generated_command
 from .progress import make_progress
@@ -78,21 +76,17 @@ def side_table(r: AccuracyResult) -> Table:
     return table
 
 
-# the evaluation options (each --<field>, its help and default from AccuracyOptions' field) are generated
-AccuracyCommand = generated_command(AccuracyOptions, after="overwrite")
+# every option but -o, --overwrite and -q is generated: the evaluation's (AccuracyOptions) and the source's
+# (SourceOptions), each --<field> with its help and default from the field
+AccuracyCommand = generated_command(AccuracyOptions, "overwrite", SourceOptions)
 
 
 @user_errors
 def accuracy_command(
     ctx: typer.Context,
-    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint, oldest first).", show_default=False)],
+    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoint files and/or run directories (every checkpoint, oldest first); with --model hf --text, one model directory.", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Zarr store to write (default: accuracy-<name>.zarr).")] = None,
     overwrite: Annotated[bool, Opt(help="Replace an existing store.")] = False,
-    model_factory: Annotated[Optional[str], Opt("--model-factory", "--model", help="With --text: hf or hf:CLASS, a transformers causal LM from the save_pretrained directory given as CHECKPOINT.")] = None,
-    text: Annotated[Optional[Path], Opt(help="A raw UTF-8 text to score a pretrained LM on (with --model hf): perplexity and accuracy by token frequency and position, with bootstrap CIs over paragraphs (docs/real-text.md).")] = None,
-    counts_text: Annotated[Optional[Path], Opt(help="With --text: a (larger) text whose token counts define the frequency bins (default: the scored text).")] = None,
-    tokenizer: Annotated[Optional[Path], Opt(help="With --text: the folder of the model's tokenizer (default: the model's directory).")] = None,
-    max_length: Annotated[int, Opt(help="With --text: tokens per row, start token included; longer paragraphs are scored in overlapping windows.")] = TEXT_MAX_LENGTH,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Token, sequence and Damerau–Levenshtein accuracy on the held-out sets, and the frequency grid (docs/definitions.md §5);
@@ -100,33 +94,37 @@ def accuracy_command(
     from gradscope.store.accuracy import family_values
     from gradscope.store.io import write_store
     from gradscope.store.records import AccuracyResult
-    from gradscope.workflows.accuracy import run_accuracy
+    from gradscope.workflows.api import run_accuracy
+    from gradscope.workflows.sources import source_of
 
-    settings = ctx.meta.get(SETTINGS, {})
-    if text is not None or model_factory is not None:
-        text_command(ctx, checkpoints, out, overwrite, settings, model_factory, text, counts_text, tokenizer,
-                     max_length, quiet)
-        return
-    refuse_given(ctx, ["counts_text", "tokenizer", "max_length"], "they apply to --text (a pretrained LM on raw text)")
-    opts = build_options(AccuracyOptions, settings)  # every value checked in AccuracyOptions.__post_init__
+    settings = ctx.meta.get(SETTINGS, {})  # every value checked in the dataclasses' __post_init__, first
+    opts = build_options(AccuracyOptions, settings)
+    source = source_of(checkpoints, build_options(SourceOptions, settings))
     out_path = out if out is not None else default_out("accuracy", checkpoints[0])
     check_out(out_path, overwrite)
     with make_progress(console) as progress:
-        bar = progress.add_task("evaluating", total=None, visible=not quiet)
-        run = run_accuracy(checkpoints, opts, on_start=lambda n: progress.update(bar, total=n),
+        bar = progress.add_task("scoring" if source.kind == "text" else "evaluating", total=None, visible=not quiet)
+        run = run_accuracy(source, opts, on_start=lambda n: progress.update(bar, total=n),
                            on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
-    results = run.results
-    last = results[-1]
-    if isinstance(last, AccuracyResult):  # the token part (a family whose store is its own part alone has none)
-        console.print(overview_table(results))
-        if last.decodings or last.item_time_correct is not None:
-            console.print(side_table(last))
-        if last.grid_bin_correct is not None:
-            console.print(grid_table(last, opts.bins_for(last.grid_correct.shape[-1])))
     ds = run.to_xarray()
-    family, values = family_values(ds)
-    for line in family.lines(values) if family is not None and values else []:  # the task family's own
-        console.print(escape(line), soft_wrap=True)
+    if source.kind == "text":
+        console.print(escape(f"{run.text.path}: {len(run.text)} paragraphs, {run.text.tokens.size} tokens "
+                             f"({'read from the cache' if run.text.from_cache else 'tokenised'}"
+                             f"{f', cached in {run.text.cache}' if run.text.cache and not run.text.from_cache else ''}); "
+                             f"frequency bins from the token counts of the {run.counts_source.replace('_', ' ')}"))
+        console.print(text_table(ds))
+    else:
+        results = run.results
+        last = results[-1]
+        if isinstance(last, AccuracyResult):  # the token part (a family whose store is its own part alone has none)
+            console.print(overview_table(results))
+            if last.decodings or last.item_time_correct is not None:
+                console.print(side_table(last))
+            if last.grid_bin_correct is not None:
+                console.print(grid_table(last, opts.bins_for(last.grid_correct.shape[-1])))
+        family, values = family_values(ds)
+        for line in family.lines(values) if family is not None and values else []:  # the task family's own
+            console.print(escape(line), soft_wrap=True)
     write_store(ds, out_path, overwrite=overwrite)
     console.print(escape(f"wrote {out_path}"))
 
@@ -152,39 +150,3 @@ def text_table(ds: Any) -> Any:
     for i, (a, e, n) in enumerate(zip(ds["pos_start"].values, ds["pos_end"].values, ds["pos_n"].values)):
         row(f"positions {a}–{e}", n, "pos_perplexity", "pos_accuracy", {"pos_bin": i})
     return table
-
-
-def text_command(ctx: typer.Context, checkpoints: list[Path], out: Optional[Path], overwrite: bool,
-                 settings: dict[str, Any], model_factory: Optional[str], text: Optional[Path],
-                 counts_text: Optional[Path], tokenizer: Optional[Path], max_length: int, quiet: bool) -> None:
-    """``accuracy DIR --model hf --text FILE``: parse → gradscope.workflows.text.accuracy → table + store."""
-    from gradscope.store.io import write_store
-    from gradscope.workflows.text.accuracy import DEFAULT_RESAMPLES, TextAccuracyOptions, run_text_accuracy
-
-    if text is None or model_factory is None:
-        raise GradscopeError("--text/--model: they go together: gradscope accuracy DIR --model hf --text FILE "
-                             "(a pretrained LM on raw text)")
-    refuse_given(ctx, ["bins", "grid", "decoding", "corpus"], "they apply to gradscope checkpoints, not to --text")
-    if len(checkpoints) != 1:
-        raise GradscopeError("checkpoint: with --text give exactly one model directory")
-    opts = TextAccuracyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
-                               tokenizer=None if tokenizer is None else str(tokenizer), max_length=max_length,
-                               batch_size=settings["batch_size"] if given(ctx, "batch_size") else 16,
-                               resamples=DEFAULT_RESAMPLES if settings.get("resamples") is None else settings["resamples"],
-                               seed=0 if settings.get("seed") is None else settings["seed"],
-                               device=settings.get("device", "auto"))
-    out_path = out if out is not None else default_out("accuracy", checkpoints[0])
-    check_out(out_path, overwrite)
-    with make_progress(console) as progress:
-        bar = progress.add_task("scoring", total=None, visible=not quiet)
-        run = run_text_accuracy(checkpoints[0], opts, model_factory=model_factory,
-                                on_start=lambda n: progress.update(bar, total=n),
-                                on_progress=lambda k: progress.advance(bar, k), command=command_line(ctx))
-    ds = run.to_xarray()
-    console.print(escape(f"{run.text.path}: {len(run.text)} paragraphs, {run.text.tokens.size} tokens "
-                         f"({'read from the cache' if run.text.from_cache else 'tokenised'}"
-                         f"{f', cached in {run.text.cache}' if run.text.cache and not run.text.from_cache else ''}); "
-                         f"frequency bins from the token counts of the {run.counts_source.replace('_', ' ')}"))
-    console.print(text_table(ds))
-    write_store(ds, out_path, overwrite=overwrite)
-    console.print(escape(f"wrote {out_path}"))

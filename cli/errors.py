@@ -1,7 +1,7 @@
 """The one place where user errors become a one-line message and exit status 2.
 
 Library errors start with the Python parameter they are about (``target_pos: got 40; …``), and
-every parameter has its flag's name (issue #24), so the flag is that name with dashes: the message
+every parameter has its flag's name, so the flag is that name with dashes: the message
 is printed with ``--target-pos`` in its place when the command has that flag, and as it is
 otherwise. No table of renamings, no rewriting inside the sentence.
 """

@@ -1,4 +1,4 @@
-"""Options generated from an options dataclass (issue #39, part 2): each field declared with
+"""Options generated from an options dataclass: each field declared with
 :func:`gradscope.fields.option` is one option, ``--<field name>`` (dashes for underscores), its help
 from the field, its default the field's default; the dataclass's ``__post_init__`` checks the
 values. Generated when the command is parsed or its help shown, so `gradscope --help` imports no
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import types
 import typing
 from functools import lru_cache
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -75,6 +76,49 @@ def build_options(cls: type, values: dict[str, Any]) -> Any:
     return cls(**given)
 
 
+def _int(text: str) -> Any:
+    """A count option: an integer, also written like 1e9. Text that is no number is passed on as
+    it is, for the configuration check to refuse in one line (naming the option)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return int(value) if math.isfinite(value) and value == int(value) else text
+
+
+def _float(text: str) -> Any:
+    """A real option; text that is no number is passed on, as for :func:`_int`."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def setting_params() -> list[Any]:
+    """One click option per setting of a run (:func:`gradscope.presets.settings`: the config
+    sections' fields declared with ``gradscope.fields.option``, then every registered core's own),
+    flag ``--<field name>``, default None (the preset's value), its range in the help. Made on each call: a core
+    registered at run time brings its own."""
+    from gradscope.presets import settings
+
+    params = []
+    for o in settings().values():
+        parser, metavar = {int: (_int, "<int>"), float: (_float, "<float>")}.get(o.kind, (None, None))
+        span = "" if o.low is None and o.high is None else \
+            f"{'' if o.low is None else f'>= {o.low}'}{', ' if None not in (o.low, o.high) else ''}{'' if o.high is None else f'<= {o.high}'}"
+        note = "; ".join(p for p in (", ".join(o.cores), span) if p)
+        extra = {"parser": parser, "metavar": metavar} if parser is not None else {}
+        flag = "--" + o.name.replace("_", "-")
+        annotation = Annotated[Optional[o.kind], typer.Option(flag, help=f"{o.help} ({note})" if note else o.help,
+                                                              **extra)]
+        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
+    return click_params(params)
+
+
 def generated_command(cls: type, after: str | None = None, *more: type) -> type[TyperCommand]:
     """A TyperCommand class whose options also include the fields of the options dataclass ``cls``
     (:func:`field_params`; a torch-free class, so that --help loads no torch), inserted after the option
@@ -86,6 +130,20 @@ def generated_command(cls: type, after: str | None = None, *more: type) -> type[
         for c in (cls, *more):
             seen.update({p.name: p for p in field_params(c) if p.name not in seen})
         return list(seen.values())
+
+    return command_with(generated, after)
+
+
+def settings_command(after: str) -> type[TyperCommand]:
+    """A TyperCommand class whose options also include one per setting of a run (:func:`setting_params`), after
+    the option named ``after`` (`gradscope train`; other commands never import the configs and models for it)."""
+    return command_with(setting_params, after)
+
+
+def command_with(generated: Callable[[], list[Any]], after: str | None) -> type[TyperCommand]:
+    """A TyperCommand class with the options ``generated()`` makes (when the command is parsed or its help
+    shown) inserted after the option named ``after`` (else first among the options); the command receives their
+    values in ``ctx.meta[SETTINGS]``."""
 
     class GeneratedCommand(TyperCommand):
         def get_params(self, ctx: typer.Context) -> list[Any]:

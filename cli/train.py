@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import inspect
-import math
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from typer.core import TyperCommand
 
 from gradscope.errors import GradscopeError
 
 from .common import SETTINGS, command_line, make_console, warn
 from .errors import user_errors
+from .generated import _float, _int, settings_command
 from .progress import make_progress
 
 if TYPE_CHECKING:
@@ -62,72 +60,9 @@ def print_result(result: dict[str, Any], run_dir: Path) -> None:
 Opt = typer.Option
 
 
-def _int(text: str) -> Any:
-    """A count option: an integer, also written like 1e9. Text that is no number is passed on as
-    it is, for the configuration check to refuse in one line (naming the option)."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return int(value) if math.isfinite(value) and value == int(value) else text
-
-
-def _float(text: str) -> Any:
-    """A real option; text that is no number is passed on, as for :func:`_int`."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-
-
-def setting_params() -> list[Any]:
-    """One click option per setting of a run (:func:`gradscope.presets.settings`: the config
-    sections' fields declared with ``gradscope.fields.option``, then every registered core's own),
-    flag ``--<field name>``, made by typer from a signature built here, as it makes the written options."""
-    from gradscope.presets import settings
-
-    params = []
-    for o in settings().values():
-        parser, metavar = {int: (_int, "<int>"), float: (_float, "<float>")}.get(o.kind, (None, None))
-        span = "" if o.low is None and o.high is None else \
-            f"{'' if o.low is None else f'>= {o.low}'}{', ' if None not in (o.low, o.high) else ''}{'' if o.high is None else f'<= {o.high}'}"
-        note = "; ".join(p for p in (", ".join(o.cores), span) if p)
-        extra = {"parser": parser, "metavar": metavar} if parser is not None else {}
-        flag = "--" + o.name.replace("_", "-")
-        annotation = Annotated[Optional[o.kind], Opt(flag, help=f"{o.help} ({note})" if note else o.help, **extra)]
-        params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
-
-    def settings_of_a_run(**_: Any) -> None:
-        """The settings of a run."""
-
-    settings_of_a_run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    holder = typer.Typer(add_completion=False)
-    holder.command()(settings_of_a_run)
-    return list(typer.main.get_command(holder).params)
-
-
-class TrainCommand(TyperCommand):
-    """`gradscope train` with one option per setting of a run (:func:`setting_params`), added after
-    --preset when this command is parsed or its help shown (other commands never import the configs
-    and models for it). The command receives their values in ``ctx.meta[SETTINGS]``."""
-
-    def get_params(self, ctx: typer.Context) -> list[Any]:
-        params = super().get_params(ctx)
-        own = {p.name for p in params}
-        extra = [p for p in setting_params() if p.name not in own]
-        at = next((i + 1 for i, p in enumerate(params) if p.name == "preset"), len(params) - 1)
-        return params[:at] + extra + params[at:]
-
-    def invoke(self, ctx: typer.Context) -> Any:
-        names = {p.name for p in setting_params()}
-        ctx.meta[SETTINGS] = {k: ctx.params.pop(k) for k in list(ctx.params) if k in names}
-        return super().invoke(ctx)
+# one option per setting of a run (gradscope.presets.settings: the config sections' fields and every registered
+# core's own options), generated after --preset by the one flag generator, cli/generated.py
+TrainCommand = settings_command("preset")
 
 
 def extension_run_config(parent: Path, options: dict[str, Any], new_item_share: float | None) -> RunConfig:

@@ -9,11 +9,10 @@ command line start fast):
   ``source`` a path, a :class:`Loaded`, a model in memory or :func:`source`; ``opts`` the command's options
   dataclass, ``overrides`` its fields, named as the CLI's flags):
   :func:`stability`, :func:`accuracy`, :func:`dynamics`, :func:`summarize` (``source``: stores);
-- :func:`text_accuracy` — a pretrained causal LM (a ``save_pretrained`` directory) on raw text:
-  perplexity and accuracy by token frequency and position (docs/real-text.md);
 - :func:`source` — what a command analyses, resolved once: checkpoints, a model in memory, a model factory's
-  model, or a transformers model on a raw text (``gradscope.stability(DIR, model_factory="hf", text=FILE)``:
-  its gradient stability on probes drawn from the text, by token frequency; docs/real-text.md);
+  model, or a transformers model on a raw text (``gradscope.accuracy|stability|dynamics(DIR, model_factory="hf",
+  text=FILE)``: its perplexity and accuracy, gradient stability and dynamics by token frequency;
+  docs/real-text.md);
   :func:`reproduce_text` accuracy, stability and dynamics of a model on a text into one folder
   (``gradscope reproduce --model-dir DIR --text FILE`` adds the report);
 - :func:`reproduce` — the whole synthetic or lm study (train vanilla and PE × seeds, accuracy,
@@ -44,10 +43,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name i
     from gradscope.models.wrap import WrappedModel, wrap
     from gradscope.tasks.probes import Probes, frequency_groups, make_probes
     from gradscope.version import __version__
-    from gradscope.workflows.accuracy import accuracy
-    from gradscope.workflows.api import dynamics, source, stability
+    from gradscope.workflows.api import accuracy, dynamics, source, stability
     from gradscope.workflows.summarize import summarize
-    from gradscope.workflows.text.accuracy import text_accuracy
     from gradscope.workflows.study.reproduce import StudyOptions, reproduce
     from gradscope.workflows.text.study import reproduce_text
 
@@ -60,8 +57,7 @@ _EXPORTS = {
     "probe_stability": "gradscope.analysis.stability", "StabilityResult": "gradscope.analysis.stability",
     "lyapunov_spectrum": "gradscope.analysis.lyapunov", "LyapunovResult": "gradscope.analysis.lyapunov",
     "stability": "gradscope.workflows.api", "dynamics": "gradscope.workflows.api", "source": "gradscope.workflows.api",
-    "accuracy": "gradscope.workflows.accuracy", "summarize": "gradscope.workflows.summarize",
-    "text_accuracy": "gradscope.workflows.text.accuracy",
+    "accuracy": "gradscope.workflows.api", "summarize": "gradscope.workflows.summarize",
     "reproduce_text": "gradscope.workflows.text.study",
     "reproduce": "gradscope.workflows.study.reproduce", "StudyOptions": "gradscope.workflows.study.reproduce",
     "Probes": "gradscope.tasks.probes", "make_probes": "gradscope.tasks.probes",
@@ -71,7 +67,7 @@ _EXPORTS = {
 }
 __all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedModel", "state_jacobian",
            "JacobianResult", "jvp_products", "vjp_products", "probe_stability", "StabilityResult", "lyapunov_spectrum",
-           "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "source", "text_accuracy",
+           "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "source",
            "reproduce_text", "reproduce", "StudyOptions", "Probes", "make_probes",
            "frequency_groups",
            "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/test_startup.py)

@@ -1,4 +1,4 @@
-"""gradscope.cli and gradscope.reports in a source checkout (issue #39 part 4).
+"""gradscope.cli and gradscope.reports in a source checkout.
 
 The design card puts the Typer CLI in ``cli/`` and the report renderer in ``reports/``, at the top level
 beside ``gradscope/``. Installed, they are inside the package (pyproject's ``package-dir``: an editable

@@ -32,15 +32,62 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
 
 
 def option(default: Any, help: str, *, short: str | None = None, alias: str | None = None,
-           low: float | None = None, high: float | None = None, flag: str | None = None,
-           also: tuple[str, ...] = ()) -> Any:
+           low: float | None = None, high: float | None = None, exclusive: str = "",
+           choices: tuple[str, ...] | None = None, flag: str | None = None, also: tuple[str, ...] = ()) -> Any:
     """A config field that is also a user-facing setting: ``gradscope train --<name>``, a sweep axis,
-    a summary field (``--by <alias>``) and a report label (``<short>=value``). ``low``/``high``: the
-    range the CLI's help states (the config's own checks enforce it). ``flag``: the setting's name
+    a summary field (``--by <alias>``) and a report label (``<short>=value``). ``low``/``high``: its range
+    (``exclusive``: "low", "high" or "both" ends open) and ``choices``: the values it may take, declared once
+    here; :func:`check_fields` enforces them and the CLI's help states them. ``flag``: the setting's name
     where it is not the field's own (the task's ``name`` is ``--task``, as its errors say); ``also``: more
     spellings of the flag (``--model`` for ``--model-factory``)."""
+    check(exclusive in ("", "low", "high", "both"), f"exclusive: got {exclusive!r}")
     return dataclasses.field(default=default, metadata={"help": help, "short": short, "alias": alias,
-                                                        "range": (low, high), "flag": flag, "also": also})
+                                                        "range": (low, high), "exclusive": exclusive,
+                                                        "choices": choices, "flag": flag, "also": also})
+
+
+def bounded(default: Any, *, low: float | None = None, high: float | None = None, exclusive: str = "") -> Any:
+    """A field with a range but no flag (no help): :func:`check_fields` checks it as an :func:`option`'s."""
+    return dataclasses.field(default=default, metadata={"range": (low, high), "exclusive": exclusive})
+
+
+def _bounds_text(low: float | None, high: float | None, exclusive: str) -> str:
+    """How a real field's range reads in an error: "lie strictly between 0 and 1", "be a finite number ≥ 0"."""
+    open_low, open_high = exclusive in ("low", "both"), exclusive in ("high", "both")
+    if low is not None and high is not None:
+        if open_low and open_high:
+            return f"lie strictly between {low:g} and {high:g}"
+        return (f"be a number in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}")
+    if low is not None:
+        return f"be a finite number {'>' if open_low else '≥'} {low:g}"
+    return f"be a finite number {'<' if open_high else '≤'} {high:g}"
+
+
+def check_fields(obj: Any) -> None:
+    """Every field of the frozen dataclass ``obj`` declared with a range or choices (:func:`option`) checked, in
+    one line naming the field, and an integer field's value made an int (an integral float or a numpy integer
+    is accepted): the bounds live on the fields, and ``__post_init__`` keeps only the rules between fields.
+    A field whose default is None may be None."""
+    for f in dataclasses.fields(obj):
+        low, high = f.metadata.get("range", (None, None))
+        choices = f.metadata.get("choices")
+        value = getattr(obj, f.name)
+        if (low is None and high is None and choices is None) or (value is None and f.default is None):
+            continue
+        if choices is not None:
+            one_of(f.name, value, choices)
+            continue
+        kind = str(f.type)
+        if "float" not in kind and "int" in kind:
+            object.__setattr__(obj, f.name, as_count(value, f.name, low, high))  # type: ignore[arg-type]
+            continue
+        exclusive = f.metadata.get("exclusive", "")
+        open_low, open_high = exclusive in ("low", "both"), exclusive in ("high", "both")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and (low is None or (value > low if open_low else value >= low)) \
+            and (high is None or (value < high if open_high else value <= high))
+        check(ok, f"{f.name}: got {value!r}; it must {_bounds_text(low, high, exclusive)}")
+        object.__setattr__(obj, f.name, float(value))
 
 
 # --- the values options take, declared once and torch-free (a command's --help reads them) ---------

@@ -1,4 +1,4 @@
-"""The validation layer's shared checks (issue #15), used at every boundary where outside data comes in.
+"""The validation layer's shared checks, used at every boundary where outside data comes in.
 
 - **Sizes:** :func:`check_bytes` compares what a file or an option implies against the memory this
   machine has available (and, given the bytes actually present, against a plausible compression

@@ -36,7 +36,7 @@ PRESETS: dict[str, RunConfig] = {
 
 
 def _study(core: str, vocab: int, **train: object) -> RunConfig:
-    """The CPU-scale study configuration (issue #6): dual-frequency reverse, L = 16, about 5–10
+    """The CPU-scale study configuration: dual-frequency reverse, L = 16, about 5–10
     minutes per model on 2 CPU cores. Starting point: the GRU region measured in FACTS.md."""
     return RunConfig(
         model=ModelConfig(core=core, embed_size=64, hidden_size=128),

@@ -1,4 +1,4 @@
-"""The machine's own rates for the plans (issue #47 part 2): how the CPU that runs a command compares with
+"""The machine's own rates for the plans: how the CPU that runs a command compares with
 the one the cost constants were fitted on (:mod:`gradscope.analysis.cost`, :mod:`gradscope.workflows.dynamics_cost`).
 
 A short calibration (~0.5 s) at first use times two probes with torch's current thread count:

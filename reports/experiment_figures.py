@@ -1,4 +1,4 @@
-"""The paper's remaining experiments (issue #28), per output position from accuracy stores: a feedback
+"""The paper's remaining experiments, per output position from accuracy stores: a feedback
 model's accuracy self-fed beside ground-truth fed, and an extended vocabulary's accuracy on old beside
 new target items (model features, not task families; a family's own figures are its report section:
 family_figures.py)."""

@@ -1,4 +1,4 @@
-"""A task family's own report section (issue #39): the panels it declares
+"""A task family's own report section: the panels it declares
 (:class:`gradscope.tasks.family.ReportSection`), drawn from its variables in accuracy stores. No
 family is named here: every registered family with a ``report`` gets its section."""
 

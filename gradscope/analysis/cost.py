@@ -1,4 +1,4 @@
-"""What a Jacobian–vector product through one step costs on this workplace's CPU (issue #37 part 2): the
+"""What a Jacobian–vector product through one step costs on this workplace's CPU: the
 constants both plans use (stability's, :func:`gradscope.analysis.stability.plan_stability`, and dynamics',
 :mod:`gradscope.workflows.dynamics_cost`), so one measured rate prices a product wherever it is planned.
 
@@ -20,7 +20,7 @@ from gradscope.errors import GradscopeWarning
 
 @dataclass(frozen=True)
 class Rates:
-    """How the machine that plans compares with the CPU the constants below were fitted on (issue #47):
+    """How the machine that plans compares with the CPU the constants below were fitted on:
     ``compute`` multiplies every time per flop or per number (BLAS, LAPACK, elementwise work), ``dispatch``
     every time per call (Python and torch dispatch), ``load`` both (other processes sharing the cores).
     1.0 everywhere is the reference CPU, idle (:data:`REFERENCE`); :mod:`gradscope.rates` measures them."""
@@ -53,7 +53,7 @@ class Rates:
 
 
 REFERENCE = Rates()
-OVERRUN = 1.2  # a command may pass its time budget by at most this factor (issue #47): the run-time watches'
+OVERRUN = 1.2  # the run-time watches' limit: a command may pass its time budget by at most this factor
 
 
 class PlanWarning(GradscopeWarning):
@@ -62,7 +62,7 @@ class PlanWarning(GradscopeWarning):
 JVP_MODULE, VJP_MODULE = 2.5e-4, 6e-5  # s per submodule of the core, per call
 JVP_WEIGHT, VJP_WEIGHT = 9e-10, 4e-10  # s per parameter, per call
 JVP_COLUMN = (6.5e-11, 6e-9, 1e-5)  # s per (step flop, state number, column) of each column
-VJP_COLUMN = (2e-11, 4e-8, 2e-5)  # the last 1e-4 before issue #47: 2.6× long on gradscope's Mamba sample
+VJP_COLUMN = (2e-11, 4e-8, 2e-5)  # as JVP_COLUMN; the last was once 1e-4, which priced gradscope's Mamba sample 2.6× long
 VJP_CHUNK = 6_000_000  # a VJP call takes at most this many numbers (gradscope.analysis.estimators chunks its rows)
 ROW_VJP = 1.2e-5  # s per cotangent row per step of a vmapped pullback (the exact Jacobian's reverse chain)
 MODULE_CALL = 3.5e-5  # s per submodule of the core per step call (Python dispatch: 1.1 ms for a 2-layer HF Mamba)
@@ -75,7 +75,7 @@ OWN_FACTOR = {"jvp": 0.5, "vjp": 0.3}
 # together, large chunks of sequences), float32, the machine's two threads: 87 GFLOP/s (mamba-130m) and
 # 105 GFLOP/s (RWKV-169m) end to end on this CPU for 768 sequences × 5 columns × 31 steps (2026-11-26,
 # idle); half of it in float64. The exact path keeps the nominal laptop rate.
-# Issue #47 refitted the sketch's whole estimate (flops at SKETCH_FLOPS, plus SKETCH_PRODUCTS × the products'
+# The sketch's whole estimate was refitted (flops at SKETCH_FLOPS, plus SKETCH_PRODUCTS × the products'
 # own terms, which count part of the same work again) to the idle end-to-end runs of 2026-11-26: mamba-130m
 # at 5 units 310 s and RWKV-169m at 9 units 325 s (the estimates were 566 s and 552 s, 1.8× and 1.7× long);
 # the 4-unit runs (270 s and 194 s) then estimate at 254 s and 165 s. Measured again 2026-11-28 19:2x UTC

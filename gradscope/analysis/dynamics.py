@@ -16,7 +16,7 @@ Costs below are per sequence (or trajectory); D = state width, H = output width,
 Memory: every function holds O(B·D²) for the Jacobians of one step; :func:`tT_grid` holds
 O(B·T·D²) (all running products at once), so give it a few sequences at a time. The states before
 each step come from a :class:`~gradscope.analysis.tape.StateTape`, which keeps T × D of them only for
-short runs (issue #37 part 5); :func:`previous_states` returns them all, when asked.
+short runs; :func:`previous_states` returns them all, when asked.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Matrix-free dynamics (issue #37 part 1): the (t, T) grid, step singular values and ‖J_t‖_F from
+"""Matrix-free dynamics: the (t, T) grid, step singular values and ‖J_t‖_F from
 Jacobian–vector products through ``core.step``, never a D × D matrix, each with an error bar.
 
 - :func:`grid_hutchinson`: ‖∂z_T/∂z_t‖_F² = E‖P v‖² for v ~ N(0, I) (Hutchinson). ``probes`` vectors per

@@ -1,4 +1,4 @@
-"""Language-model evaluation (issue #27): per-token cross-entropy, perplexity and accuracy, overall,
+"""Language-model evaluation: per-token cross-entropy, perplexity and accuracy, overall,
 by token-frequency bin and by position bin. Pure functions on tensors and arrays, split into an
 update step (:func:`lm_counts` per chunk of rows) and a compute step (:func:`perplexity`).
 

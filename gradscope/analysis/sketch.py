@@ -1,4 +1,4 @@
-"""Stability scores from a random sketch of the Jacobians, with jackknife standard errors (docs/definitions.md §4; issue #37).
+"""Stability scores from a random sketch of the Jacobians, with jackknife standard errors (docs/definitions.md §4).
 
 When J = ∂y_T/∂z_p (H × D) is too large to form (mamba-130m: 768 × 700,416 per sequence), the scores
 need only per-row sums over the H rows: Σ_i ⟨g_i^A, g_i^B⟩, ‖g_i^A‖, ‖g_i^B‖. A Gaussian sketch

@@ -1,4 +1,4 @@
-"""The states before every step of a sequence without keeping T × D of them (issue #37 part 5).
+"""The states before every step of a sequence without keeping T × D of them.
 
 :class:`StateTape` gives z_0 … z_{T−1} (the state before each step, as
 :func:`gradscope.analysis.dynamics.previous_states`) in any order. A short run keeps them all (the
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from gradscope.models.core import initial_state, step_at
 
-KEEP_BYTES = 256 * 2**20  # below this, B·T·D states are simply kept (one tensor, as before issue #37)
+KEEP_BYTES = 256 * 2**20  # below this, B·T·D states are simply kept (one tensor, as previous_states returns them)
 
 
 class StateTape:

@@ -1,4 +1,4 @@
-"""Perplexity and accuracy of a pretrained LM on raw text (issue #38): frequency bins of a text's
+"""Perplexity and accuracy of a pretrained LM on raw text: frequency bins of a text's
 token types, the windows long paragraphs are scored in, per-token cross-entropy from logits, sums
 per paragraph (the bootstrap's unit) and their bootstrap intervals. Pure functions on arrays.
 

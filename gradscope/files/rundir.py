@@ -1,4 +1,4 @@
-"""A run directory's files, read and validated (issue #15): ``config.json``, ``metrics.jsonl``,
+"""A run directory's files, read and validated: ``config.json``, ``metrics.jsonl``,
 ``eval.json``, and the resume state of its last checkpoint (optimizer, random generators, log
 window, last logged metrics). The one reader of run directories: training reads them here to
 resume, reports and sweeps to show them.

@@ -1,4 +1,4 @@
-"""The token cache of a raw text (issue #38): a text tokenised with a model's tokenizer, kept beside
+"""The token cache of a raw text: a text tokenised with a model's tokenizer, kept beside
 the text so the next command need not tokenise it again.
 
 One ``.npz`` file (no pickles): ``tokens`` (int32, every paragraph's ids concatenated), ``offsets``

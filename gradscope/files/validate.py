@@ -1,4 +1,4 @@
-"""The validation layer for what a checkpoint brings in (issue #15).
+"""The validation layer for what a checkpoint brings in.
 
 Everything a checkpoint file holds is checked here, before any model is built: types, shapes and
 dtypes of every tensor (dense CPU tensors whose storage really holds them: no sparse, meta or

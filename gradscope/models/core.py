@@ -143,7 +143,7 @@ class Core(nn.Module):
         """:func:`scan` of this core."""
         return scan(self, x, z0)
 
-    # --- initial state and time index (issue #25): see the module docstring ---------------------
+    # --- initial state and time index: see the module docstring ---------------------------------
     position_dependent: ClassVar[bool] = False  # True: step(x, z, t) also reads the 0-based time index
 
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from gradscope.errors import check
-from gradscope.fields import DT_MAX, DT_MIN, option
+from gradscope.fields import DT_MAX, DT_MIN, check_fields, option
 from gradscope.models.core import Core
 from gradscope.models.structure import JacobianStructure, StateBlock
 
@@ -51,10 +51,7 @@ class MambaConfig:
     dt_max: float = DT_MAX
 
     def __post_init__(self) -> None:
-        for name in ("state_size", "expand", "conv_width"):
-            value = getattr(self, name)
-            check(isinstance(value, int) and not isinstance(value, bool) and value >= (2 if name == "conv_width" else 1),
-                  f"{name}: got {value!r}; the mamba core needs an integer >= {2 if name == 'conv_width' else 1}")
+        check_fields(self)  # the ranges declared on the fields
         check(0 < self.dt_min <= self.dt_max, f"dt_min/dt_max: got {self.dt_min}/{self.dt_max}; need 0 < dt_min <= dt_max")
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.errors import check
-from gradscope.fields import DT_MAX, DT_MIN, option
+from gradscope.fields import DT_MAX, DT_MIN, check_fields, option
 from gradscope.models.core import Core, scaled_rows
 from gradscope.models.structure import JacobianStructure, StateBlock
 
@@ -34,7 +34,8 @@ class S4DConfig:
     dt_max: float = DT_MAX
 
     def __post_init__(self) -> None:
-        check(isinstance(self.state_size, int) and self.state_size > 0 and self.state_size % 2 == 0,
+        check_fields(self)  # the range declared on the field
+        check(self.state_size % 2 == 0,
               f"state_size: got {self.state_size}; S4D needs a positive even state size (N/2 complex modes)")
         check(0 < self.dt_min <= self.dt_max, f"dt_min/dt_max: got {self.dt_min}/{self.dt_max}; need 0 < dt_min <= dt_max")
 

@@ -263,7 +263,7 @@ def wrap(rnn: nn.Module, inputs: Callable[[Tensor], Tensor] | None = None,
     """
     check(positions is None or adapter_for(rnn) is not None,
           f"positions: only a library model with attention layers has an attention cache to size; got {type(rnn).__name__}")
-    warn_nonfinite(rnn, f"model: {type(rnn).__name__}")  # NaN/Inf weights named before any work (issue #36)
+    warn_nonfinite(rnn, f"model: {type(rnn).__name__}")  # NaN/Inf weights named before any work
     half = next(((n, t.dtype) for n, t in rnn.state_dict().items() if t.dtype in (torch.float16, torch.bfloat16)), None)
     check(half is None, f"model: {type(rnn).__name__} holds {str(half[1]).replace('torch.', '')} tensors ({half[0]}, …); "
                         "gradscope's analyses (SVD, eigenvalues) need float32 or float64: wrap model.float() "

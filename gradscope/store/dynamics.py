@@ -31,7 +31,7 @@ class DynamicsResult:
     drift exceeds its error; lyapunov_running_se (c, k) standard error over trajectories of the running
     estimate. Stores written before these existed lack them (readers check).
     gates (n, T, G): ‖term‖_F of each gate term of J_t; blocks: static (spectral norm, radius)
-    of each gate's block of W_hh. Estimated parts (issue #37, matrix-free, :mod:`gradscope.analysis.estimators`)
+    of each gate's block of W_hh. Estimated parts (matrix-free, :mod:`gradscope.analysis.estimators`)
     carry their error beside them: flow_fro_se and grid_se (standard errors; an estimated flow has no
     flow_spectral), singular_bound (Ritz bound), gates_se.
     """
@@ -59,11 +59,11 @@ def dynamics_dataset(results: list[DynamicsResult], *, tokens: np.ndarray, token
         data["flow_fro"] = (("checkpoint", "sequence", "step"), stack("flow_fro"))
         if "flow_spectral" in first:  # exact runs; the matrix-free estimate has the Frobenius norm only
             data["flow_spectral"] = (("checkpoint", "sequence", "step"), stack("flow_spectral"))
-        if "flow_fro_se" in first:  # estimated matrix-free (issue #37): its standard error beside each value
+        if "flow_fro_se" in first:  # estimated matrix-free: its standard error beside each value
             data["flow_fro_se"] = (("checkpoint", "sequence", "step"), stack("flow_fro_se"))
     if "grid" in first:
         data["tT_grid"] = (("checkpoint", "grid_sequence", "t", "T"), stack("grid"))
-        if "grid_se" in first:  # estimated matrix-free (issue #37): its standard error beside each value
+        if "grid_se" in first:  # estimated matrix-free: its standard error beside each value
             data["tT_grid_se"] = (("checkpoint", "grid_sequence", "t", "T"), stack("grid_se"))
     if "radius" in first:
         data["step_radius"] = (("checkpoint", "sequence", "step"), stack("radius"))

@@ -1,4 +1,4 @@
-"""A store on disk, checked before it is loaded and after (issue #15): no fill value passes as data.
+"""A store on disk, checked before it is loaded and after: no fill value passes as data.
 
 Before loading, :func:`inspect_store` reads the metadata itself (bounded, UTF-8, JSON objects) and
 checks every array: its shape, data type, chunk grid and dimension names; that every chunk file the

@@ -1,5 +1,5 @@
 """The layout each kind of store must have once loaded (docs/stores.md), checked in one place so
-that the code that reads stores may index them without guarding every access (issue #15).
+that the code that reads stores may index them without guarding every access.
 
 Rules: a variable of a known name must have its documented dims and dtype; a dimension that is
 present brings the coordinates that readers look it up by (``pair`` needs its labels, ``triplet``
@@ -57,7 +57,7 @@ LAYOUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                  "target_group": (("target_group",), STR), "disturbant_group": (("disturbant_group",), STR),
                  "target_position": (("target_position",), INT), "bin": (("bin",), INT),
                  "bin_start": (("bin",), INT), "bin_end": (("bin",), INT),
-                 # raw text (issue #38): bootstrap bounds over paragraphs of the lm family's variables (its
+                 # raw text: bootstrap bounds over paragraphs of the lm family's variables (its
                  # own part, like every family's, comes from its layout: family_layouts)
                  **{f"{v}_{end}": (("checkpoint", *dims), FLOAT) for end in ("low", "high") for v, dims in (
                      ("perplexity", ()), ("token_accuracy", ()), ("freq_perplexity", ("freq_bin",)),

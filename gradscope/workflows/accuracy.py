@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -15,9 +16,9 @@ from gradscope.files.checkpoint import Loaded
 from gradscope.store.parts import record_checkpoint_configs
 from gradscope.tasks import TASKS
 from gradscope.train.device import resolve_device
-from gradscope.workflows.common import checkpoint_sources, config_attrs, expand_checkpoints, load_source
+from gradscope.workflows.common import config_attrs, expand_checkpoints, load_source
 from gradscope.workflows.families import check_options, evaluation_of
-from gradscope.workflows.options import AccuracyOptions, with_overrides  # declared there, torch-free (a command's --help)
+from gradscope.workflows.options import AccuracyOptions  # declared there, torch-free (a command's --help)
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,14 @@ class AccuracyRun:
         return record_checkpoint_configs(ds, self.configs)
 
 
-def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
-                 on_start: Callable[[int], None] | None = None,
-                 on_progress: Callable[[int], None] | None = None, *, command: str = "",
-                 device_label: str | None = None) -> AccuracyRun:
+def run_checkpoint_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions, *,
+                            on_start: Callable[[int], None] | None = None,
+                            on_progress: Callable[[int], None] | None = None, command: str = "",
+                            device_label: str | None = None) -> AccuracyRun:
     """Evaluate every checkpoint (run directories expand to all their checkpoints, oldest first),
     loading one at a time (a :class:`Loaded` is used as it is), as its task family's evaluation
     (:func:`gradscope.workflows.families.evaluation_of`) does."""
+    opts = dataclasses.replace(opts, batch_size=opts.batch_used)  # an evaluation reads a number of sequences
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)
     if on_start is not None:
@@ -69,21 +71,3 @@ def run_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions,
     assert config is not None  # expand_checkpoints never returns an empty list
     return AccuracyRun(config, results, opts, command, device_label if device_label is not None else str(device),
                        tuple(configs))
-
-
-def accuracy(source: Any, *, opts: AccuracyOptions | None = None, **overrides: Any) -> xr.Dataset:
-    """Accuracy on the held-out sets (docs/definitions.md §5) as an xarray Dataset with the variables of an accuracy
-    store: token, sequence and Damerau–Levenshtein accuracy per checkpoint, and the frequency grid
-    by target position when the checkpoint has one.
-
-    source: a checkpoint file or run directory (or a list of them: every checkpoint, oldest first),
-    or a :class:`~gradscope.files.checkpoint.Loaded` (not read again). A model of your own has no
-    held-out set: evaluate it in your own code (or, a transformers LM on a raw text, :func:`gradscope.text_accuracy`).
-    opts: :class:`AccuracyOptions` (None: the defaults); overrides: any of its fields, named as ``gradscope
-    accuracy``'s flags. bins given for a checkpoint without a grid (or with grid=False) is refused, not ignored.
-    A task family whose evaluation is its own (gradscope.workflows.families) stores its own part and reads its
-    own options: reverse-continuous the bootstrap's resamples and seed, lm the ``corpus`` directory if it moved;
-    an option no evaluation of the checkpoint's family reads is refused.
-    """
-    opts = with_overrides(AccuracyOptions, opts, overrides, "accuracy")
-    return run_accuracy(checkpoint_sources(source), opts).to_xarray()

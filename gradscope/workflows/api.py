@@ -14,13 +14,16 @@ import xarray as xr
 
 from gradscope.errors import check
 from gradscope.tasks.probes import Probes, validate_probes
+from gradscope.workflows.accuracy import AccuracyRun, run_checkpoint_accuracy
 from gradscope.workflows.dynamics import (DynamicsPlan, DynamicsRun, run_checkpoint_dynamics, run_factory_dynamics,
                                          run_model_dynamics)
 from gradscope.workflows.factory import build_model
-from gradscope.workflows.options import (DynamicsOptions, SourceOptions, StabilityOptions, check_read, set_options,
+from gradscope.workflows.options import (HF, TEXT_BATCH, TEXT_MAX_LENGTH, TEXT_RESAMPLES, AccuracyOptions,
+                                         DynamicsOptions, SourceOptions, StabilityOptions, check_read, set_options,
                                          with_overrides)
 from gradscope.workflows.sources import Source, check_reads, source_of
 from gradscope.workflows.stability import StabilityRun, run_checkpoint_stability, run_model_stability
+from gradscope.workflows.text.accuracy import TextAccuracyOptions, TextAccuracyRun, run_text_accuracy
 from gradscope.workflows.text.probes import run_text_dynamics, run_text_stability
 
 SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SourceOptions))
@@ -90,6 +93,44 @@ def run_dynamics(source: Any, opts: DynamicsOptions, *, tokens: torch.Tensor | N
     assert tokens is not None
     return run_model_dynamics(src.model, tokens, opts, trajectory_tokens=trajectory_tokens, counts=counts,
                               command=command, on_plan=on_plan)
+
+
+def run_accuracy(source: Any, opts: AccuracyOptions, *, command: str = "",
+                 on_start: Callable[[int], None] | None = None,
+                 on_progress: Callable[[int], None] | None = None) -> AccuracyRun | TextAccuracyRun:
+    """Accuracy of ``source``: gradscope checkpoints on their held-out sets, or a pretrained LM on a raw text
+    (perplexity and accuracy by token frequency and position, bootstrap intervals over paragraphs). A model of
+    one's own has no held-out set, so it is read on a text or not at all."""
+    src = source_of(source)
+    check_reads(src, opts, "accuracy")
+    if src.kind == "checkpoints":
+        return run_checkpoint_accuracy(list(src.paths), opts, command=command, on_start=on_start,
+                                       on_progress=on_progress)
+    assert src.text is not None
+    text = TextAccuracyOptions(
+        text=src.text.text, counts_text=src.text.counts_text, tokenizer=src.text.tokenizer,
+        max_length=TEXT_MAX_LENGTH if opts.max_length is None else opts.max_length,
+        batch_size=TEXT_BATCH if opts.batch_size is None else opts.batch_size,
+        resamples=TEXT_RESAMPLES if opts.resamples is None else opts.resamples,
+        seed=0 if opts.seed is None else opts.seed, device=opts.device, cache=src.text.cache)
+    return run_text_accuracy(src.model if src.model is not None else src.path, text, model_factory=src.factory or HF,
+                             on_start=on_start, on_progress=on_progress, command=command)
+
+
+def accuracy(source: Any, *, opts: AccuracyOptions | None = None, **overrides: Any) -> xr.Dataset:
+    """Accuracy (docs/definitions.md §5) as an xarray Dataset with the variables of an accuracy store.
+
+    source: a checkpoint file or run directory (or a list of them: every checkpoint, oldest first), a
+    :class:`~gradscope.files.checkpoint.Loaded` (not read again), or a pretrained LM on a text
+    (``accuracy(DIR, model_factory="hf", text=FILE)``, or a causal LM in memory with ``text`` and ``tokenizer``:
+    perplexity and accuracy by token frequency and position, docs/real-text.md). opts: :class:`AccuracyOptions`
+    (None: the defaults); overrides: any of its fields, named as ``gradscope accuracy``'s flags, or of
+    :class:`SourceOptions`. A task family whose evaluation is its own (gradscope.workflows.families) stores its
+    own part and reads its own options: reverse-continuous the bootstrap's resamples and seed, lm the ``corpus``
+    directory if it moved; an option no evaluation of the checkpoint's family reads is refused.
+    """
+    where, own = _split(overrides)
+    return run_accuracy(source_of(source, **where), with_overrides(AccuracyOptions, opts, own, "accuracy")).to_xarray()
 
 
 def stability(source: Any, *, opts: StabilityOptions | None = None, **overrides: Any) -> xr.Dataset:

@@ -1,4 +1,4 @@
-"""What several workflows share (moved out of workflows/stability.py, issue #24): option checks,
+"""What several workflows share: option checks,
 checkpoint lists, the conditions to probe, the configs a store records, the diverged-model warning."""
 
 from __future__ import annotations

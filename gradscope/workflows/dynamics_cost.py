@@ -1,4 +1,4 @@
-"""The one estimate of what a dynamics run costs (issue #37 part 2): seconds per part and bytes,
+"""The one estimate of what a dynamics run costs: seconds per part and bytes,
 from the model's shape and declared Jacobian structure, before anything is allocated.
 
 The model counts the calls each part makes (per step: forming J_t, products, decompositions, step
@@ -26,7 +26,7 @@ MATMUL32 = 1.0e-11  # s per float32 BLAS-3 flop (≈ 100 GFLOP/s, one thread)
 MATMUL64 = 2.0e-11  # float64
 ELEMENT = 5.0e-10  # s per element of elementwise work (forming an analytic J_t, norms of stored matrices)
 NORM64 = 4.0e-9  # s per element of a norm accumulated in float64 (torch's vector_norm(dtype=float64), one
-# thread: 34 ms for 8 × 128 × 8,192 float32 numbers against 1 ms in float32; issue #47's sums)
+# thread: 34 ms for 8 × 128 × 8,192 float32 numbers against 1 ms in float32; the sums in float64)
 STEP_FLOP = 1.0e-10  # s per flop of a step function under torch.func (vmap/jvp/vjp of small kernels)
 CALL = 3.0e-5  # s per Python-level tensor call in a per-step loop
 # the structured Lyapunov engine's step and block work, refitted 2026-11-28 to idle runs on the reference CPU:
@@ -52,7 +52,7 @@ def eig_seconds(d: int) -> float:
 def svd_seconds(m: int, n: int) -> float:
     """Singular values of one m × n matrix."""
     lo, hi = min(m, n), max(m, n)
-    # refitted 2026-11-28 (issue #47) to torch 2.13's svdvals and matrix_norm(ord=2), batched as the parts call
+    # refitted 2026-11-28 to torch 2.13's svdvals and matrix_norm(ord=2), batched as the parts call
     # them, one thread on the reference CPU: 0.68 ms at 128 × 128, 1.34 ms at 128 × 256, 3.6 ms at 256 × 256,
     # 25 ms at 512 × 512 (the former fit, ×3 a bare call, priced these at 2–2.7× that)
     return 1.6e-10 * lo * lo * hi + 2e-8 * lo * hi + 5e-6
@@ -201,7 +201,7 @@ def lyapunov_seconds(shape: CoreShape, trajectories: int, steps: int, exponents:
                     + (ELEMENT * c) * w * b.size / b.repeat  # the distinct blocks, converted for the QR
             else:  # a repeated diagonal's accumulator holds one value a group
                 per += (ELEMENT * c) * 4 * (w // (b.size if b.form == "diagonal" else 1))
-        return m * S * per + S * shape.overhead + held  # one step call a step (3 before issue #47: 6× long on minGRU)
+        return m * S * per + S * shape.overhead + held  # one step call a step (3 were priced once: 6× long on minGRU)
     per_call = 3 * S * shape.overhead
     if k == D or shape.analytic:
         per += shape.form_seconds() + 2.0 * D * D * k * (MATMUL64 * c)

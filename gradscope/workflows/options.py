@@ -1,4 +1,4 @@
-"""The options of `gradscope stability`, `dynamics`, `accuracy` and `summarize`, declared once (issue #39): each
+"""The options of `gradscope stability`, `dynamics`, `accuracy` and `summarize`, declared once: each
 field made with :func:`gradscope.fields.option` carries its help and is the command's ``--<field>``
 flag (the CLI generates the flags from the fields, ``cli/generated.py``); the checks run only in
 ``__post_init__``; the Python functions take the same names. Torch-free, so that a command's
@@ -7,16 +7,15 @@ flag (the CLI generates the flags from the fields, ``cli/generated.py``); the ch
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import (CHECKPOINT_BUDGET_SECONDS, CHECKPOINTS, CONFIDENCE, DEFAULT_BINS, DEFAULT_DEVICE,
-                              DEFAULT_SCORE, EQUIVALENCE_MARGIN, ESTIMATOR, INTERVAL, JACOBIAN_METHOD, RESAMPLES,
-                              SCORE_KINDS, SUMMARY_CHECKPOINTS, ENGINES, ESTIMATORS, GROUPS, INTERVALS, MAX_COUNT, PARTS,
-                              MAX_RESAMPLES, MAX_SEED, as_count, as_int, as_seed, check_seconds, one_of, option)
+                              DEFAULT_SCORE, ENGINES, EQUIVALENCE_MARGIN, ESTIMATOR, ESTIMATORS, GROUPS, INTERVAL,
+                              INTERVALS, JACOBIAN_METHOD, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, PARTS, RESAMPLES,
+                              SCORE_KINDS, SUMMARY_CHECKPOINTS, bounded, check_fields, option)
 
 O = TypeVar("O")
 
@@ -97,7 +96,7 @@ def check_read(parts: tuple[str, ...] | None, given: set[str]) -> None:
 
 QR_DTYPE_NAMES = ("float64", "float32")
 # What a dynamics option left out (None) may take, largest first: the plan (workflows.dynamics.plan_dynamics)
-# starts at the largest, the defaults before issue #37, and steps down the biggest part's options until
+# starts at the largest, the defaults before the plan chose, and steps down the biggest part's options until
 # the estimate fits the budget. Given explicitly, the same numbers reproduce any earlier store.
 LADDERS = {"sequences": (8, 4, 2, 1), "grid_sequences": (4, 2, 1), "trajectories": (8, 4, 2), "steps": (1000, 500, 250, 125)}
 DECODING_CHOICES = ("both", "autoregressive", "teacher")  # a feedback model's decodings (paper App. B.2)
@@ -107,9 +106,11 @@ HF = "hf"  # the model factory of a transformers model from its save_pretrained 
 TEXT_MAX_LENGTH = 1024  # tokens per row when a pretrained LM scores a raw text (the paper's lm max length)
 TEXT_RESAMPLES = 1000  # bootstrap resamples over a text's paragraphs
 TEXT_BATCH = 16  # rows of a raw text per forward pass
+ACCURACY_BATCH = 1024  # held-out sequences of a checkpoint per forward pass
+MAX_TEXT_ROW = 1 << 20  # tokens per row of a text: beyond this no model's positions reach
 DEVICE_LABEL = "cpu"  # a run's recorded device when none is given
 FACTORY_LENGTH = 32  # tokens per probe sequence of a model of one's own, and per row of a text
-DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and checkpoints (600 per part before #37)
+DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and checkpoints (once 600 per part)
 
 
 # help texts two commands' options share, written once
@@ -165,12 +166,11 @@ def as_groups(opts: Any, name: str) -> None:
 class TableOptions:
     """What `gradscope stability` prints (the store holds every score, and no intervals)."""
 
-    score: str = option(DEFAULT_SCORE, "Score shown in the table: {scores} (all are stored).")
-    resamples: int = option(RESAMPLES, "Bootstrap resamples for the CIs.")
+    score: str = option(DEFAULT_SCORE, "Score shown in the table: {scores} (all are stored).", choices=SCORE_KINDS)
+    resamples: int = option(RESAMPLES, "Bootstrap resamples for the CIs.", low=1, high=MAX_RESAMPLES)
 
     def __post_init__(self) -> None:
-        one_of("score", self.score, SCORE_KINDS)
-        object.__setattr__(self, "resamples", as_count(self.resamples, "resamples", 1, MAX_RESAMPLES))
+        check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,56 +184,44 @@ class StabilityOptions:
     # disturbant groups
     disturbant: tuple[str, ...] = option((), DISTURBANT_HELP)
     # the target position p, 1-based
-    target_pos: int = option(1, 'Target position p (1-based) whose state z_p the Jacobian starts from.')
+    target_pos: int = option(1, 'Target position p (1-based) whose state z_p the Jacobian starts from.', low=1, high=MAX_COUNT)
     # per condition
-    triplets: int = option(TRIPLETS, 'Probe triplets per condition.')
+    triplets: int = option(TRIPLETS, 'Probe triplets per condition.', low=1, high=MAX_COUNT)
     # a probes file (.npy, .npz or a stability store)
     probes: Path | None = option(None, "Explicit probes: .npy int64 (n, 3, L), .npz with 'tokens' (+ 'target_group', 'disturbant_group'), or a previous stability store.")
-    seed: int = option(0, 'Seed for the probes and the bootstrap.')
-    method: str = option(JACOBIAN_METHOD, 'Jacobian engine: auto, {engines}.')
+    seed: int = option(0, 'Seed for the probes and the bootstrap.', low=0, high=MAX_SEED)
+    method: str = option(JACOBIAN_METHOD, 'Jacobian engine: auto, {engines}.', choices=("auto", *ENGINES))
     # triplets per Jacobian batch
-    batch_size: int = option(32, 'Triplets per Jacobian batch (bounds memory).')
+    batch_size: int = option(32, 'Triplets per Jacobian batch (bounds memory).', low=1, high=MAX_COUNT)
     # singular values kept per Jacobian
-    sv: int = option(64, 'Singular values kept per Jacobian.')
+    sv: int = option(64, 'Singular values kept per Jacobian.', low=1, high=MAX_COUNT)
     device: str = option(DEFAULT_DEVICE, 'auto (cuda when present), cpu, cuda or cuda:N.')
     # a user's own model (``--model-factory``): generated probes need token counts and a length;
     # ``filler`` is the output phase's token (L copies after each probe), None for no output phase
     token_counts: Path | None = option(None, 'With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.')
-    length: int | None = option(None, "With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length).")
-    filler: int | None = option(None, 'With --model-factory: output phase of L copies of this token id after each probe (default: none).')
-    split: float = SPLIT
+    length: int | None = option(None, "With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length). With --text: the row's length, start token included (default 32).", low=1, high=MAX_COUNT)
+    filler: int | None = option(None, 'With --model-factory: output phase of L copies of this token id after each probe (default: none).', low=0, high=MAX_COUNT)
+    split: float = bounded(SPLIT, low=0, high=1, exclusive="both")
     # lm checkpoints: this corpus directory instead of the recorded one (it moved)
     corpus: Path | None = option(None, CORPUS_HELP)
-    # exact Jacobians, or a sketch with standard errors (issue #37): auto is exact wherever it fits
+    # exact Jacobians, or a sketch with standard errors: auto is exact wherever it fits
     # checkpoint_budget_seconds (estimated before any work) and memory; sketch_units fixes the sketch's size
-    estimator: str = option(ESTIMATOR, 'auto (exact Jacobians wherever they fit --checkpoint-budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).')
-    sketch_units: int | None = option(None, 'Independent units of the sketch (default: the most in 4..16 that fit the budget).')
-    checkpoint_budget_seconds: float = option(CHECKPOINT_BUDGET_SECONDS, "Time budget of each checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.")
+    estimator: str = option(ESTIMATOR, 'auto (exact Jacobians wherever they fit --checkpoint-budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).', choices=ESTIMATORS)
+    sketch_units: int | None = option(None, 'Independent units of the sketch (default: the most in 4..16 that fit the budget).', low=2, high=1024)
+    checkpoint_budget_seconds: float = option(CHECKPOINT_BUDGET_SECONDS, "Time budget of each checkpoint, estimated before any work at a laptop CPU's rate; decides exact or sketch.", low=0, exclusive="low")
+
     def __post_init__(self) -> None:
-        """Types and ranges (bounds that need the model, such as target_pos <= L, and the memory the
-        probes need are checked once the checkpoint is known)."""
+        """Paths and groups as given by the CLI (strings, lists) made their types; the ranges are the fields'
+        (:func:`~gradscope.fields.check_fields`); then the rules between fields (bounds that need the model, such
+        as target_pos <= L, and the memory the probes need are checked once the checkpoint is known)."""
         for name in ("target_freq", "disturbant"):
             as_groups(self, name)
-        for name in ("target_pos", "triplets", "batch_size", "sv"):
-            object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
-        object.__setattr__(self, "seed", as_seed(self.seed))
-        check(self.method == "auto" or self.method in ENGINES,
-              f"method: got {self.method!r}; valid values are auto, {', '.join(ENGINES)}")
-        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
         for name in ("probes", "token_counts", "corpus"):
             as_path(self, name)
-        if self.length is not None:
-            object.__setattr__(self, "length", as_count(self.length, "length", 1, MAX_COUNT))
-        if self.filler is not None:
-            object.__setattr__(self, "filler", as_count(self.filler, "filler", 0, MAX_COUNT))
-        check(isinstance(self.split, (int, float)) and not isinstance(self.split, bool) and 0 < self.split < 1,
-              f"split: got {self.split!r}; it must lie strictly between 0 and 1")
-        check(self.estimator in ESTIMATORS, f"estimator: got {self.estimator!r}; valid values are {', '.join(ESTIMATORS)}")
-        if self.sketch_units is not None:
-            object.__setattr__(self, "sketch_units", as_count(self.sketch_units, "sketch_units", 2, 1024))
+        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
+        check_fields(self)
         check(self.estimator != "exact" or self.sketch_units is None,
               "sketch_units: it sizes a sketch; with estimator 'exact' leave it out")
-        check_seconds(self.checkpoint_budget_seconds, "checkpoint_budget_seconds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,29 +236,29 @@ class DynamicsOptions:
 
     parts: tuple[str, ...] | None = option(None, 'Parts: {parts} (comma-separated or repeated; default: every part that fits --budget-seconds; the plan says which).')
     # per condition
-    sequences: int | None = option(None, 'Probe sequences per condition (flow, spectra, gates; default: 8, fewer if that does not fit --budget-seconds).')
-    grid_sequences: int | None = option(None, 'Sequences for the (t, T) grid (default: 4, fewer if that does not fit).')
+    sequences: int | None = option(None, 'Probe sequences per condition (flow, spectra, gates; default: 8, fewer if that does not fit --budget-seconds).', low=1, high=MAX_COUNT)
+    grid_sequences: int | None = option(None, 'Sequences for the (t, T) grid (default: 4, fewer if that does not fit).', low=1, high=MAX_COUNT)
     # top singular values kept per step Jacobian
-    sv: int = option(8, 'Top singular values kept per step Jacobian.')
-    trajectories: int | None = option(None, 'Lyapunov trajectories (default: 8, fewer if that does not fit).')
-    steps: int | None = option(None, "Steps per Lyapunov trajectory, the task's episodes back to back (default: 1000, fewer if that does not fit).")
+    sv: int = option(8, 'Top singular values kept per step Jacobian.', low=1, high=MAX_COUNT)
+    trajectories: int | None = option(None, 'Lyapunov trajectories (default: 8, fewer if that does not fit).', low=1, high=MAX_COUNT)
+    steps: int | None = option(None, "Steps per Lyapunov trajectory, the task's episodes back to back (default: 1000, fewer if that does not fit).", low=1, high=MAX_COUNT)
     # None: a tenth of the steps, at most 100
     lyap_warmup: int | None = option(None, 'Warm-up steps discarded from the Lyapunov estimate (default: a tenth of --steps, at most 100).')
-    reorth: int = option(1, 'Re-orthonormalise every k steps (product of k step Jacobians first).')
-    seed: int = option(0, 'Seed of the probes and trajectories.')
+    reorth: int = option(1, 'Re-orthonormalise every k steps (product of k step Jacobians first).', low=1, high=MAX_COUNT)
+    seed: int = option(0, 'Seed of the probes and trajectories.', low=0, high=MAX_SEED - 1)  # trajectories use seed + 1
     device: str = option(DEFAULT_DEVICE, 'auto (cuda when present), cpu, cuda or cuda:N.')
     # None: all D when they fit the time budget, else the top k that fit
-    exponents: int | None = option(None, 'Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).')
-    qr_dtype: str = option("float64", "dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).")
+    exponents: int | None = option(None, 'Top k Lyapunov exponents (default: all D when they fit --budget-seconds, else the top k that fit; structured cores: all, exactly).', low=1, high=MAX_COUNT)
+    qr_dtype: str = option(QR_DTYPE_NAMES[0], "dtype of J·Q, the QR and the log-sums: float64 or float32 (faster, ~0.1 off in a spectrum's tail).", choices=QR_DTYPE_NAMES)
     # the whole command's estimated wall time (dynamics_cost)
-    budget_seconds: float = option(DEFAULT_BUDGET, "Time budget of the whole command (every part and checkpoint), estimated before any work at this machine's measured rates (options left out shrink to fit it) and watched while it runs (parts the plan chose are left out if it would pass 1.2 × the budget).")
+    budget_seconds: float = option(DEFAULT_BUDGET, "Time budget of the whole command (every part and checkpoint), estimated before any work at this machine's measured rates (options left out shrink to fit it) and watched while it runs (parts the plan chose are left out if it would pass 1.2 × the budget).", low=0, exclusive="low")
     # the probes' source: recorded with the probes (their conditions, tokens and classes), not among the options
     target_freq: tuple[str, ...] = option((), "Probe target group(s) of a checkpoint's task: {groups} (repeatable).")
     disturbant: tuple[str, ...] = option((), "Probe disturbant group(s) of a checkpoint's task: {groups} (repeatable).")
-    length: int | None = option(None, f"With --model-factory: probe sequence length (default {FACTORY_LENGTH}), tokens uniform over the embedding's vocabulary; with --text: the row length, start token included (default {FACTORY_LENGTH}).")
+    length: int | None = option(None, f"With --model-factory: probe sequence length (default {FACTORY_LENGTH}), tokens uniform over the embedding's vocabulary; with --text: the row length, start token included (default {FACTORY_LENGTH}).", low=1, high=MAX_COUNT)
     token_counts: Path | None = option(None, "With --model-factory: counts per token id (.npy, or one per line): steps are classed frequent/rare by them.")
     corpus: Path | None = option(None, CORPUS_HELP)
-    split: float = SPLIT  # with text: the share of the types that occur which are frequent
+    split: float = bounded(SPLIT, low=0, high=1, exclusive="both")  # with text: the share of frequent types
 
     def __post_init__(self) -> None:
         """Types and ranges; the memory and time the sizes imply are checked once the model is known
@@ -285,9 +273,12 @@ class DynamicsOptions:
             bad = [p for p in self.parts if p not in PARTS]
             check(not bad and bool(self.parts), f"parts: got {', '.join(bad) or 'none'}; valid parts are {', '.join(PARTS)}")
             object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
-        for name in ("sequences", "grid_sequences", "sv", "trajectories", "steps", "reorth"):
-            if getattr(self, name) is not None or name in ("sv", "reorth"):
-                object.__setattr__(self, name, as_count(getattr(self, name), name, 1, MAX_COUNT))
+        for name in ("target_freq", "disturbant"):
+            as_groups(self, name)
+        for name in ("token_counts", "corpus"):
+            as_path(self, name)
+        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
+        check_fields(self)
         if self.lyap_warmup is None and self.steps is not None:
             object.__setattr__(self, "lyap_warmup", derived_warmup(self.steps))
         if self.lyap_warmup is not None:
@@ -295,21 +286,6 @@ class DynamicsOptions:
             check(not isinstance(self.lyap_warmup, bool) and isinstance(self.lyap_warmup, int) and 0 <= self.lyap_warmup < top,
                   f"lyap_warmup: got {self.lyap_warmup!r}; it must be an integer in [0, {top - 1}] (below steps = {top}; "
                   f"leave it out for a tenth of the steps, here {derived_warmup(top)})")
-        if self.exponents is not None:
-            object.__setattr__(self, "exponents", as_count(self.exponents, "exponents", 1, MAX_COUNT))
-        check(self.qr_dtype in QR_DTYPE_NAMES, f"qr_dtype: got {self.qr_dtype!r}; valid values are {', '.join(QR_DTYPE_NAMES)}")
-        check_seconds(self.budget_seconds, "budget_seconds")
-        object.__setattr__(self, "seed", as_seed(self.seed, "seed"))
-        check(self.seed < 2**63 - 1, f"seed: got {self.seed}; it must be below {2**63 - 1} (trajectories use seed + 1)")
-        check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
-        for name in ("target_freq", "disturbant"):
-            as_groups(self, name)
-        for name in ("token_counts", "corpus"):
-            as_path(self, name)
-        if self.length is not None:
-            object.__setattr__(self, "length", as_count(self.length, "length", 1, MAX_COUNT))
-        check(isinstance(self.split, (int, float)) and not isinstance(self.split, bool) and 0 < self.split < 1,
-              f"split: got {self.split!r}; it must lie strictly between 0 and 1")
 
     @property
     def resolved(self) -> bool:
@@ -317,7 +293,7 @@ class DynamicsOptions:
         return None not in (self.parts, self.sequences, self.grid_sequences, self.trajectories, self.steps)
 
     def filled(self) -> "DynamicsOptions":
-        """Every option left out set to the largest it may take (the defaults before issue #37)."""
+        """Every option left out set to the largest it may take (the defaults before the plan chose them)."""
         top = {name: ladder[0] for name, ladder in LADDERS.items() if getattr(self, name) is None}
         return dataclasses.replace(self, parts=self.parts or PARTS, **top)
 
@@ -351,24 +327,21 @@ class AccuracyOptions:
     bins: int | tuple[int, ...] | str | None = option(None, 'Target-position bins of the grid: a count or 0-based edges (0,8,64). Default: 4 (quarters; one per position on a shorter grid); refused for a checkpoint without a grid.')
     grid: bool | None = option(None, 'Require (--grid) or skip (--no-grid) the frequency grid. Default: evaluate it when the checkpoint has one.')
     device: str = option(DEFAULT_DEVICE, 'auto (cuda when present), cpu, cuda or cuda:N.')
-    batch_size: int = option(1024, 'Sequences per forward pass (with --text: rows per forward pass, default 16).')
-    decoding: str = option("both", 'Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.')
-    resamples: int | None = option(None, 'Bootstrap resamples: of the per-position cosine-similarity CIs (reverse-continuous; default 10,000), or with --text of the CIs over paragraphs (default 1,000).')
-    seed: int | None = option(None, 'Seed of the bootstrap resamples (reverse-continuous, or --text; default 0).')
+    # None: ACCURACY_BATCH sequences of a checkpoint's held-out set, TEXT_BATCH rows of a text
+    batch_size: int | None = option(None, 'Sequences per forward pass (default 1024; with --text: rows per forward pass, default 16).', low=1, high=MAX_COUNT)
+    decoding: str = option(DECODING_CHOICES[0], 'Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.', choices=DECODING_CHOICES)
+    resamples: int | None = option(None, 'Bootstrap resamples: of the per-position cosine-similarity CIs (reverse-continuous; default 10,000), or with --text of the CIs over paragraphs (default 1,000).', low=1, high=MAX_RESAMPLES)
+    seed: int | None = option(None, 'Seed of the bootstrap resamples (reverse-continuous, or --text; default 0).', low=0, high=MAX_SEED)
     # lm checkpoints: read this corpus directory instead of the recorded one
-    corpus: str | None = option(None, "lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's).")
+    corpus: str | None = option(None, CORPUS_HELP)
+    max_length: int | None = option(None, f"With --text: tokens per row, start token included (default {TEXT_MAX_LENGTH}); longer paragraphs are scored in overlapping windows.", low=2, high=MAX_TEXT_ROW)
 
     def __post_init__(self) -> None:
         if isinstance(self.corpus, Path):
             object.__setattr__(self, "corpus", str(self.corpus))
         if isinstance(self.bins, str):  # as the flag gives it: '4' or '0,8,64'
             object.__setattr__(self, "bins", parse_bins(self.bins))
-        object.__setattr__(self, "batch_size", as_count(self.batch_size, "batch_size", 1, MAX_COUNT))
-        one_of("decoding", self.decoding, DECODING_CHOICES)
-        if self.resamples is not None:
-            as_int(self.resamples, "resamples", 1, MAX_RESAMPLES)
-        if self.seed is not None:
-            as_int(self.seed, "seed", 0, MAX_SEED)
+        check_fields(self)
 
     def bins_for(self, length: int | None) -> int | tuple[int, ...]:
         """The bins of a grid of ``length`` target positions: as given, else quarters (fewer bins when
@@ -376,6 +349,11 @@ class AccuracyOptions:
         if self.bins is not None:
             return self.bins
         return DEFAULT_BINS if length is None else min(DEFAULT_BINS, length)
+
+    @property
+    def batch_used(self) -> int:
+        """Sequences of a checkpoint's held-out set per forward pass."""
+        return ACCURACY_BATCH if self.batch_size is None else self.batch_size
 
     @property
     def resamples_used(self) -> int:
@@ -403,12 +381,12 @@ class SummarizeOptions:
                                            "(model, vocab, hidden, layers, embed, combine, state, …; an unknown name "
                                            "lists them all).")
     unit: str = option(UNITS[0], "Resampling unit: trial (seeds, as in the paper) or token (pooled "
-                                "tokens/sequences/triplets).")
-    resamples: int = option(RESAMPLES, "Bootstrap resamples.")
-    ci: float = option(CONFIDENCE, "Confidence level.")
+                                "tokens/sequences/triplets).", choices=UNITS)
+    resamples: int = option(RESAMPLES, "Bootstrap resamples.", low=1, high=MAX_RESAMPLES)
+    ci: float = option(CONFIDENCE, "Confidence level.", low=0, high=1, exclusive="both")
     # summary stores record it as their "method" attribute
     interval: str = option(INTERVAL, "Interval: {intervals} (percentile is the paper's; t is Student t, "
-                                         "better coverage with few trials).")
+                                         "better coverage with few trials).", choices=INTERVALS)
     metric: tuple[str, ...] = option((), "Metrics to show (repeatable; 'all' for every one). Default: the main ones. "
                                          "The store always holds all.")
     score: str = option(DEFAULT_SCORE, "Stability stores: which score to summarize: {scores}.")
@@ -416,10 +394,10 @@ class SummarizeOptions:
                                        "them, by seed.")
     checkpoints: str = option(SUMMARY_CHECKPOINTS, "Which checkpoints of each store: last, or all (with --compare: the seed-level "
                                       "interval of the difference at every training iteration, and the test of "
-                                      "whether it opens from the first to the last; docs/cli.md).")
+                                      "whether it opens from the first to the last; docs/cli.md).", choices=CHECKPOINTS)
     margin: float = option(EQUIVALENCE_MARGIN, "With --checkpoints all and --compare: the equivalence margin of the test's 'no "
                                  "effect' (both t-intervals inside ±margin).", low=0)
-    seed: int = option(0, "Seed of the bootstrap and permutation resampling.")
+    seed: int = option(0, "Seed of the bootstrap and permutation resampling.", low=0, high=MAX_SEED)
 
     def __post_init__(self) -> None:
         check(self.kind is None or self.kind in SUMMARIZED,
@@ -430,18 +408,8 @@ class SummarizeOptions:
         items = [v.strip() for v in self.by.split(",")]
         check(all(items), f"by: got {self.by!r}, an empty list or an empty item; give comma-separated fields such "
                           f"as core,pe (an empty one would pool every configuration into one group)")
-        one_of("unit", self.unit, UNITS)
-        object.__setattr__(self, "resamples", as_count(self.resamples, "resamples", 1, MAX_RESAMPLES))
-        check(isinstance(self.ci, (int, float)) and not isinstance(self.ci, bool) and 0 < self.ci < 1,
-              f"ci: got {self.ci!r}; it must lie strictly between 0 and 1")
-        one_of("interval", self.interval, INTERVALS)
         check(isinstance(self.metric, (tuple, list)) and all(isinstance(m, str) for m in self.metric),
               f"metric: got {self.metric!r}; expected metric names")
         object.__setattr__(self, "metric", tuple(self.metric))
         check(isinstance(self.score, str), f"score: got {self.score!r}; expected default, frobenius or l1")
-        one_of("checkpoints", self.checkpoints, CHECKPOINTS)
-        check(isinstance(self.margin, (int, float)) and not isinstance(self.margin, bool)
-              and math.isfinite(self.margin) and self.margin >= 0,
-              f"margin: got {self.margin!r}; it must be a finite number ≥ 0")
-        object.__setattr__(self, "margin", float(self.margin))
-        object.__setattr__(self, "seed", as_seed(self.seed))
+        check_fields(self)

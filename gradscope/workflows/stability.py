@@ -196,8 +196,8 @@ def watched_stability(model: nn.Module, probes: Probes, position: int, opts: Sta
                       on_progress: Callable[[int], None] | None = None,
                       on_plan: Callable[[StabilityPlan], None] | None = None
                       ) -> tuple[StabilityResult, StabilityPlan, Rates]:
-    """:func:`~gradscope.analysis.stability.probe_stability` under the budget rule's run-time half (issue
-    #47): the plan is made at ``rates``, and the first chunk of triplets measures it. When the rest at the
+    """:func:`~gradscope.analysis.stability.probe_stability` under the budget rule's run-time half:
+    the plan is made at ``rates``, and the first chunk of triplets measures it. When the rest at the
     measured pace would end past :data:`~gradscope.workflows.dynamics.OVERRUN` × the budget and the plan was
     the tool's choice (``estimator`` auto, or sketch without ``sketch_units``), the work is planned again at
     the measured rates (exact → sketch, or fewer units), said with a :class:`PlanWarning` and ``on_plan``,

@@ -20,7 +20,7 @@ from gradscope.store.inputs import load_inputs
 from gradscope.store.io import read_store, write_store
 from gradscope.store.parts import config_parts
 from gradscope.store.summary import trial_record, trial_records
-from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
+from gradscope.workflows.accuracy import AccuracyOptions, run_checkpoint_accuracy
 from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_checkpoints"
@@ -38,7 +38,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for name, files in (("mixed", [VANILLA, PE]), ("vanilla", [VANILLA]), ("pe", [PE])):
         out[f"acc-{name}"] = root / f"acc-{name}.zarr"
-        write_store(run_accuracy(files, ACC).to_xarray(), out[f"acc-{name}"])
+        write_store(run_checkpoint_accuracy(files, ACC).to_xarray(), out[f"acc-{name}"])
     for name, files in (("seeds", [SEED1, SEED2]), ("s1", [SEED1]), ("s2", [SEED2])):
         out[f"stab-{name}"] = root / f"stab-{name}.zarr"
         write_store(run_checkpoint_stability(files, STAB).to_xarray(), out[f"stab-{name}"])

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import gradscope
 from gradscope.cli.app import app
 from gradscope.errors import GradscopeError
-from gradscope.workflows.options import DynamicsOptions, SourceOptions, StabilityOptions
+from gradscope.workflows.options import AccuracyOptions, DynamicsOptions, SourceOptions, StabilityOptions
 from gradscope.workflows.sources import NOT_READ, Source, TextSource, check_reads, source_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,15 +57,20 @@ def test_options_that_do_not_go_together_are_one_error(make, head: str) -> None:
 
 def test_what_a_command_does_not_read_for_a_source_is_refused() -> None:
     """Every (command, kind) pair names only fields of the command's options; each one given is refused."""
-    classes = {"stability": StabilityOptions, "dynamics": DynamicsOptions}
+    classes = {"stability": StabilityOptions, "dynamics": DynamicsOptions, "accuracy": AccuracyOptions}
+    assert set(NOT_READ) == set(classes)
     for command, kinds in NOT_READ.items():
         fields = set(classes[command].__dataclass_fields__)
         for kind, (names, _) in kinds.items():
             assert set(names) <= fields, (command, kind)
+            if not names:  # accuracy of a model of one's own: only on a text
+                with pytest.raises(GradscopeError, match="^text/model_factory: they go together"):
+                    check_reads(Source(kind), classes[command](), command)
+                continue
             check_reads(Source(kind), classes[command](), command)  # the defaults pass
             with pytest.raises(GradscopeError, match=f"^{names[0]}: "):
                 value = ("rare",) if names[0] in ("target_freq", "disturbant") else 4 if names[0] in (
-                    "length", "filler") else Path("x")
+                    "length", "filler", "max_length", "bins") else Path("x")
                 check_reads(Source(kind), classes[command](**{names[0]: value}), command)
 
 

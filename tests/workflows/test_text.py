@@ -147,7 +147,7 @@ def test_counts_text_sets_the_bins_and_unseen_types_have_their_own(saved, tmp_pa
     model_dir, text = saved
     counts = tmp_path / "ref.txt"
     counts.write_text("\n".join(" ".join(["the cat sat on the mat"] * 5) for _ in range(30)) + "\n")
-    ds = gradscope.text_accuracy(model_dir, text, counts_text=counts, max_length=64, resamples=50)
+    ds = gradscope.accuracy(model_dir, model_factory="hf", text=text, counts_text=counts, max_length=64, resamples=50)
     want = independent(model_dir, text, counts)
     last = ds.isel(checkpoint=0)
     for label, ppl, n in zip(ds["freq_bin"].values, last["freq_perplexity"].values, ds["freq_n"].values):
@@ -168,8 +168,8 @@ def test_long_paragraphs_are_scored_once_in_overlapping_windows(saved) -> None: 
             assert scored == list(range(1, n)), (n, length)
             assert all(b - a <= length and first - a >= min(first, length - length // 2) for a, b, first in rows)
     model_dir, text = saved
-    full = gradscope.text_accuracy(model_dir, text, max_length=64, resamples=20)
-    short = gradscope.text_accuracy(model_dir, text, max_length=8, resamples=20)
+    full = gradscope.accuracy(model_dir, model_factory="hf", text=text, max_length=64, resamples=20)
+    short = gradscope.accuracy(model_dir, model_factory="hf", text=text, max_length=8, resamples=20)
     assert int(full["pos_n"].sum()) == int(short["pos_n"].sum())
     first = full["pos_perplexity"].isel(checkpoint=0, pos_bin=[0, 1, 2]).values  # positions 1–7: one window either way
     assert np.allclose(first, short["pos_perplexity"].isel(checkpoint=0, pos_bin=[0, 1, 2]).values, rtol=1e-5)
@@ -298,7 +298,7 @@ def test_without_a_start_token_the_first_token_is_context_only(saved, tmp_path: 
     tok_dir = tmp_path / "tok"
     save_tokenizer(tok_dir, text.read_text(), bos=False)
     model = transformers.MambaForCausalLM.from_pretrained(str(model_dir)).eval()
-    ds = gradscope.text_accuracy(model, text, tokenizer=tok_dir, max_length=64, resamples=20)
+    ds = gradscope.accuracy(model, text=text, tokenizer=tok_dir, max_length=64, resamples=20)
     tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     assert tok.bos_token_id is None and tok.eos_token_id is None
     losses = []

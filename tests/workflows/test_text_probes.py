@@ -206,7 +206,7 @@ def test_reproduce_with_a_model_and_a_text_writes_the_study_and_resumes(saved, r
     assert result.exit_code == 0, (result.stdout, result.stderr)
     assert sorted(p.name for p in out.iterdir()) == ["accuracy.zarr", "dynamics.zarr", "report.html", "stability.zarr"]
     acc = read_store(out / "accuracy.zarr", kind="accuracy")
-    direct = gradscope.text_accuracy(model_dir, text, max_length=64, resamples=50)
+    direct = gradscope.accuracy(model_dir, model_factory="hf", text=text, max_length=64, resamples=50)
     assert float(acc["perplexity"][0]) == pytest.approx(float(direct["perplexity"][0]), rel=1e-9)
     stab = read_store(out / "stability.zarr", kind="stability")
     assert all(tuple(r) in rows_of(ids, bos) for r in stab["probe_tokens"].values[:, 0])

@@ -1,5 +1,5 @@
 """Library models from files, for ``--model-factory hf[:CLASS]`` (no network, no pickles from a
-directory), loaded exactly or not at all (issue #36).
+directory), loaded exactly or not at all.
 
 - ``hf`` / ``hf:CLASS`` with a **directory** (what ``model.save_pretrained(dir)`` writes: ``config.json``
   plus ``model.safetensors``, or shards listed in ``model.safetensors.index.json``); CLASS defaults to

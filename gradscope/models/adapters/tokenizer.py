@@ -1,4 +1,4 @@
-"""A library model's own tokenizer, from the files ``tokenizer.save_pretrained(dir)`` wrote (issue #38):
+"""A library model's own tokenizer, from the files ``tokenizer.save_pretrained(dir)`` wrote:
 transformers' ``AutoTokenizer`` from local files only (nothing is downloaded) and never with remote
 code. Every failure is a one-line :class:`GradscopeError`."""
 

@@ -1,4 +1,4 @@
-"""What a library model's weight files hold, read without loading a tensor (issue #36).
+"""What a library model's weight files hold, read without loading a tensor.
 
 - :func:`safetensors_header`: the names, dtypes and shapes of a ``.safetensors`` file, from its
   8-byte length and JSON header (at most :data:`MAX_HEADER` bytes), every tensor's byte range checked

@@ -1,4 +1,4 @@
-"""The lm family's workflows half (issues #27, #39; what was gradscope/workflows/lm.py lives here).
+"""The lm family's workflows half.
 
 Evaluation: every paragraph of the corpus's test split (first L tokens, as in training) is scored; the
 result carries the usual token/sequence counts, and as the family's own counts the cross-entropy sums
@@ -207,7 +207,7 @@ def evaluate_lm_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.
         correct.sum(0).numpy(), scored.sum(0).numpy(), family=lm_part(counts, types))
 
 
-# its store is the token part and its own, with the options attribute of a token store (as before #39)
+# its store is the token part and its own, with the options attribute of a token store (as the stores written before the families had)
 LM = Evaluation(options=("corpus",), evaluate=evaluate_lm_checkpoint, dataset=tokens_dataset,
                 text_probes=TextProbes(label=TEXT, groups=PROBE_GROUPS, task=lm_task, probes=lm_probes,
                                        sequences=lm_sequences, token_classes=lm_token_classes,

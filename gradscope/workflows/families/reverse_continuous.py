@@ -1,5 +1,5 @@
 """The reverse-continuous family's evaluation (paper App. B.3; moved here from
-gradscope/workflows/accuracy.py, issue #39): the cosine similarity of point predictions and targets on
+gradscope/workflows/accuracy.py): the cosine similarity of point predictions and targets on
 the held-out set, per sequence and time, with a bootstrap interval of its mean per scored time."""
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The options of `gradscope report`, `reproduce`, `sweep` and `corpus prepare`, declared once (issue #39,
-part 2), as gradscope/workflows/options.py declares those of the analysis commands: each field made
+"""The options of `gradscope report`, `reproduce`, `sweep` and `corpus prepare`, declared once, as gradscope/workflows/options.py declares those of the analysis commands: each field made
 with :func:`gradscope.fields.option` carries its help and is the command's ``--<field>`` flag (the CLI
 generates the flags, ``cli/generated.py``); the checks run only in ``__post_init__``; the Python
 functions take the same names. Torch-free (and plotly-free), so that a command's ``--help`` builds its

@@ -28,7 +28,7 @@ from gradscope.models import SeqModel
 from gradscope.tasks import make_task
 from gradscope.train.loop import (EVAL_FILE, discard_unstarted, is_run_dir, loss_and_correct, read_run_config,
                                   resumable, train)
-from gradscope.workflows.accuracy import AccuracyOptions, run_accuracy
+from gradscope.workflows.accuracy import AccuracyOptions, run_checkpoint_accuracy
 from gradscope.workflows.study.extension import study_extension, study_extension_plans
 from gradscope.workflows.families.lm import check_probe_shape
 from gradscope.workflows.study.lm import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
@@ -184,7 +184,7 @@ def accuracy_step(r: PlannedRun, layout: Layout, command: str = "", opts: Accura
     """The accuracy store of one run (at the chosen checkpoints), or None when it exists already."""
     if layout.accuracy(r).exists():
         return None
-    return run_accuracy(select_checkpoints(layout.run(r), checkpoints), opts, command=command,
+    return run_checkpoint_accuracy(select_checkpoints(layout.run(r), checkpoints), opts, command=command,
                         device_label=opts.device).to_xarray()
 
 

@@ -1,6 +1,6 @@
 """``gradscope accuracy DIR --model hf --text FILE``: perplexity and next-token accuracy of a pretrained
 causal LM on raw text, overall, by token frequency and by position in the paragraph, with bootstrap
-intervals over paragraphs (issue #38, part 2; docs/real-text.md).
+intervals over paragraphs (docs/real-text.md).
 
 Each paragraph (:mod:`gradscope.workflows.text.tokenize`) is one sequence: the tokenizer's start token (BOS,
 else EOS, else none), then the paragraph's tokens; every paragraph token is a target, predicted from
@@ -25,7 +25,7 @@ import xarray as xr
 from torch import nn
 
 from gradscope.fields import DEFAULT_DEVICE
-from gradscope.workflows.options import DEVICE_LABEL, HF, TEXT_BATCH, TEXT_MAX_LENGTH
+from gradscope.workflows.options import DEVICE_LABEL, HF, MAX_TEXT_ROW, TEXT_BATCH, TEXT_MAX_LENGTH, TEXT_RESAMPLES
 from gradscope.analysis.lm import LMCounts, position_edges
 from gradscope.analysis.text import TEXT_FREQ_LABELS, column_sums, ratio_interval, target_nll, text_bins, windows
 from gradscope.errors import check
@@ -40,7 +40,6 @@ from gradscope.workflows.families.lm import lm_part  # read as the lm family (ta
 from gradscope.workflows.text.tokenize import TokenizedText, tokenize_text
 
 LOGITS_BUDGET = 1 << 28  # bytes of float32 logits per forward batch (at most; one row always goes)
-DEFAULT_RESAMPLES = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,13 +56,13 @@ class TextAccuracyOptions:
     tokenizer: str | None = None
     max_length: int = TEXT_MAX_LENGTH
     batch_size: int = TEXT_BATCH
-    resamples: int = DEFAULT_RESAMPLES
+    resamples: int = TEXT_RESAMPLES
     seed: int = 0
     device: str = DEFAULT_DEVICE
     cache: bool = True
 
     def __post_init__(self) -> None:
-        as_int(self.max_length, "max_length", 2, 1 << 20)
+        as_int(self.max_length, "max_length", 2, MAX_TEXT_ROW)
         object.__setattr__(self, "batch_size", as_count(self.batch_size, "batch_size", 1, MAX_COUNT))
         as_int(self.resamples, "resamples", 1, 1_000_000)
         as_int(self.seed, "seed", 0, 2**63 - 1)
@@ -263,21 +262,3 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
                "train_config": {"seed": 0}}
     return TextAccuracyRun(result, opts, configs, intervals, text, "counts_text" if counts_text else "text",
                            int(scored.sum()), command, str(device))
-
-
-def text_accuracy(model: Any, text: str | Path, *, counts_text: str | Path | None = None,
-                  tokenizer: str | Path | None = None, model_factory: str = HF, max_length: int = TEXT_MAX_LENGTH,
-                  batch_size: int = TEXT_BATCH, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, device: str = DEFAULT_DEVICE,
-                  cache: bool = True) -> xr.Dataset:
-    """Perplexity and next-token accuracy of a causal LM on a raw UTF-8 text, overall, by token-frequency
-    bin (counts from ``counts_text``, else from ``text``) and by position in the paragraph, with
-    percentile-bootstrap 95% intervals over paragraphs (``resamples``, ``seed``), as an accuracy
-    store's Dataset (the lm task's variables, plus ``*_low``/``*_high`` bounds).
-
-    model: a ``save_pretrained`` directory holding the model and its tokenizer (loaded as
-    ``model_factory``: hf or hf:CLASS), or a causal LM in memory (its forward gives logits) with
-    ``tokenizer``, the folder of its tokenizer. Options are named as ``gradscope accuracy``'s flags."""
-    opts = TextAccuracyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
-                               tokenizer=None if tokenizer is None else str(tokenizer), max_length=max_length,
-                               batch_size=batch_size, resamples=resamples, seed=seed, device=device, cache=cache)
-    return run_text_accuracy(model, opts, model_factory=model_factory).to_xarray()

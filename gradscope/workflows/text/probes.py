@@ -1,5 +1,5 @@
 """``gradscope stability|dynamics DIR --model hf --text FILE``: gradient stability and dynamics of a
-pretrained LM on probes drawn from raw text (issue #38, part 3; docs/real-text.md).
+pretrained LM on probes drawn from raw text (docs/real-text.md).
 
 The text is tokenised (and cached) as for ``accuracy --text`` (:mod:`gradscope.workflows.text.tokenize`). A
 probe row is the model's own input row for a paragraph: the tokenizer's start token (if it has one),

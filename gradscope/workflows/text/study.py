@@ -1,4 +1,4 @@
-"""``gradscope reproduce --model-dir DIR --text FILE -o OUT`` (issue #38, part 4): the study's question on a
+"""``gradscope reproduce --model-dir DIR --text FILE -o OUT``: the study's question on a
 pretrained LM and a raw text in one command — perplexity and accuracy by token frequency
 (:mod:`gradscope.workflows.text.accuracy`), gradient stability on probes drawn from the text and
 dynamics on its paragraphs (:mod:`gradscope.workflows.text.probes`), into ``OUT/accuracy.zarr``,

@@ -1,4 +1,4 @@
-"""Raw text in, a model's own tokenizer (issue #38, part 1).
+"""Raw text in, a model's own tokenizer.
 
 A UTF-8 text is split into paragraphs exactly as ``gradscope corpus prepare`` splits it
 (:func:`gradscope.corpus.text.paragraphs`: one paragraph per non-empty line, WikiText headings
