@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gradscope.fields import DEFAULT_DEVICE, DEFAULT_SCORE, RESAMPLES
-from gradscope.workflows.options import DEFAULT_BUDGET, TEXT_MAX_LENGTH, TEXT_RESAMPLES, TRIPLETS
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import BANDS, MAX_COUNT, MAX_VOCAB, SCALES, as_count, as_seed, check_seconds, one_of, option
+from gradscope.fields import (BANDS, DEFAULT_DEVICE, DEFAULT_SCORE, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, MAX_VOCAB,
+                              RESAMPLES, SCALES, bounded, check_fields, option)
+from gradscope.workflows.options import (COUNTS_TEXT_HELP, DEFAULT_BUDGET, TEXT_MAX_LENGTH, TEXT_RESAMPLES,
+                                         TRIPLETS)
 
 STATIC_FORMATS = ("png", "svg")  # what `gradscope report --static` writes beside the HTML
 
@@ -33,11 +34,11 @@ class ReportOptions:
     score: str = option(DEFAULT_SCORE, "Stability score to plot: {scores}.")
     iteration: int | None = option(None, "Checkpoint (training iteration) for distributions, spectra and the accuracy "
                                          "grid. Default: each store's last.")
-    resamples: int = option(RESAMPLES, "Bootstrap resamples for the stability CIs.")
-    seed: int = option(0, "Seed of the stability bootstrap.")
-    band: str = option("seeds", "Stability over training, for a configuration with stores of several seeds: the band "
+    resamples: int = option(RESAMPLES, "Bootstrap resamples for the stability CIs.", low=1, high=MAX_RESAMPLES)
+    seed: int = option(0, "Seed of the stability bootstrap.", low=0, high=MAX_SEED)
+    band: str = option(BANDS[0], "Stability over training, for a configuration with stores of several seeds: the band "
                                 "over seeds (the seeds' mean scores, a Student t-interval; each seed's line one click "
-                                "away in the legend) or over triplets (all seeds' triplets pooled, a bootstrap CI).")
+                                "away in the legend) or over triplets (all seeds' triplets pooled, a bootstrap CI).", choices=BANDS)
     title: str = option("gradscope report", "Title of the report.")
     command: str = ""
 
@@ -45,10 +46,7 @@ class ReportOptions:
         check(self.static is None or self.static in STATIC_FORMATS,
               f"static: got {self.static!r}; valid formats are {', '.join(STATIC_FORMATS)}")
         check(isinstance(self.score, str), f"score: got {self.score!r}; expected default, frobenius or l1")
-        check(not isinstance(self.resamples, bool) and isinstance(self.resamples, int) and self.resamples >= 1,
-              f"resamples: got {self.resamples}; it must be positive")
-        object.__setattr__(self, "seed", as_seed(self.seed))
-        one_of("band", self.band, BANDS)
+        check_fields(self)
 
 
 def _items(value: object, name: str, example: str) -> tuple[str, ...]:
@@ -96,17 +94,18 @@ class StudyOptions:
                                                         "gru,lstm,s4d (--study lm: lstm, the paper's).")
     seeds: tuple[int, ...] | str | None = option(None, "Comma-separated training seeds (trials). Default: 1,2,3 (lm: "
                                                        "111,222,333 tiny, 111–555 paper).")
-    iterations: int | None = option(None, "Override the scale's training iterations (for a quick look).")
-    triplets: int = option(TRIPLETS, "Stability probe triplets per condition.")
+    iterations: int | None = option(None, "Override the scale's training iterations (for a quick look).", low=1)
+    triplets: int = option(TRIPLETS, "Stability probe triplets per condition.", low=1, high=MAX_COUNT)
     extend_to: int | None = option(None, "Also run the vocabulary-extension experiment (paper §4.2): extend each study "
                                          "run (vocabulary K) to this K' (only the new rows train, on uniform data over "
                                          "K' items) and train from scratch at K'; writes extension/table.md.")
     extend_iterations: int | None = option(None, "Training iterations of each extension (default: as many as the "
-                                                 "study's runs).")
+                                                 "study's runs).", low=1)
 
     def __post_init__(self) -> None:
         check(self.study in STUDIES, f"study: got {self.study!r}; valid studies are {', '.join(STUDIES)}")
         check(self.scale in SCALES, f"scale: got {self.scale!r}; valid scales are {', '.join(SCALES)}")
+        check_fields(self)
         if self.models is not None:
             object.__setattr__(self, "models", _items(self.models, "models", "gru,lstm"))
         if self.seeds is not None:
@@ -129,15 +128,11 @@ class StudyOptions:
                   "target_pos/probe_length: they set the lm study's probes (study lm)")
             check(self.corpus_text is None and self.valid_file is None and self.test_file is None,
                   "corpus_text/valid_file/test_file: they belong to the lm study (study lm)")
-        check(self.iterations is None or self.iterations >= 1, f"iterations: got {self.iterations}; it must be positive")
-        check(self.triplets >= 1, f"triplets: got {self.triplets}; it must be positive")
         if self.extend_to is not None or self.extend_iterations is not None:
             check(self.study == "reverse" and self.extend_to is not None,
                   "extend_to/extend_iterations: the extension experiment extends the synthetic study's runs "
                   "(study reverse); give extend_to K'")
             check(self.extend_to <= MAX_COUNT, f"extend_to: got {self.extend_to}; it must be at most {MAX_COUNT}")
-            check(self.extend_iterations is None or self.extend_iterations >= 1,
-                  f"extend_iterations: got {self.extend_iterations}; it must be positive")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,29 +147,25 @@ class TextStudyOptions:
     times it). Every field is part of the study's identity (a finished store of other options is refused)."""
 
     text: str = option(dataclasses.MISSING, "With --model-dir: the raw UTF-8 text the study runs on.")
-    counts_text: str | None = option(None, "With --text: a (larger) text whose token counts define the frequency "
-                                           "groups (default: --text).")
+    counts_text: str | None = option(None, COUNTS_TEXT_HELP)
     tokenizer: str | None = option(None, "With --text: the folder of the model's tokenizer (default: the --model-dir "
                                          "directory).")
-    triplets: int = TRIPLETS
-    target_pos: int = PROBE_TARGET_POS
-    probe_length: int = PROBE_LENGTH
+    triplets: int = bounded(TRIPLETS, low=1, high=MAX_COUNT)
+    target_pos: int = bounded(PROBE_TARGET_POS, low=1, high=MAX_COUNT)
+    probe_length: int = bounded(PROBE_LENGTH, low=2, high=MAX_COUNT)
     max_length: int = option(TEXT_MAX_LENGTH, "With --text: accuracy's tokens per row (longer paragraphs are scored in "
                                    "overlapping windows).")
     resamples: int = option(TEXT_RESAMPLES, "With --text: accuracy's bootstrap resamples over paragraphs.")
     seed: int = option(0, "With --text: the seed of the probes, trajectories and bootstrap.")
-    budget_seconds: float = option(DEFAULT_BUDGET, "With --text: dynamics' time budget (stability's is ten times it).")
+    budget_seconds: float = option(DEFAULT_BUDGET, "With --text: dynamics' time budget (stability's is ten times it).",
+                                   low=0, exclusive="low")
     device: str = DEFAULT_DEVICE
 
     def __post_init__(self) -> None:
-        # the study's key records every option: 20 from Python and 20.0 from the command line are one study
-        check_seconds(self.budget_seconds, "budget_seconds")
-        object.__setattr__(self, "budget_seconds", float(self.budget_seconds))
-        # the probes' own rules, named as the study's options, before any work (the stability and dynamics steps
-        # would name theirs, length and target_pos, only after the accuracy store is written)
-        object.__setattr__(self, "triplets", as_count(self.triplets, "triplets", 1))
-        object.__setattr__(self, "probe_length", as_count(self.probe_length, "probe_length", 2))
-        object.__setattr__(self, "target_pos", as_count(self.target_pos, "target_pos", 1))
+        # the ranges (the probes' own, named as the study's options, before any work: the stability and dynamics
+        # steps would name theirs, length and target_pos, only after the accuracy store is written); a budget is
+        # made a float, so 20 from Python and 20.0 from the command line are one study (its key records it)
+        check_fields(self)
         check(self.target_pos <= self.probe_length - 1,
               f"target_pos: got {self.target_pos}; a probe row of probe_length {self.probe_length} holds paragraph "
               f"tokens 1…{self.probe_length - 1} before its last (give a smaller target_pos or a larger probe_length)")
@@ -216,14 +207,14 @@ class ClusterOptions:
     scheduler: str | None = option(None, "Address of a running dask scheduler, e.g. tcp://host:8786 (default: start a "
                                          "local cluster).")
     workers: int | None = option(None, "Local cluster: worker processes (1 thread each; default: the CPU cores, at "
-                                       "most one per point).")
+                                       "most one per point).", low=1, high=MAX_COUNT)
     threads: int | None = option(None, "torch threads per task (default: a host's cores divided by its workers' "
-                                       "threads).")
+                                       "threads).", low=1, high=MAX_THREADS)
     resources: dict[str, float] | str = field(default_factory=dict, metadata={
         "help": "dask resources each task needs, e.g. GPU=1 (workers must offer them: `dask worker … --resources "
                 "GPU=1`)."})
     retries: int = option(0, "Re-run a point this many times when it raises an error (a killed worker is always "
-                             "retried by dask).")
+                             "retried by dask).", low=0, high=MAX_RETRIES)
 
     def __post_init__(self) -> None:
         if self.scheduler is not None:
@@ -233,17 +224,14 @@ class ClusterOptions:
                   f"[SCHEME://]HOST:PORT with SCHEME one of {', '.join(SCHEMES)}, e.g. tcp://host:8786")
             check(self.workers is None, "workers: it sizes a local cluster; with scheduler (--scheduler), start workers with "
                                         "`dask worker ADDRESS` instead")
-        if self.workers is not None:
-            object.__setattr__(self, "workers", as_count(self.workers, "workers", 1))
-        if self.threads is not None:
-            object.__setattr__(self, "threads", as_count(self.threads, "threads", 1, MAX_THREADS))
+        check_fields(self)
         if isinstance(self.resources, str):
             object.__setattr__(self, "resources", parse_resources(self.resources))
         check(isinstance(self.resources, dict) and all(
             isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool)
             and math.isfinite(v) and v > 0 for k, v in self.resources.items()),
             f"resources: got {self.resources!r}; give NAME=AMOUNT pairs with finite positive amounts, such as GPU=1")
-        object.__setattr__(self, "retries", as_count(self.retries, "retries", 0, MAX_RETRIES))
+
 
 
 MODEL_TYPES = ("unigram", "bpe", "char", "word")  # SentencePiece's model types
@@ -257,19 +245,16 @@ class CorpusOptions:
 
     # its flag is --vocab (the corpus's own K, as the errors say; a training run's is --vocab-size)
     vocab_size: int = option(32_768, "SentencePiece pieces K (the paper: 32768).", flag="vocab")
-    model_type: str = option("unigram", "SentencePiece model type: unigram (SentencePiece's and torchtext's default), "
-                                        "bpe, char or word.")
-    character_coverage: float = option(0.9995, "Share of characters the pieces must cover (the rest map to <unk>).")
+    model_type: str = option(MODEL_TYPES[0], "SentencePiece model type: unigram (SentencePiece's and torchtext's "
+                                             "default), bpe, char or word.", choices=MODEL_TYPES)
+    character_coverage: float = option(0.9995, "Share of characters the pieces must cover (the rest map to <unk>).",
+                                       low=0.9, high=1.0)
     valid: float = option(0.05, "Without split files: fraction of paragraphs held out for valid.")
     test: float = option(0.05, "Without split files: fraction of paragraphs held out for test.")
-    split_seed: int = option(0, "Without split files: seed of the paragraph permutation.")
+    split_seed: int = option(0, "Without split files: seed of the paragraph permutation.", low=0, high=MAX_SEED)
 
     def __post_init__(self) -> None:
         check(isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool)
               and 4 <= self.vocab_size <= MAX_VOCAB,
               f"vocab: got {self.vocab_size!r}; need an integer in 4…{MAX_VOCAB:,}")
-        check(self.model_type in MODEL_TYPES, f"model_type: got {self.model_type!r}; valid values are "
-                                              f"{', '.join(MODEL_TYPES)}")
-        check(0.9 <= self.character_coverage <= 1.0,
-              f"character_coverage: got {self.character_coverage}; need a value in [0.9, 1]")
-        check(isinstance(self.split_seed, int) and self.split_seed >= 0, f"split_seed: got {self.split_seed!r}")
+        check_fields(self)
