@@ -96,7 +96,7 @@ def train_command(
     preset: Annotated[str, Opt(help="Starting configuration: tiny (≈1 min on 2 CPU cores) or paper (docs/definitions.md §3, for a GPU). The settings that follow override it; each is named as its config field.")] = "tiny",
     beta1: Annotated[Optional[float], Opt(help="Adam β1.", parser=_float, metavar="<float>")] = None,
     beta2: Annotated[Optional[float], Opt(help="Adam β2 (paper 0.999; its reference code 0.98).", parser=_float, metavar="<float>")] = None,
-    max_length: Annotated[Optional[int], Opt(help="lm: the first N tokens of each paragraph (the same as --length; default 1024, as the paper).", parser=_int, metavar="<int>")] = None,
+    max_length: Annotated[Optional[int], Opt(help="A corpus task: the first N tokens of each paragraph (the same as --length; default 1024, as the paper).", parser=_int, metavar="<int>")] = None,
     extend_from: Annotated[Optional[Path], Opt(help="Vocabulary extension (paper §4.2): a checkpoint or run directory to extend to --vocab-size items; only the new rows train, everything pretrained is frozen.")] = None,
     new_item_share: Annotated[Optional[float], Opt(help="--extend-from: probability that a position holds a new item (default: uniform over all items, as the paper did).", parser=_float, metavar="<float>")] = None,
     stop_after: Annotated[Optional[int], Opt(help="Stop after this many iterations in this invocation (checkpointed; continue with --resume).", parser=_int, metavar="<int>")] = None,

@@ -3,7 +3,7 @@ token types, the windows long paragraphs are scored in, per-token cross-entropy 
 per paragraph (the bootstrap's unit) and their bootstrap intervals. Pure functions on arrays.
 
 Frequency bins: the types that occur in the counts text, sorted by count (most frequent first, ties
-by id), cut into equal quantiles of types exactly as the lm task cuts a corpus's vocabulary
+by id), cut into equal quantiles of types exactly as the language-model task cuts a corpus's vocabulary
 (:func:`gradscope.analysis.lm.token_bins`: frequent/rare halves, deciles); a type that never occurs
 in the counts text is in bin ``unseen`` (rarer than any seen; empty when the counts come from the
 scored text itself).

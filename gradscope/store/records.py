@@ -80,7 +80,7 @@ class AccuracyResult:
 @dataclass(frozen=True)
 class FamilyResult:
     """One checkpoint's evaluation by a task family whose accuracy store is its own part alone (its
-    ``token_part`` is False; reverse-continuous): its counts, stored as the family declares
+    ``token_part`` is False, e.g. vector outputs): its counts, stored as the family declares
     (:meth:`~gradscope.tasks.base.Task.accuracy_part`)."""
 
     path: Path

@@ -57,7 +57,7 @@ LAYOUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
                  "target_group": (("target_group",), STR), "disturbant_group": (("disturbant_group",), STR),
                  "target_position": (("target_position",), INT), "bin": (("bin",), INT),
                  "bin_start": (("bin",), INT), "bin_end": (("bin",), INT),
-                 # raw text: bootstrap bounds over paragraphs of the lm family's variables (its
+                 # raw text: bootstrap bounds over paragraphs of the language-model family's variables (its
                  # own part, like every family's, comes from its layout: family_layouts)
                  **{f"{v}_{end}": (("checkpoint", *dims), FLOAT) for end in ("low", "high") for v, dims in (
                      ("perplexity", ()), ("token_accuracy", ()), ("freq_perplexity", ("freq_bin",)),

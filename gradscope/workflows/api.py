@@ -126,8 +126,8 @@ def accuracy(source: Any, *, opts: AccuracyOptions | None = None, **overrides: A
     perplexity and accuracy by token frequency and position, docs/real-text.md). opts: :class:`AccuracyOptions`
     (None: the defaults); overrides: any of its fields, named as ``gradscope accuracy``'s flags, or of
     :class:`SourceOptions`. A task family whose evaluation is its own (gradscope.workflows.families) stores its
-    own part and reads its own options: reverse-continuous the bootstrap's resamples and seed, lm the ``corpus``
-    directory if it moved; an option no evaluation of the checkpoint's family reads is refused.
+    own part and reads the options its evaluation declares; an option no evaluation of the checkpoint's family
+    reads is refused.
     """
     where, own = _split(overrides)
     return run_accuracy(source_of(source, **where), with_overrides(AccuracyOptions, opts, own, "accuracy")).to_xarray()

@@ -51,7 +51,7 @@ from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_c
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.tasks import make_task
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.workflows.families import evaluation_of
+from gradscope.workflows.families import evaluation_of, text_families
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
@@ -559,8 +559,8 @@ def run_checkpoint_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = 
                             on_progress: Callable[[int], None] | None = None,
                             command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
     """Dynamics of every checkpoint (run directories expand to all of theirs, oldest first), on the
-    same probe sequences (``opts.target_freq`` × ``opts.disturbant``; an lm checkpoint's test paragraphs, of
-    ``opts.corpus`` if it moved) and the same trajectories. ``on_progress(1)`` after each checkpoint.
+    same probe sequences (``opts.target_freq`` × ``opts.disturbant``; the test paragraphs of a checkpoint probed on
+    its corpus, of ``opts.corpus`` if it moved) and the same trajectories. ``on_progress(1)`` after each checkpoint.
     Checkpoints are loaded one at a time, each dropped before the next is loaded; a diverged one
     (NaN/Inf values) is stored as it is, with a :class:`DivergedWarning`. ``on_plan(plan)`` before any
     work: what :func:`plan_dynamics` chose for options left out, and why."""
@@ -569,15 +569,15 @@ def run_checkpoint_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = 
     loaded = load_source(files[0])
     first = loaded.path
     task, core_name = loaded.config.task, loaded.config.model.core
-    source = evaluation_of(TASKS[task.name]).text_probes  # the family's own text (lm): test paragraphs
+    source = evaluation_of(TASKS[task.name]).text_probes  # the family's own text: its test paragraphs
     text = source is not None  # no output phase
     check(text or task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined "
                                               f"for {', '.join(probe_tasks())} (an input phase followed by query "
-                                              f"tokens) and lm")
+                                              f"tokens) and {' and '.join(text_families())}")
     target_freq, disturbant = opts.target_freq, opts.disturbant
     check(not text or not (target_freq or disturbant),
-          "target_freq/disturbant: lm checkpoints are probed on test paragraphs; each step is classed "
-          "frequent or rare by the corpus's train counts")
+          f"target_freq/disturbant: {task.name} checkpoints are probed on test paragraphs; each step is classed "
+          f"frequent or rare by the corpus's train counts")
     conditions = [(source.label, source.label)] if text else conditions_for(task, target_freq, disturbant)
     # the model as the family's probes see it (a vector task: ids into a seeded table of sphere points)
     family = make_task(task)

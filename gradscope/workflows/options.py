@@ -103,7 +103,7 @@ DECODING_CHOICES = ("both", "autoregressive", "teacher")  # a feedback model's d
 TRIPLETS = 64  # stability probe triplets per condition
 SPLIT = 0.5  # the share of the token types that occur which are frequent (the rest are rare)
 HF = "hf"  # the model factory of a transformers model from its save_pretrained directory
-TEXT_MAX_LENGTH = 1024  # tokens per row when a pretrained LM scores a raw text (the paper's lm max length)
+TEXT_MAX_LENGTH = 1024  # tokens per row when a pretrained LM scores a raw text (the paper's language-model rows)
 TEXT_RESAMPLES = 1000  # bootstrap resamples over a text's paragraphs
 TEXT_BATCH = 16  # rows of a raw text per forward pass
 ACCURACY_BATCH = 1024  # held-out sequences of a checkpoint per forward pass
@@ -116,7 +116,8 @@ DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and c
 # help texts two commands' options share, written once
 TARGET_HELP = 'Target token group: {groups} (repeatable). Default: frequent and rare for dual-frequency checkpoints, all otherwise.'
 DISTURBANT_HELP = 'Disturbant (prefix and suffix) group: {groups} (repeatable).'
-CORPUS_HELP = "lm checkpoints: the corpus directory, if it moved since training (its manifest must match the run's)."
+CORPUS_HELP = ("Checkpoints trained on a corpus: its directory, if it moved since training (its manifest must match "
+               "the run's).")
 FACTORY_HELP = ("Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) "
                 "(runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a "
                 "save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")
@@ -199,10 +200,10 @@ class StabilityOptions:
     # a user's own model (``--model-factory``): generated probes need token counts and a length;
     # ``filler`` is the output phase's token (L copies after each probe), None for no output phase
     token_counts: Path | None = option(None, 'With --model-factory: counts per token id (.npy, or one per line) to generate probes; frequent = the most frequent half of the seen tokens.')
-    length: int | None = option(None, "With --token-counts: the probe length L. On lm checkpoints: the probe rows' length (start token included; default: the run's --max-length). With --text: the row's length, start token included (default 32).", low=1, high=MAX_COUNT)
+    length: int | None = option(None, "With --token-counts: the probe length L. On checkpoints probed on their corpus: the probe rows' length (start token included; default: the run's --max-length). With --text: the row's length, start token included (default 32).", low=1, high=MAX_COUNT)
     filler: int | None = option(None, 'With --model-factory: output phase of L copies of this token id after each probe (default: none).', low=0, high=MAX_COUNT)
     split: float = bounded(SPLIT, low=0, high=1, exclusive="both")
-    # lm checkpoints: this corpus directory instead of the recorded one (it moved)
+    # checkpoints trained on a corpus: this directory instead of the recorded one (it moved)
     corpus: Path | None = option(None, CORPUS_HELP)
     # exact Jacobians, or a sketch with standard errors: auto is exact wherever it fits
     # checkpoint_budget_seconds (estimated before any work) and memory; sketch_units fixes the sketch's size
@@ -321,7 +322,7 @@ class AccuracyOptions:
     figures) and ground-truth fed (teacher) side by side, or one of them. ``resamples``: bootstrap
     resamples of the per-position cosine-similarity intervals (vector tasks; None: 10,000), seeded by
     ``seed`` (None: 0). An option given (not None) where it does not apply (resamples or seed on a
-    token task, corpus on a checkpoint that is not lm) is refused, not ignored."""
+    token task, corpus on a checkpoint trained on no corpus) is refused, not ignored."""
 
     # None: 4 (quarters) where there is a grid
     bins: int | tuple[int, ...] | str | None = option(None, 'Target-position bins of the grid: a count or 0-based edges (0,8,64). Default: 4 (quarters; one per position on a shorter grid); refused for a checkpoint without a grid.')
@@ -330,9 +331,9 @@ class AccuracyOptions:
     # None: ACCURACY_BATCH sequences of a checkpoint's held-out set, TEXT_BATCH rows of a text
     batch_size: int | None = option(None, 'Sequences per forward pass (default 1024; with --text: rows per forward pass, default 16).', low=1, high=MAX_COUNT)
     decoding: str = option(DECODING_CHOICES[0], 'Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.', choices=DECODING_CHOICES)
-    resamples: int | None = option(None, 'Bootstrap resamples: of the per-position cosine-similarity CIs (reverse-continuous; default 10,000), or with --text of the CIs over paragraphs (default 1,000).', low=1, high=MAX_RESAMPLES)
-    seed: int | None = option(None, 'Seed of the bootstrap resamples (reverse-continuous, or --text; default 0).', low=0, high=MAX_SEED)
-    # lm checkpoints: read this corpus directory instead of the recorded one
+    resamples: int | None = option(None, 'Bootstrap resamples: of the per-position cosine-similarity CIs (families with vector outputs; default 10,000), or with --text of the CIs over paragraphs (default 1,000).', low=1, high=MAX_RESAMPLES)
+    seed: int | None = option(None, 'Seed of the bootstrap resamples (families with vector outputs, or --text; default 0).', low=0, high=MAX_SEED)
+    # checkpoints trained on a corpus: read this directory instead of the recorded one
     corpus: str | None = option(None, CORPUS_HELP)
     max_length: int | None = option(None, f"With --text: tokens per row, start token included (default {TEXT_MAX_LENGTH}); longer paragraphs are scored in overlapping windows.", low=2, high=MAX_TEXT_ROW)
 

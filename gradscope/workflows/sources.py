@@ -103,8 +103,8 @@ def source_of(source: Any, opts: SourceOptions | None = None, **overrides: Any) 
     paths = _paths(source)
     if text is not None:
         check(opts.model_factory is not None,
-              "text: it needs a model with its own tokenizer: DIR --model hf --text FILE (gradscope lm checkpoints "
-              "draw their probes from their corpus)")
+              "text: it needs a model with its own tokenizer: DIR --model hf --text FILE (a gradscope checkpoint "
+              "draws its probes from its own task or corpus)")
         check(len(paths) == 1 and isinstance(paths[0], Path), "checkpoint: with text give exactly one model directory")
         return Source("text", paths=tuple(paths), factory=opts.model_factory, config=opts.config, text=text)
     if opts.model_factory is not None:
@@ -119,8 +119,8 @@ NOT_READ: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "stability": {
         "checkpoints": (("token_counts", "filler"), "they describe probes for a model of your own (--model-factory); "
                                                     "gradscope checkpoints generate their own"),
-        "model": (("corpus",), "it names an lm checkpoint's corpus; a model of your own has none"),
-        "factory": (("corpus",), "it names an lm checkpoint's corpus; a model of your own has none"),
+        "model": (("corpus",), "it names the corpus a gradscope checkpoint trained on; a model of your own has none"),
+        "factory": (("corpus",), "it names the corpus a gradscope checkpoint trained on; a model of your own has none"),
         "text": (("probes", "token_counts", "filler", "corpus"), "with text the probes are drawn from the text, "
                                                                  "which is the corpus too; no output phase follows"),
     },

@@ -33,7 +33,7 @@ from gradscope.tasks.probes import (Probes, check_probes_fit, frequency_groups, 
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.workflows.families import evaluation_of
+from gradscope.workflows.families import evaluation_of, text_families
 from gradscope.workflows.common import (conditions_for, config_attrs, expand_checkpoints, load_source, model_id,
                                         warn_diverged)
 from gradscope.tasks import make_task
@@ -90,7 +90,7 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
     its vocabulary and length, and (with their results over ``checkpoints``) against memory."""
     task = first.config.task
     source = evaluation_of(TASKS[task.name]).text_probes
-    if source is not None:  # the family's own text (lm): triplets of real text from the corpus's test split
+    if source is not None:  # the family's own text: triplets of real text from its corpus's test split
         check(opts.probes is None, f"probes: {task.name} checkpoints draw their probes from their corpus")
         check(set(opts.disturbant) <= {source.label},
               f"disturbant: got {', '.join(opts.disturbant)}; on {task.name} checkpoints the disturbants are "
@@ -100,10 +100,11 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
         groups = opts.target_freq or source.groups
         check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
         return source.probes(own, opts.triplets, opts.target_pos, length, groups, opts.seed)
-    check(opts.corpus is None, f"corpus: {first.path} is a {task.name} checkpoint, not lm; corpus applies to lm "
-                               f"checkpoints only")
-    check(opts.length is None, "length: sets the probe length of lm checkpoints (or with token_counts, of your "
-                               "own model); other gradscope checkpoints use their task's L")
+    own_text = " or ".join(text_families())
+    check(opts.corpus is None, f"corpus: {first.path} is a {task.name} checkpoint; corpus applies to checkpoints of "
+                               f"a family probed on its corpus ({own_text}) only")
+    check(opts.length is None, f"length: sets the probe length of {own_text} checkpoints (or with token_counts, of "
+                               f"your own model); other gradscope checkpoints use their task's L")
     check(task.name in probe_tasks(),
           f"checkpoint: its task is {task.name!r}; stability probes are defined for "
           f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")
@@ -273,7 +274,7 @@ def run_checkpoint_stability(paths: list[Path | Loaded], opts: StabilityOptions,
     loaded = load_source(files[0])
     first = loaded.path
     task = loaded.config.task
-    text = TASKS[task.name].corpus_probes  # lm: probe rows start with the start token; no output phase
+    text = evaluation_of(TASKS[task.name]).text_probes is not None  # rows start with the start token; no output phase
     if probes is None:
         probes = build_probes(loaded, opts, len(files))
     else:

@@ -40,6 +40,12 @@ def evaluation_of(family: type[Task]) -> Evaluation:
     return TOKENS
 
 
+def text_families() -> list[str]:
+    """The registered families whose probes are their corpus's own text (:attr:`Evaluation.text_probes`), by name:
+    what a message names where an option applies to them only."""
+    return [name for name, cls in TASKS.items() if evaluation_of(cls).text_probes is not None]
+
+
 def check_options(loaded: Loaded, opts: AccuracyOptions, evaluation: Evaluation) -> None:
     """Refuse an option given for ``loaded`` that another family's evaluation reads and its own does
     not (``grid=False``, skipping a grid, holds for every family)."""

@@ -22,7 +22,7 @@ Per triplet, with ``numpy.random.default_rng(seed)``:
   (where there is one), then A's suffix.
 
 There is no output phase: the Jacobian runs from the state after the target to the last step of the
-row, as on lm checkpoints. Dynamics: probe sequences are the rows of paragraphs drawn without
+row, as on checkpoints probed on their corpus. Dynamics: probe sequences are the rows of paragraphs drawn without
 replacement (with, when fewer exist), each step classed by its token (``frequent``, ``rare``,
 ``unseen`` or ``start``); the Lyapunov trajectories are consecutive paragraphs' rows back to back from
 a random paragraph, wrapping round the text.
@@ -252,8 +252,8 @@ def run_text_stability(model: Any, opts: StabilityOptions, source: TextSource, *
     (:func:`text_probes`; ``opts.length`` tokens per row, default :data:`DEFAULT_LENGTH`)."""
     check(opts.probes is None and opts.token_counts is None,
           "probes/token_counts: with text the probes are drawn from the text; give one source of probes")
-    check(opts.filler is None, "filler: text probes end with the text (no output phase), as lm checkpoints' do")
-    check(opts.corpus is None, "corpus: it names an lm checkpoint's corpus; with text the text is the corpus")
+    check(opts.filler is None, "filler: text probes end with the text (no output phase), as a corpus's probes do")
+    check(opts.corpus is None, "corpus: it names the corpus a gradscope checkpoint trained on; with text the text is the corpus")
     length = opts.length if opts.length is not None else DEFAULT_LENGTH
     check(length >= 2, f"length: got {length}; a text probe row needs at least 2 tokens")
     with _quiet_transformers():

@@ -1,0 +1,34 @@
+"""gradscope.workflows.families: a family's evaluation is declared once, on its line of EVALUATIONS, and what the
+rest of the library says about families is computed from those declarations, never a family's name typed in."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gradscope.tasks.registry import TASKS
+from gradscope.workflows.families import EVALUATIONS, evaluation_of, text_families
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_probed_on_its_own_text_is_one_declaration_seen_from_both_layers() -> None:
+    """The task's ``corpus_probes`` (which training reads, below the workflows layer) and the evaluation's
+    ``text_probes`` (the probe source itself) say the same thing for every registered family."""
+    for name, cls in TASKS.items():
+        assert cls.corpus_probes == (evaluation_of(cls).text_probes is not None), name
+    assert text_families() == [n for n, cls in TASKS.items() if cls.corpus_probes]
+    assert text_families()  # the check sees a family it is about
+
+
+def test_the_analysis_workflows_name_no_family() -> None:
+    """stability, dynamics, accuracy, the API level, the sources and the options name no registered family with
+    an evaluation of its own: their messages and help compute the names from the registry (text_families)."""
+    own = {name for name, cls in TASKS.items() if cls in EVALUATIONS}
+    assert own  # the check sees the families it is about
+    words = re.compile("|".join(rf"\b{re.escape(n)}\b" for n in own) + r"|LanguageModel|ReverseContinuous")
+    for rel in ("workflows/stability.py", "workflows/dynamics.py", "workflows/accuracy.py", "workflows/api.py",
+                "workflows/sources.py", "workflows/options.py", "workflows/common.py"):
+        text = (ROOT / "gradscope" / rel).read_text()
+        found = sorted(set(words.findall(text)))
+        assert not found, f"gradscope/{rel} names {found}"
