@@ -140,10 +140,8 @@ def text_study(model_dir: Path, opts: TextStudyOptions, model_factory: str, out:
 
     from gradscope.workflows.text.study import reproduce_text
 
-    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
-    study = reproduce_text(model_dir, fields.pop("text"), out=out, model_factory=model_factory, command=command,
-                           on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")),
-                           **fields)
+    study = reproduce_text(model_dir, out=out, opts=opts, model_factory=model_factory, command=command,
+                           on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")))
     report = write_report(list(study.stores.values()), out / "report.html",
                           f"gradscope reproduce: {model_dir.name} on {Path(opts.text).name}", command)
     console.print(escape(f"study in {out}: {', '.join(p.name for p in study.stores.values())}, {report.name}"))

@@ -1,5 +1,5 @@
 """Brute force through a library's OWN forward and cache, written without the adapter, and the checks
-every library family runs against it (tests/models/adapters/test_adapters_*.py).
+every library family runs against it (tests/models/adapters/test_hf_*.py).
 
 A family gives two functions over the library model, in the layout the docs state for it (a list
 of per-sequence tensors, in the documented order):

@@ -14,6 +14,7 @@ import xarray as xr
 from torch import nn
 
 import gradscope
+from tests.helpers.hardening import tiny_mamba
 from gradscope.cli.app import app
 from gradscope.errors import GradscopeError
 
@@ -222,3 +223,29 @@ def test_cli_dynamics_with_a_model_factory(lm_checkpoint: Path, runner, tmp_path
     np.testing.assert_allclose(ds["flow_fro"].values, ref["flow_fro"].values, rtol=1e-6, atol=1e-9)
     bad = runner.invoke(app, ["dynamics", str(lm_checkpoint), "--length", "6", "-o", str(tmp_path / "x.zarr")])
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "--model-factory" in bad.stderr
+
+
+# ---- what wrap refuses or flags before any work ----------------------------------------------------
+
+def test_wrap_refuses_a_half_precision_model_in_one_line() -> None:
+    """gradscope.wrap on a float16 model wrapped it, then every analysis failed deep inside torch."""
+    import gradscope
+
+    with pytest.raises(GradscopeError, match=r"float16.*model\.float\(\)"):
+        gradscope.wrap(tiny_mamba().half())
+    with pytest.raises(GradscopeError, match=r"bfloat16"):
+        gradscope.wrap(torch.nn.GRU(3, 4, batch_first=True).to(torch.bfloat16))
+
+
+def test_a_plain_gru_with_a_nan_weight_is_flagged_not_blamed_on_its_architecture() -> None:
+    """A plain nn.GRU with one NaN weight was named in a warning, then refused as "disagree by nan ... the
+    module is not a standard GRU"; library models were already scored and flagged (issue #36)."""
+    import gradscope
+    from gradscope.guard import NonFiniteWeightsWarning
+
+    gru = torch.nn.GRU(3, 4, batch_first=True)
+    with torch.no_grad():
+        gru.weight_hh_l0[0, 0] = float("nan")
+    with pytest.warns(NonFiniteWeightsWarning, match="weight_hh_l0"):
+        model = gradscope.wrap(gru)
+    assert model.core.state_dim == 4

@@ -21,7 +21,7 @@ from gradscope.store.inputs import load_inputs
 from gradscope.files.rundir import relative_command
 
 from tests.helpers.layout_check import measure, problems
-from tests.reports.test_report import _browser as _report_browser
+from tests.reports.test_build import _browser as _report_browser
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_checkpoints"
 README_STORES = {"gru-vanilla.zarr": "gru60k-none-s5", "gru-pe.zarr": "gru60k-sinusoidal-s5"}

@@ -20,7 +20,7 @@ from gradscope.workflows.dynamics import DynamicsOptions, run_checkpoint_dynamic
 
 import subprocess
 
-from tests.reports.test_report import _browser, _render  # the report's real-browser check
+from tests.reports.test_build import _browser, _render  # the report's real-browser check
 
 SMALL = ["--sequences", "2", "--grid-sequences", "2", "--trajectories", "3", "--steps", "64", "--lyap-warmup", "8",
          "--sv", "4", "-q"]

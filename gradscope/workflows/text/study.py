@@ -20,8 +20,7 @@ from typing import Any, Callable
 
 import xarray as xr
 
-from gradscope.fields import DEFAULT_DEVICE
-from gradscope.workflows.options import DEFAULT_BUDGET, HF, TEXT_MAX_LENGTH, TEXT_RESAMPLES, TRIPLETS
+from gradscope.workflows.options import HF, with_overrides
 from gradscope.errors import GradscopeError, check
 from gradscope.files.io import sha256_file
 from gradscope.guard import check_bytes
@@ -31,9 +30,9 @@ from gradscope.workflows.dynamics import DynamicsOptions
 from gradscope.workflows.stability import StabilityOptions
 from gradscope.workflows.text.tokenize import BYTES_PER_TEXT_BYTE, tokenize_text
 from gradscope.workflows.text.accuracy import TextAccuracyOptions, run_text_accuracy
-from gradscope.workflows.study.options import PROBE_TARGET_POS, TextStudyOptions  # declared torch-free (reproduce --help)
+from gradscope.workflows.study.options import TextStudyOptions  # declared torch-free (reproduce --help)
 from gradscope.workflows.sources import TextSource
-from gradscope.workflows.text.probes import DEFAULT_LENGTH, run_text_dynamics, run_text_stability
+from gradscope.workflows.text.probes import run_text_dynamics, run_text_stability
 
 STEPS = ("accuracy", "stability", "dynamics")
 
@@ -122,20 +121,19 @@ def _plans_fit(folder: Path, stab_opts: StabilityOptions, dyn_opts: DynamicsOpti
             raise GradscopeError(text) from None
 
 
-def reproduce_text(model_dir: str | Path | None = None, text: str | Path | None = None, *, out: str | Path,
-                   counts_text: str | Path | None = None,
-                   tokenizer: str | Path | None = None, model_factory: str = HF, triplets: int = TRIPLETS,
-                   target_pos: int = PROBE_TARGET_POS, probe_length: int = DEFAULT_LENGTH, max_length: int = TEXT_MAX_LENGTH,
-                   resamples: int = TEXT_RESAMPLES, seed: int = 0, budget_seconds: float = DEFAULT_BUDGET, device: str = DEFAULT_DEVICE,
-                   command: str = "", on_step: Callable[[str, str], None] | None = None) -> TextStudy:
+def reproduce_text(model_dir: str | Path, *, out: str | Path, opts: TextStudyOptions | None = None,
+                   model_factory: str = HF, command: str = "", on_step: Callable[[str, str], None] | None = None,
+                   **overrides: Any) -> TextStudy:
     """Accuracy, stability and dynamics by token frequency of the ``save_pretrained`` directory
-    ``model_dir`` on ``text`` (module docstring), into ``out``; ``on_step(step, note)`` says what is done.
-    The report: ``gradscope report OUT/*.zarr`` (or ``gradscope.reports.build.render_report``)."""
-    check(model_dir is not None and text is not None, "model_dir/text: give both, the model's directory and the text")
-    opts = TextStudyOptions(text=str(text), counts_text=None if counts_text is None else str(counts_text),
-                            tokenizer=None if tokenizer is None else str(tokenizer), triplets=triplets,
-                            target_pos=target_pos, probe_length=probe_length, max_length=max_length,
-                            resamples=resamples, seed=seed, budget_seconds=budget_seconds, device=device)
+    ``model_dir`` (loaded as ``model_factory``) on ``opts.text`` (module docstring), into ``out``; ``opts``:
+    :class:`TextStudyOptions` (``text`` is required), ``overrides`` its fields, named as the flags;
+    ``on_step(step, note)`` says what is done. The report: ``gradscope report OUT/*.zarr`` (or
+    ``gradscope.reports.build.render_report``)."""
+    check(opts is not None or "text" in overrides, "text: give the text the study runs on (text=FILE)")
+    opts = with_overrides(TextStudyOptions, opts, overrides, "reproduce_text")
+    triplets, target_pos, probe_length = opts.triplets, opts.target_pos, opts.probe_length
+    max_length, resamples, seed, device = opts.max_length, opts.resamples, opts.seed, opts.device
+    budget_seconds = opts.budget_seconds
     folder, where = Path(model_dir), Path(out)
     check(folder.exists(), f"model_dir: {folder} does not exist")
     check(Path(opts.text).is_file(), f"text: {opts.text} is not a file")

@@ -17,12 +17,12 @@ from tests.helpers.adapterkit import probes  # noqa: E402
 
 # test module → what its tiny() takes for the variant with the most parts (MoE blocks where the family has them)
 FAMILIES = {
-    "test_adapters_bamba": {},
-    "test_adapters_nemotron_h": "moe",
-    "test_adapters_falcon_h1": {},
-    "test_adapters_jamba": {},
-    "test_adapters_zamba2": {"mem_blocks": 2},
-    "test_adapters_kimi_linear": {},  # saved under Moonshot's original names, converted back as transformers does
+    "test_hf_bamba": {},
+    "test_hf_nemotron_h": "moe",
+    "test_hf_falcon_h1": {},
+    "test_hf_jamba": {},
+    "test_hf_zamba2": {"mem_blocks": 2},
+    "test_hf_kimi_linear": {},  # saved under Moonshot's original names, converted back as transformers does
 }
 
 
@@ -71,7 +71,7 @@ def test_a_damaged_set_of_experts_is_refused_in_one_line(damage: str, tmp_path) 
     from gradscope.errors import GradscopeError
     from gradscope.models.adapters.load import load_hf
 
-    model, _ = _tiny("test_adapters_jamba")
+    model, _ = _tiny("test_hf_jamba")
     model.save_pretrained(tmp_path / "m")
     weights = tmp_path / "m" / "model.safetensors"
     state = load_file(weights)

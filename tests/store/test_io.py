@@ -1,67 +1,44 @@
-"""Property-based hardening of the store boundary (issue #15): real stores, run directories and a
-sweep manifest, mutated as a careless or a hostile user would (chunks deleted, truncated or
-swapped, metadata and attributes edited, files replaced by directories, links or FIFOs, run files
-and manifests rewritten), then read through `summarize` and `report`.
+"""The store's one reader and writer (``read_store``, ``write_store``): real stores mutated as a careless or
+a hostile user would (chunks deleted, truncated or swapped, metadata and attributes edited, files replaced
+by directories, links or FIFOs), then read through `summarize` and `report`; stores that open in xarray
+as they were written; and writers racing for one path.
 
 Every mutation must end in exit 0 with the numbers of the unmutated input, or exit 2 with one
 `error:` line; never a traceback, never a file changed or left behind. Counts per family are
-printed at the end of the session (fuzzkit.count).
+printed at the end of the session (fuzzkit.count). The stores come from tests/store/conftest.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
+import threading
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+import xarray as xr
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.fuzzkit import assert_clean, assert_untouched, count, invoke
-from gradscope.store import read_store
-from gradscope.store.inputs import load_run
-from tests.helpers.storekit import FAST, built, chunk_files, snapshot
+from tests.helpers.faultkit import Gate, fork_call, temporaries
+from tests.helpers.fuzzkit import count, invoke
+from tests.helpers.hardening import warm
+from tests.helpers.storefuzz import HOSTILE_TEXT, JSON, SETTINGS, judge, replace_by
+from tests.helpers.storekit import FAST, chunk_files, snapshot
+from gradscope.errors import GradscopeError
+from gradscope.store import read_store, write_store
+from gradscope.store.summary import write_csv
 
-SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 NUMBERS = ("mean", "low", "high", "n", "nan", "nan_units", "values", "seed")
-
-
-@pytest.fixture(scope="session")
-def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The built inputs, and a legacy version of each store (see ``legacy``)."""
-    out = dict(built(tmp_path_factory.mktemp("hardening-stores") / "base"))
-    d = tmp_path_factory.mktemp("legacy")
-    for kind in ("accuracy", "stability", "dynamics", "summary"):
-        out[f"legacy-{kind}"] = legacy(out[kind], d / out[kind].name)
-    return out
-
-
-@pytest.fixture(scope="session")
-def baseline(made: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """What the unmutated inputs read as: every store's values, each summary's numbers, the run's log."""
-    out: dict[str, Any] = {"stores": {k: read_store(made[k]) for k in ("accuracy", "stability", "dynamics", "summary")},
-                           "run": load_run(made["run"])}
-    d = tmp_path_factory.mktemp("baseline")
-    for kind in ("accuracy", "stability"):
-        assert invoke(["summarize", made[kind], "-o", d / f"{kind}.zarr", *FAST]).rc == 0
-        out[f"summary-{kind}"] = read_store(d / f"{kind}.zarr")
-    return out
 
 
 # ---- mutations ------------------------------------------------------------------------------------
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, width=32)
-                    | st.text(max_size=8), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c,
-                                                                                              max_size=3),
-                    max_leaves=6)
 SHAPES = st.sampled_from([[], [0], [-1], [1], [10**12], [2**63], [1, 2, 600_000_000], ["a"], [1.5], None, "2"])
-HOSTILE_TEXT = st.sampled_from(["{not json", "[" * 5000, "", "null", "[]", "{}", '{"core": 5}', "\u0000",
-                                '{"seed": "x"}', '{"seed": 1e30}', '[{"path": 5}]', '["a", 1]', "NaN"])
 
 
 def _json_file(path: Path) -> dict[str, Any]:
@@ -70,33 +47,6 @@ def _json_file(path: Path) -> dict[str, Any]:
 
 def _write_json(path: Path, doc: Any) -> None:
     path.write_text(json.dumps(doc))
-
-
-def _replace_by(data: st.DataObject, path: Path, root: Path) -> str:
-    """Replace ``path`` by a directory, a link (inside, outside, dangling, to /dev/zero) or a FIFO."""
-    how = data.draw(st.sampled_from(["dir", "link-inside", "link-outside", "link-dangling", "link-zero", "fifo"]))
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-    if how == "dir":
-        path.mkdir()
-    elif how == "fifo":
-        os.mkfifo(path)
-    else:
-        target = {"link-inside": root / "zarr.json", "link-outside": Path(__file__),
-                  "link-dangling": root / "nowhere", "link-zero": Path("/dev/zero")}[how]
-        path.symlink_to(target)
-    return f"replace {path.relative_to(root)} by {how}"
-
-
-def legacy(store: Path, into: Path) -> Path:
-    """``store`` as gradscope wrote stores before issue #15: no record of its values, no consolidated
-    metadata (here with every chunk present: a legacy store that has none missing)."""
-    import zarr
-    with zarr.config.set({"array.write_empty_chunks": True}):
-        read_store(store).to_zarr(into, zarr_format=3, consolidated=False)
-    return into
 
 
 def copy_store(data: st.DataObject, made: dict[str, Path], kind: str, tmp: str) -> tuple[Path, bool]:
@@ -198,7 +148,7 @@ def _mutate(data: st.DataObject, store: Path, op: str) -> str:
     if op == "replace":
         target = data.draw(st.sampled_from([store / "zarr.json", *(store / v for v in variables),
                                             *(store / v / "zarr.json" for v in variables), *chunk_files(store)]))
-        return _replace_by(data, target, store)
+        return replace_by(data, target, store)
     raw = data.draw(st.sampled_from([b"\xff\xfe", b"[" * 100_000, b"{", b"", b'{"zarr_format": 3}',
                                      b'{"zarr_format": 3, "node_type": "group", "attributes": []}']))
     (store / "zarr.json").write_bytes(raw)
@@ -220,11 +170,6 @@ def _same_values(got: Any, want: Any, every: bool = True) -> None:
             np.testing.assert_array_equal(a, b, err_msg=str(name))
         else:
             assert [str(x) for x in np.ravel(a)] == [str(x) for x in np.ravel(b)], name
-
-
-def judge(outcome: Any, what: str, before: dict[str, str], after: dict[str, str], outputs: tuple[str, ...]) -> None:
-    assert_clean(outcome, what)
-    assert_untouched(before, after, new_ok=outputs if outcome.rc == 0 else ())
 
 
 # ---- the tests ------------------------------------------------------------------------------------
@@ -262,99 +207,114 @@ def test_mutated_stores_through_report(made: dict[str, Path], baseline: dict[str
             _same_values(read_store(store), baseline["stores"][kind], every=False)
 
 
-RUN_FILES = ("config.json", "metrics.jsonl", "eval.json")
+# ---- what is written reads back, and one writer wins --------------------------------------------
+
+@pytest.mark.parametrize("kind", ["accuracy", "stability", "dynamics", "summary"])
+def test_every_store_opens_in_xarray_without_a_warning_and_reads_back_exactly(made: dict[str, Path],
+                                                                              kind: str) -> None:
+    """Caught before the fix: every xr.open_zarr(store) warned 'failed to open with consolidated metadata'."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opened = xr.open_zarr(made[kind]).load()
+    ds = read_store(made[kind])
+    assert "integrity" in opened.attrs and "integrity" not in ds.attrs
+    for name, var in ds.variables.items():
+        assert var.dtype.kind in "OUT" or np.array_equal(var.values, opened[name].values, equal_nan=True), name
 
 
-@settings(max_examples=20, **SETTINGS)
-@given(data=st.data())
-def test_mutated_run_files_through_report(made: dict[str, Path], baseline: dict[str, Any],
-                                          data: st.DataObject) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
-        shutil.copytree(made["run"], run)
-        name = data.draw(st.sampled_from(RUN_FILES))
-        path = run / name
-        op = data.draw(st.sampled_from(["json", "bytes", "truncate", "append-line", "edit-field", "replace"]))
-        if op == "json":
-            path.write_text(json.dumps(data.draw(JSON)))
-        elif op == "bytes":
-            path.write_bytes(data.draw(st.binary(max_size=40) | st.sampled_from([b"\xff\xfe", b"[" * 100_000])))
-        elif op == "truncate":
-            raw = path.read_bytes()
-            path.write_bytes(raw[:data.draw(st.integers(0, len(raw)))])
-        elif op == "append-line":
-            with open(path, "ab") as fh:
-                fh.write(json.dumps(data.draw(JSON)).encode() + b"\n")
-        elif op == "edit-field":  # one field, at the top or (config.json) inside the model/task/train configs
-            lines = path.read_text().splitlines() if name == "metrics.jsonl" else [path.read_text()]
-            doc = json.loads(lines[0])
-            part = doc["config"][data.draw(st.sampled_from(["model", "task", "train"]))] \
-                if name == "config.json" and data.draw(st.booleans()) else doc
-            key = data.draw(st.sampled_from(sorted(part)))
-            part[key] = data.draw(JSON | HOSTILE_TEXT)
-            lines[0] = json.dumps(doc)
-            path.write_text("\n".join(lines) + "\n")
+def _race(n: int, work: object) -> list[BaseException | None]:
+    """Run ``work(i)`` in n threads released at once; each one's exception (or None)."""
+    gate, results = threading.Barrier(n), [None] * n
+
+    def one(i: int) -> None:
+        gate.wait()
+        try:
+            work(i)  # type: ignore[operator]
+        except BaseException as exc:  # noqa: BLE001 - recorded and judged below
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.filterwarnings("ignore:Consolidated metadata")  # threads race on the process-wide warning filters
+def test_concurrent_writers_without_overwrite_exactly_one_wins(made: dict[str, Path], tmp_path: Path) -> None:
+    ds = read_store(made["accuracy"])
+    variants = [ds.assign(token_accuracy=ds["token_accuracy"] * 0 + i) for i in range(4)]
+    for attempt in range(3):
+        target = tmp_path / f"race-{attempt}.zarr"
+        results = _race(4, lambda i: write_store(variants[i], target))
+        winners = [i for i, r in enumerate(results) if r is None]
+        assert len(winners) == 1, results
+        assert all(isinstance(r, GradscopeError) and "already exists" in str(r) and "\n" not in str(r)
+                   for r in results if r is not None)
+        assert float(read_store(target)["token_accuracy"][0]) == winners[0]
+    entries = None
+    from gradscope.store.summary import trial_record
+    from gradscope.workflows.summarize import group_records, summarize_groups
+    record = trial_record(made["accuracy"])
+    entries = summarize_groups(group_records([record], ("core",)), ("core",), ["token_accuracy"], resamples=10)
+    csv = tmp_path / "race.csv"
+    results = _race(4, lambda i: write_csv(entries[:1] * (i + 1), csv))
+    winners = [i for i, r in enumerate(results) if r is None]
+    assert len(winners) == 1 and len(csv.read_text().splitlines()) == winners[0] + 2
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _write_store_race(path: Path, rounds: int, threads: bool) -> None:
+    from gradscope.errors import GradscopeError
+    from gradscope.store.io import read_store, write_store
+
+    def dataset(i: int) -> xr.Dataset:
+        return xr.Dataset({"x": ("i", np.arange(20_000) * (i + 1))}, attrs={"kind": "dynamics", "writer": i})  # a kind without required variables
+
+    for r in range(rounds):
+        target = path.parent / f"{path.stem}-{r}.zarr"
+        if threads:
+            barrier, results = threading.Barrier(2), [None, None]
+
+            def write(i: int) -> None:
+                barrier.wait()
+                try:
+                    write_store(dataset(i), target)
+                    results[i] = 0
+                except GradscopeError:
+                    results[i] = 2
+                except BaseException as exc:  # noqa: BLE001
+                    results[i] = exc
+
+            workers = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+            [t.start() for t in workers]
+            [t.join() for t in workers]
+            codes = results
         else:
-            _replace_by(data, path, run)
-        before = snapshot(tmp)
-        outcome = invoke(["report", run, "-o", Path(tmp) / "r.html", *FAST])
-        count(f"run files via report (exit {outcome.rc})")
-        judge(outcome, f"{name}: {op}", before, snapshot(tmp), ("r.html",))
-        if outcome.rc == 0 and name == "metrics.jsonl" and op == "truncate":  # a log cut short: a prefix of it
-            logged = [json.dumps(r, sort_keys=True) for r in baseline["run"].metrics]
-            assert all(json.dumps(r, sort_keys=True) in logged for r in load_run(run).metrics)
+            gate = Gate()
+
+            def write_child(i: int) -> Callable[[], None]:
+                def call() -> None:
+                    try:
+                        write_store(dataset(i), target)
+                    except GradscopeError as exc:
+                        print(f"error: {exc}", file=__import__("sys").stderr)
+                        raise SystemExit(2) from None
+                return call
+
+            children = [fork_call(write_child(i), cwd=path.parent, logs=path.parent / "logs", gate=gate) for i in range(2)]
+            gate.open()
+            codes = [c.wait() for c in children]
+        assert sorted(map(str, codes)) == ["0", "2"], f"round {r} ({'threads' if threads else 'processes'}): {codes}"
+        got = read_store(target)
+        winner = codes.index(0)
+        assert got.attrs["writer"] == winner and (got["x"].values == dataset(winner)["x"].values).all()
+        assert not temporaries(path.parent), temporaries(path.parent)
 
 
-@settings(max_examples=15, **SETTINGS)
-@given(data=st.data())
-def test_mutated_sweep_manifests(made: dict[str, Path], data: st.DataObject) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        sweep = Path(tmp) / "sweep"
-        shutil.copytree(made["sweep"], sweep, symlinks=True)
-        manifest = sweep / "sweep.json"
-        doc = json.loads(manifest.read_text())
-        where = data.draw(st.sampled_from(["output", "outputs", "status", "point", "points", "doc", "bytes"]))
-        if where == "output":
-            key = data.draw(st.sampled_from(["run", "accuracy", "stability", "other"]))
-            doc["points"][0]["outputs"][key] = data.draw(JSON | st.sampled_from(
-                ["../../..", "/etc", "/", "stores/../../x", "run/../stores/acc.zarr", ".", "stores", "run\x00"]))
-        elif where == "outputs":
-            doc["points"][0]["outputs"] = data.draw(JSON)
-        elif where == "status":
-            doc["points"][0]["status"] = data.draw(JSON | st.sampled_from(["done", "failed", "pending"]))
-        elif where == "point":
-            doc["points"][0] = data.draw(JSON)
-        elif where == "points":
-            doc["points"] = data.draw(JSON)
-        elif where == "doc":
-            doc = data.draw(JSON)
-        if where == "bytes":
-            manifest.write_bytes(data.draw(st.sampled_from([b"\xff", b"[" * 100_000, b"", b"{"])))
-        else:
-            manifest.write_text(json.dumps(doc))
-        command = data.draw(st.sampled_from(["summarize", "report"]))
-        out = Path(tmp) / ("s.zarr" if command == "summarize" else "r.html")
-        before = snapshot(tmp)
-        outcome = invoke([command, sweep, "-o", out, *FAST])
-        count(f"sweep manifests (exit {outcome.rc})")
-        judge(outcome, f"{where}: {str(doc)[:200]}", before, snapshot(tmp), (out.name, "s-"))
-        if outcome.rc == 0 and command == "summarize":  # only stores inside the sweep were read
-            for summary in Path(tmp).glob("s*.zarr"):
-                for source in json.loads(read_store(summary).attrs["sources"]):
-                    assert Path(source).resolve().is_relative_to(sweep.resolve()), source
-
-
-def test_overwrite_replaces_a_symlink_to_a_directory_not_its_target(tmp_path: Path) -> None:
-    """`-o LINK --overwrite` where LINK points to a directory once ended in a NotADirectoryError
-    traceback from the publish step (issue #24): the link is replaced, its target is left as it was."""
-    import xarray as xr
-    from gradscope.store.io import write_store
-    target = tmp_path / "elsewhere"
-    target.mkdir()
-    (target / "keep.txt").write_text("user data")
-    link = tmp_path / "out.zarr"
-    link.symlink_to(target, target_is_directory=True)
-    ds = xr.Dataset({"x": ("i", np.arange(3.0))}, attrs={"kind": "test"})
-    write_store(ds, link, overwrite=True)
-    assert not link.is_symlink() and link.is_dir() and (link / "zarr.json").is_file()
-    assert (target / "keep.txt").read_text() == "user data" and sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+def test_two_write_store_calls_on_one_path_at_once_one_wins(tmp_path: Path) -> None:
+    warm()
+    _write_store_race(tmp_path / "X.zarr", rounds=4, threads=False)
+    _write_store_race(tmp_path / "T.zarr", rounds=4, threads=True)
+    count("concurrent: write_store", 8)

@@ -1,4 +1,4 @@
-"""Options either apply or are refused (issue #36, part 4). Every refusal here is one `error:` line
+"""Options either apply or are refused, in every command. Every refusal here is one `error:` line
 naming the flag, exit 2, before any work: no run directory, store, study or corpus is left behind,
 and nothing that was not applied is recorded. One test per class of defect:
 

@@ -1,6 +1,6 @@
 """Stability and dynamics of a pretrained LM on probes drawn from raw text (issue #38, part 3). A tiny
 transformers Mamba and a BPE tokenizer trained on the test's text are saved in a temporary directory
-(as tests/workflows/test_text.py does); the stores' probe tokens are checked against the text's paragraphs as
+(as tests/workflows/text/test_accuracy.py does); the stores' probe tokens are checked against the text's paragraphs as
 the tokenizer encodes them here, independently of gradscope's tokenising and caching."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import gradscope  # noqa: E402
 from gradscope.cli.app import app  # noqa: E402
 from gradscope.corpus.text import paragraphs  # noqa: E402
 from gradscope.store.io import read_store  # noqa: E402
-from tests.workflows.test_text import make_text, refused, save_tokenizer  # noqa: E402
+from tests.workflows.text.test_accuracy import make_text, refused, save_tokenizer  # noqa: E402
 
 LENGTH = 12  # tokens per probe row, the start token included
 POS = 3  # the target: paragraph token 3, row column 3 (0-based) after the start token

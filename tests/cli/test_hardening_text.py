@@ -1,4 +1,4 @@
-"""Hostile input on the text surfaces (issue #47 part 6): foreign, truncated and altered token caches and
+"""Hostile input on the text surfaces: foreign, truncated and altered token caches and
 tokenizer files, a text changed after a first run, and kill -9 during `reproduce --text`, then resume."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ transformers = pytest.importorskip("transformers")
 from gradscope.cli.app import app  # noqa: E402
 from gradscope.store.io import read_store  # noqa: E402
 from gradscope.workflows.text.tokenize import TokenCacheWarning, tokenize_text  # noqa: E402
-from tests.workflows.test_text import make_text, refused  # noqa: E402
-from tests.workflows.test_text_probes import LENGTH, POS, saved  # noqa: E402,F401 - the fixture
+from tests.workflows.text.test_accuracy import make_text, refused  # noqa: E402
+from tests.workflows.text.test_probes import LENGTH, POS, saved  # noqa: E402,F401 - the fixture
 
 BIN = Path(sys.executable).with_name("gradscope")
 

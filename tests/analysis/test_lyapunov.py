@@ -79,7 +79,7 @@ def test_error_bars_shrink_like_one_over_root_steps() -> None:
 
 
 def test_batch_means_match_an_independent_per_step_qr_loop_through_a_fused_gru() -> None:
-    from tests.analysis.test_dynamics_analysis import fused_step, wrapped  # the brute force's own step
+    from tests.analysis.test_dynamics import fused_step, wrapped  # the brute force's own step
 
     model = wrapped(nn.GRU, scale=1.0)
     rnn = model.core.rnn
@@ -108,7 +108,7 @@ def test_batch_means_match_an_independent_per_step_qr_loop_through_a_fused_gru()
 
 
 def test_convergence_check_passes_a_stationary_map_and_flags_a_drifting_one() -> None:
-    from tests.analysis.test_dynamics_analysis import LinearCore, rotation
+    from tests.analysis.test_dynamics import LinearCore, rotation
 
     blocks = [rotation(0.9, 0.3), torch.tensor([[1.05]], dtype=F64), torch.tensor([[-0.5]], dtype=F64)]
     Q, _ = torch.linalg.qr(torch.randn(4, 4, generator=gen(0), dtype=F64))

@@ -1,8 +1,9 @@
-"""Library models are loaded exactly or not at all (issue #36, part 1): a ``save_pretrained`` directory
+"""Library models (``models.adapters.load``) are loaded exactly or not at all: a ``save_pretrained`` directory
 or a weights file whose tensors do not match the model its config.json builds — missing, extra,
 another architecture's, mis-shaped, truncated, oversized — is a one-line error that names the
 tensor (exit 2), never a model with weights initialised at random; the config's sizes are checked
-against the memory budget before anything is allocated; shards are safetensors inside the directory.
+against the memory budget before anything is allocated; shards are safetensors inside the directory;
+half precision is loaded as float32.
 Tiny transformers models, saved in tmp dirs; nothing is downloaded."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from gradscope.cli.app import app  # noqa: E402
 from gradscope.errors import GradscopeError  # noqa: E402
 from gradscope.models.adapters.load import load_hf  # noqa: E402
+from tests.helpers.hardening import tiny_mamba  # noqa: E402
 
 V = 20
 
@@ -229,3 +231,21 @@ def test_a_non_finite_number_in_the_config_is_refused(saved: Path, value: str) -
     (saved / "config.json").write_text(text.replace('"layer_norm_epsilon": 1e-05', f'"layer_norm_epsilon": {value}'))
     with pytest.raises(GradscopeError, match="must be finite"):
         load_hf("hf", saved)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_library_model_is_analysed_in_float32(tmp_path: Path, runner, dtype: str) -> None:  # noqa: ANN001
+    """A save_pretrained directory in half precision (most published checkpoints) gave a traceback
+    ("linalg_svd_cpu" not implemented for 'Half', exit 1) in stability, and dynamics the same in eig.
+    It is loaded in float32 (every half value is exact there), as the analyses need."""
+    d = tmp_path / "m"
+    tiny_mamba().to(getattr(torch, dtype)).save_pretrained(d)
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg.get("dtype", cfg.get("torch_dtype")) == dtype
+    probes = tmp_path / "p.npy"
+    np.save(probes, adapterkit.probes(V, 3, 6, 2, seed=6).numpy())
+    out = tmp_path / "s.zarr"
+    result = runner.invoke(app, ["stability", str(d), "--model-factory", "hf", "--probes", str(probes), "--target-pos", "2",
+                                 "-o", str(out), "-q", "--resamples", "100"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert out.is_dir()

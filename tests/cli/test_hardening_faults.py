@@ -1,4 +1,4 @@
-"""Fault tests of issue #15: kill -9 at random moments, a full disk, and concurrent writers.
+"""The commands under faults: kill -9 at random moments, a full disk, and concurrent writers.
 
 Every command here runs in a real child process (``faultkit``: forked from this one, so it starts
 warm). The promises checked:
@@ -13,7 +13,8 @@ warm). The promises checked:
   may mount one): exit 2 with one ``error:`` line, no partial output, no temporary, an existing
   output that ``--overwrite`` was to replace intact.
 - **Two writers at once** without ``--overwrite``: exactly one exits 0, the other exits 2 with one
-  line; the output is the winner's, complete; nothing is left behind.
+  line; the output is the winner's, complete; nothing is left behind. (Two ``write_store`` calls
+  at once, the library's side of this, are in tests/store/test_io.py.)
 
 The kill moments are drawn from seeded generators; where a moment must fall inside a write, the
 child's writes are made slow (``faultkit.slow``: same bytes, a pause in the middle) and the kill
@@ -29,24 +30,21 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import random
 import shutil
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pytest
-import torch
 import xarray as xr
 
 from tests.helpers.faultkit import Child, Gate, fork_call, slow, spawn, temporaries, wait_for, writing
 from tests.helpers.fuzzkit import Outcome, count, snapshot
+from tests.helpers.hardening import metrics, raw, run_differences, warm
 from tests.helpers.runs import DEFAULT_CORE
 
 TRAIN_OPTS = ["--core", DEFAULT_CORE, "--hidden-size", "16", "--embed-size", "8", "--vocab-size", "8", "--length", "4", "--heldout-size", "64",
@@ -55,76 +53,11 @@ TRAIN_OPTS = ["--core", DEFAULT_CORE, "--hidden-size", "16", "--embed-size", "8"
               "--checkpoint-every", "4", "--log-every", "10", "-q"]
 ITERATIONS, EVERY = 40, 4
 STAB_OPTS = ["--triplets", "8", "--resamples", "200", "-q"]
-WALL_CLOCK_METRICS = {"tokens_per_s"}  # metrics.jsonl fields that measure time, not training
 WALL_CLOCK_ATTRS = {"created"}  # store attributes that record when, not what
 
 
 def train_args(out: str = "run", seed: int = 7) -> list[str]:
     return ["train", "-o", out, *TRAIN_OPTS, "--seed", str(seed)]
-
-
-# ---- comparisons ------------------------------------------------------------------------------
-
-def differences(a: Any, b: Any, where: str = "") -> list[str]:
-    """Where two checkpoint objects differ (exact: tensors bitwise, with dtype and shape; NaN = NaN)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        found = []
-        for key in sorted(set(a) | set(b), key=str):
-            if key not in b:
-                found.append(f"{where}[{key!r}]: missing in the resumed run (uninterrupted: {str(a[key])[:80]})")
-            elif key not in a:
-                found.append(f"{where}[{key!r}]: only in the resumed run ({str(b[key])[:80]})")
-            else:
-                found += differences(a[key], b[key], f"{where}[{key!r}]")
-        return found
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if type(a) is not type(b) or len(a) != len(b):
-            return [f"{where}: {str(a)[:80]} != {str(b)[:80]}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return [f"{where}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"]
-        same = a.eq(b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a.eq(b)
-        return [] if bool(same.all()) else [f"{where}: tensors differ in {int((~same).sum())} of {a.numel()} entries"]
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return []
-    return [] if type(a) is type(b) and a == b else [f"{where}: {a!r} != {b!r}"]
-
-
-def load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def checkpoint_names(run: Path) -> list[str]:
-    return sorted(p.name for p in run.glob("step-*.pt"))
-
-
-def run_differences(ref: Path, run: Path) -> list[str]:
-    """How ``run`` differs from the uninterrupted ``ref``: its checkpoints, field by field, its
-    metrics log (less wall-clock fields), its held-out evaluation and its config."""
-    found = []
-    if checkpoint_names(ref) != checkpoint_names(run):
-        found.append(f"checkpoints {checkpoint_names(run)} != uninterrupted {checkpoint_names(ref)}")
-    for name in sorted(set(checkpoint_names(ref)) & set(checkpoint_names(run))):
-        found += [f"{name}{d}" for d in differences(load(ref / name), load(run / name))]
-    if metrics(ref) != metrics(run):
-        found.append(f"metrics.jsonl: {metrics(run)} != uninterrupted {metrics(ref)}")
-    for name in ("eval.json", "config.json"):
-        a, b = ref / name, run / name
-        if not b.is_file() or json.loads(a.read_text()) != json.loads(b.read_text()):
-            found.append(f"{name}: {b.read_text()[:200] if b.is_file() else 'missing'} != {a.read_text()[:200]}")
-    return found
-
-
-def metrics(run: Path) -> list[dict[str, Any]]:
-    """The complete lines of a metrics log, less wall-clock fields (a line cut by a kill is skipped)."""
-    lines = []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        try:
-            lines.append({k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK_METRICS})
-        except json.JSONDecodeError:
-            pass
-    return lines
 
 
 PROVENANCE_COORDS = {"checkpoint_path", "sha256"}  # where the input checkpoint lay, and its file's hash
@@ -185,23 +118,6 @@ class Ref:
         return self.run / f"step-{ITERATIONS:07d}.pt"
 
 
-def warm() -> None:
-    """Import in this process what the children use, so each starts in milliseconds."""
-    import gradscope.cli.app  # noqa: F401
-    import gradscope.cli.report  # noqa: F401
-    import gradscope.cli.stability  # noqa: F401
-    import gradscope.cli.summarize  # noqa: F401
-    import gradscope.cli.train  # noqa: F401
-    import gradscope.reports  # noqa: F401
-    import gradscope.store.inputs  # noqa: F401
-    import gradscope.store.io  # noqa: F401
-    import gradscope.store.summary  # noqa: F401
-    import gradscope.workflows.stability  # noqa: F401
-    import gradscope.workflows.summarize  # noqa: F401
-    import gradscope.workflows.sweep  # noqa: F401
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # Adam imports torch._dynamo (~4 s) on first use
-
-
 def ok(child: Child, what: str, timeout: float = 120) -> Outcome:
     o = child.outcome(timeout)
     assert o.rc == 0, f"{what}: {ending(o)}"
@@ -259,7 +175,7 @@ def _check_after_kill(run: Path, ref: Ref, when: str) -> None:
     uninterrupted run's; never a partial file under a real name."""
     for p in run.glob("step-*.pt"):
         try:
-            load(p)
+            raw(p)
         except Exception as exc:  # noqa: BLE001
             raise AssertionError(f"{when}: {p.name} is a partial checkpoint under its final name ({exc})") from None
     if (run / "metrics.jsonl").exists():
@@ -626,61 +542,6 @@ def test_two_stability_runs_on_one_store_at_once_one_wins_the_other_refuses(ref:
     command = read_store(tmp_path / "X.zarr").attrs["command"]
     diff += [] if ("--seed 1" in command) == (winner == 1) else [f"its command is the loser's: {command}"]
     assert not diff, f"X.zarr is not the winner's (seed {winner}) store: {diff}"
-
-
-def _write_store_race(path: Path, rounds: int, threads: bool) -> None:
-    from gradscope.errors import GradscopeError
-    from gradscope.store.io import read_store, write_store
-
-    def dataset(i: int) -> xr.Dataset:
-        return xr.Dataset({"x": ("i", np.arange(20_000) * (i + 1))}, attrs={"kind": "dynamics", "writer": i})  # a kind without required variables
-
-    for r in range(rounds):
-        target = path.parent / f"{path.stem}-{r}.zarr"
-        if threads:
-            barrier, results = threading.Barrier(2), [None, None]
-
-            def write(i: int) -> None:
-                barrier.wait()
-                try:
-                    write_store(dataset(i), target)
-                    results[i] = 0
-                except GradscopeError:
-                    results[i] = 2
-                except BaseException as exc:  # noqa: BLE001
-                    results[i] = exc
-
-            workers = [threading.Thread(target=write, args=(i,)) for i in range(2)]
-            [t.start() for t in workers]
-            [t.join() for t in workers]
-            codes = results
-        else:
-            gate = Gate()
-
-            def write_child(i: int) -> Callable[[], None]:
-                def call() -> None:
-                    try:
-                        write_store(dataset(i), target)
-                    except GradscopeError as exc:
-                        print(f"error: {exc}", file=__import__("sys").stderr)
-                        raise SystemExit(2) from None
-                return call
-
-            children = [fork_call(write_child(i), cwd=path.parent, logs=path.parent / "logs", gate=gate) for i in range(2)]
-            gate.open()
-            codes = [c.wait() for c in children]
-        assert sorted(map(str, codes)) == ["0", "2"], f"round {r} ({'threads' if threads else 'processes'}): {codes}"
-        got = read_store(target)
-        winner = codes.index(0)
-        assert got.attrs["writer"] == winner and (got["x"].values == dataset(winner)["x"].values).all()
-        assert not temporaries(path.parent), temporaries(path.parent)
-
-
-def test_two_write_store_calls_on_one_path_at_once_one_wins(tmp_path: Path) -> None:
-    warm()
-    _write_store_race(tmp_path / "X.zarr", rounds=4, threads=False)
-    _write_store_race(tmp_path / "T.zarr", rounds=4, threads=True)
-    count("concurrent: write_store", 8)
 
 
 def test_two_summarize_csv_on_one_file_at_once_one_wins_the_other_refuses(summaries: Ref, tmp_path: Path) -> None:

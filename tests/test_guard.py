@@ -1,7 +1,8 @@
-"""Numbers from broken models are flagged (issue #36, part 3): a NaN or Inf parameter in a gradscope
+"""Numbers from broken models are flagged (``gradscope.guard``): a NaN or Inf parameter in a gradscope
 checkpoint, a parent of ``train --extend-from``, a library model or a model given to
 ``gradscope.wrap`` is named in a ``warning:`` line before any work (one shared check,
-:func:`gradscope.guard.nonfinite_tensors`), and the tables show NaN as NaN."""
+:func:`gradscope.guard.nonfinite_tensors`). How the tables show NaN is in
+tests/cli/test_hardening_diverged.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import xarray as xr
 
 import gradscope
 from tests.helpers.fuzzkit import assert_clean, invoke
@@ -129,39 +129,3 @@ def test_a_library_model_with_a_nan_weight_is_named(runner, tmp_path: Path) -> N
     # architecture (the wrap-time check compares the finite outputs and the NaN pattern)
     assert result.exit_code == 0 and not any(ln.startswith("error: ") for ln in lines), result.stderr
     assert (tmp_path / "s.zarr").is_dir()
-
-
-def _dynamics_ds(lam: np.ndarray, gates: np.ndarray | None = None, flow: np.ndarray | None = None) -> xr.Dataset:
-    m, k = lam.shape
-    data = {"lyapunov": (("checkpoint", "trajectory", "exponent"), lam[None]),
-            "iteration": (("checkpoint",), np.array([5]))}
-    cls = np.array([["frequent", "rare", "frequent"]])
-    data["token_class"] = (("sequence", "t"), cls)
-    if gates is not None:
-        data["gate_norm"] = (("checkpoint", "sequence", "t", "gate"), gates[None])
-    if flow is not None:
-        data["flow_fro"] = (("checkpoint", "sequence", "t"), flow[None])
-    coords = {"gate": ["update", "reset"]} if gates is not None else {}
-    return xr.Dataset(data, coords=coords)
-
-
-def test_the_dynamics_table_shows_nan_as_nan() -> None:
-    from rich.console import Console
-
-    from gradscope.cli.dynamics import dynamics_table, lyapunov_cells
-
-    nan = np.full((2, 3), np.nan)
-    cells = lyapunov_cells(_dynamics_ds(nan), 0)
-    assert cells[0] == "nan" and cells[2] == "nan", cells  # λ_1, then its standard errors, then Σλ
-    half = np.array([[0.1, -0.2, -0.5], [np.nan, np.nan, np.nan]])
-    cells = lyapunov_cells(_dynamics_ds(half), 0)
-    assert "nan in 1/2" in cells[0] and "nan in 1/2" in cells[2], cells
-    inf = np.full((2, 3), np.inf)
-    assert lyapunov_cells(_dynamics_ds(inf), 0)[0] == "+inf"
-    gates = np.full((1, 3, 2), np.nan)
-    console = Console(width=200, record=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no numpy RuntimeWarning on stderr either
-        console.print(dynamics_table(_dynamics_ds(nan, gates, np.zeros((1, 3)))))
-    row = [ln for ln in console.export_text().splitlines() if ln.strip().startswith(("│ 5", "┃ 5")) or " 5 " in ln][-1]
-    assert "below res" not in row and "update" not in row and "reset" not in row and "nan" in row, row

@@ -1,0 +1,155 @@
+"""The tests mirror the package: every module of gradscope/, cli/ and reports/ has its own test file,
+``tests/<package path>/test_<module>.py`` (gradscope/store/io.py → tests/store/test_io.py, gradscope/guard.py
+→ tests/test_guard.py, cli/train.py → tests/cli/test_train.py, reports/build.py → tests/reports/test_build.py),
+or an entry in ALLOWLIST below that says why not. A package's ``__init__.py`` is its folder's, not a module.
+
+The allowlist is kept true: an entry whose module is gone, or whose module now has its own test file,
+fails here, and so does a reason naming a test file that does not exist. Run
+``python tests/project/test_mirror.py`` for the counts.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"gradscope": Path("tests"), "cli": Path("tests/cli"), "reports": Path("tests/reports")}  # code → its tests
+
+# Modules without logic of their own: declarations, constants and display only.
+NO_LOGIC = {
+    "gradscope/errors.py": "the exception and warning types, raised and caught by every refusal test",
+    "gradscope/version.py": "the version string",
+    "gradscope/workflows/families/evaluation.py": "declarations: what a family's own evaluation provides",
+    "cli/progress.py": "display only: the progress bars (-q in the tests)",
+}
+
+# Modules tested through a contract that every unit of their kind meets.
+CONTRACT = {
+    **{f"gradscope/models/{m}.py": "a registered core: tests/project/test_contracts.py (contracts.check_core)"
+       for m in ("elman", "gru", "lstm", "s4d")},
+    **{f"gradscope/tasks/{m}.py": "a registered task family: tests/project/test_contracts.py (contracts.check_family)"
+       for m in ("copy", "delayed_sum", "lm", "predecessor", "reverse", "reverse_continuous", "reverse_variable",
+                 "sort")},
+    "gradscope/tasks/family.py": "what a family declares: checked for every family by tests/project/test_contracts.py",
+    "gradscope/models/adapters/attention.py": "the hybrids' attention layers: checked through each hybrid's family "
+                                              "(tests/models/adapters/test_hf_jamba.py and the others)",
+    "gradscope/models/adapters/base.py": "the adapters' shared base: checked through every library family and "
+                                         "tests/models/adapters/test_wrap_agreement.py",
+}
+
+# Modules with logic whose tests live in files that do not mirror them yet: where they are tested.
+NOT_YET_MIRRORED = {
+    "gradscope/analysis/accuracy.py": "tests/analysis/test_stats.py",
+    "gradscope/analysis/bootstrap.py": "tests/analysis/test_stats.py",
+    "gradscope/analysis/cosine.py": "tests/tasks/test_decoding_continuous.py",
+    "gradscope/analysis/distance.py": "tests/analysis/test_stats.py",
+    "gradscope/analysis/held.py": "tests/models/adapters/test_hf_qwen3_next.py, "
+                                  "tests/models/adapters/test_saved_hybrids.py",
+    "gradscope/analysis/lm.py": "tests/corpus/test_lm.py",
+    "gradscope/analysis/stability.py": "tests/analysis/test_sketch.py, tests/workflows/test_stability.py",
+    "gradscope/analysis/tape.py": "tests/analysis/test_state_tape.py",
+    "gradscope/analysis/text.py": "tests/workflows/text/test_accuracy.py",
+    "gradscope/checkout.py": "tests/project/test_packaging.py",
+    "gradscope/fields.py": "tests/cli/test_generated.py, tests/models/test_registry.py",
+    "gradscope/corpus/text.py": "tests/corpus/test_lm.py",
+    "gradscope/files/io.py": "tests/files/test_wiring_atomic.py",
+    "gradscope/files/tokens.py": "tests/workflows/text/test_accuracy.py, tests/cli/test_hardening_text.py",
+    "gradscope/files/validate.py": "tests/files/test_checkpoint.py",
+    "gradscope/models/adapters/tokenizer.py": "tests/workflows/text/test_accuracy.py, tests/cli/test_hardening_text.py",
+    "gradscope/models/adapters/weights.py": "tests/models/adapters/test_load.py",
+    "gradscope/models/config.py": "tests/test_config.py, tests/models/test_registry.py",
+    "gradscope/models/core.py": "tests/models/test_step_jacobian.py",
+    "gradscope/models/pe.py": "tests/models/test_models.py",
+    "gradscope/models/protocol.py": "tests/analysis/test_protocol_checks.py",
+    "gradscope/models/rnn.py": "tests/models/test_step_jacobian.py",
+    "gradscope/models/seq.py": "tests/models/test_models.py, tests/analysis/test_jacobian.py",
+    "gradscope/models/structure.py": "tests/analysis/test_structure.py",
+    "gradscope/store/accuracy.py": "tests/workflows/test_accuracy.py, tests/project/test_contracts.py",
+    "gradscope/store/dynamics.py": "tests/workflows/test_dynamics.py",
+    "gradscope/store/parts.py": "tests/store/test_mixed_stores.py",
+    "gradscope/store/records.py": "tests/cli/test_accuracy_summarize.py, tests/cli/test_hardening_summarize_report.py",
+    "gradscope/store/stability.py": "tests/workflows/test_stability.py",
+    "gradscope/store/summary.py": "tests/workflows/test_summarize.py, tests/store/test_mixed_stores.py",
+    "gradscope/tasks/base.py": "tests/tasks/test_tasks.py",
+    "gradscope/tasks/config.py": "tests/test_config.py",
+    "gradscope/tasks/decoding.py": "tests/tasks/test_decoding_continuous.py",
+    "gradscope/tasks/fields.py": "tests/test_config.py, tests/cli/test_settings_names.py",
+    "gradscope/tasks/registry.py": "tests/models/test_registry.py, tests/project/test_registry_lists.py",
+    "gradscope/tasks/vocab.py": "tests/tasks/test_tasks.py",
+    "gradscope/train/evaluate.py": "tests/train/test_train.py, tests/files/test_checkpoint.py",
+    "gradscope/train/extend.py": "tests/train/test_extension.py",
+    "gradscope/train/samples.py": "tests/project/test_samples.py",
+    "gradscope/train/schedule.py": "tests/train/test_train.py",
+    "gradscope/workflows/cluster.py": "tests/workflows/test_sweep.py",
+    "gradscope/workflows/common.py": "tests/cli/test_hardening_stability.py, tests/cli/test_hardening_diverged.py",
+    "gradscope/workflows/corpus.py": "tests/corpus/test_lm.py, tests/cli/test_hardening_corpus.py",
+    "gradscope/workflows/factory.py": "tests/models/test_wrap.py, tests/cli/test_hardening_stability.py",
+    "gradscope/workflows/families/lm.py": "tests/corpus/test_lm.py",
+    "gradscope/workflows/families/reverse_continuous.py": "tests/tasks/test_decoding_continuous.py",
+    "gradscope/workflows/families/tokens.py": "tests/workflows/test_accuracy.py",
+    "gradscope/workflows/options.py": "tests/workflows/test_api.py, tests/cli/test_generated.py",
+    "gradscope/workflows/study/extension.py": "tests/train/test_extension.py",
+    "gradscope/workflows/study/lm.py": "tests/train/test_extension.py, tests/cli/test_hardening_options.py",
+    "gradscope/workflows/study/options.py": "tests/cli/test_reproduce.py",
+    "gradscope/workflows/study/reproduce.py": "tests/cli/test_reproduce.py",
+    "gradscope/workflows/study/runs.py": "tests/cli/test_reproduce.py",
+    "gradscope/workflows/text/study.py": "tests/workflows/text/test_probes.py, tests/cli/test_hardening_text.py",
+    "gradscope/workflows/text/tokenize.py": "tests/workflows/text/test_accuracy.py, tests/cli/test_hardening_text.py",
+    "cli/accuracy.py": "tests/cli/test_accuracy_summarize.py",
+    "cli/app.py": "every test that runs a command, e.g. tests/cli/test_flag_meanings.py",
+    "cli/common.py": "tests/cli/test_hardening_options.py",
+    "cli/corpus.py": "tests/corpus/test_lm.py, tests/cli/test_hardening_corpus.py",
+    "cli/dynamics.py": "tests/workflows/test_dynamics.py, tests/cli/test_hardening_diverged.py",
+    "cli/errors.py": "tests/cli/test_hardening_options.py",
+    "cli/report.py": "tests/reports/test_build.py",
+    "cli/stability.py": "tests/workflows/test_stability.py",
+    "cli/summarize.py": "tests/cli/test_accuracy_summarize.py",
+    "cli/sweep.py": "tests/workflows/test_sweep.py",
+    "reports/accuracy_figures.py": "tests/reports/test_build.py",
+    "reports/dynamics_figures.py": "tests/reports/test_build.py, tests/analysis/test_lyapunov.py",
+    "reports/experiment_figures.py": "tests/reports/test_build.py",
+    "reports/family_figures.py": "tests/reports/test_build.py",
+    "reports/html.py": "tests/reports/test_build.py",
+    "reports/stability_figures.py": "tests/reports/test_build.py",
+    "reports/style.py": "tests/reports/test_report_layout.py",
+}
+
+ALLOWLIST = {**NO_LOGIC, **CONTRACT, **NOT_YET_MIRRORED}
+
+
+def mirrors() -> dict[str, Path]:
+    """Every module (its path from the repository root) → the test file that mirrors it."""
+    found = {}
+    for package, tests in PACKAGES.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT / package)
+            if path.name != "__init__.py":
+                found[str(path.relative_to(ROOT))] = tests.joinpath(*rel.parts[:-1]) / f"test_{path.stem}.py"
+    return found
+
+
+def test_every_module_has_its_own_test_file_or_says_why_not() -> None:
+    missing = [f"{module} (expected {test})" for module, test in mirrors().items()
+               if not (ROOT / test).is_file() and module not in ALLOWLIST]
+    assert not missing, "modules with neither their own test file nor an ALLOWLIST entry:\n" + "\n".join(missing)
+
+
+def test_the_allowlist_is_true() -> None:
+    modules = mirrors()
+    assert len(ALLOWLIST) == len(NO_LOGIC) + len(CONTRACT) + len(NOT_YET_MIRRORED), "a module listed twice"
+    gone = [m for m in ALLOWLIST if m not in modules]
+    assert not gone, f"allowlisted modules that no longer exist: {gone}"
+    mirrored = [f"{m} ({modules[m]})" for m in ALLOWLIST if (ROOT / modules[m]).is_file()]
+    assert not mirrored, f"allowlisted modules that now have their own test file (drop them from ALLOWLIST): {mirrored}"
+    named = {p for reason in ALLOWLIST.values() for p in re.findall(r"tests/[\w/]+\.py", reason)}
+    assert not [p for p in named if not (ROOT / p).is_file()], f"reasons name missing test files: " \
+        f"{sorted(p for p in named if not (ROOT / p).is_file())}"
+    assert all(reason.strip() for reason in ALLOWLIST.values())
+
+
+if __name__ == "__main__":
+    table = mirrors()
+    own = sum((ROOT / test).is_file() for test in table.values())
+    print(f"{own} of {len(table)} modules have their own test file; allowlisted: {len(NO_LOGIC)} without logic, "
+          f"{len(CONTRACT)} through a contract, {len(NOT_YET_MIRRORED)} tested elsewhere, not yet mirrored")
