@@ -60,9 +60,14 @@ def field_params(cls: type) -> tuple[Any, ...]:
         if kind is bool:  # a switch both ways: --grid/--no-grid (None: neither given)
             flag = f"{flag}/--no-{flag[2:]}"
         default = None if repeat or f.default is dataclasses.MISSING else f.default
+        # a number is parsed leniently (1e9 is a count; text that is no number goes on to the dataclass's check,
+        # which refuses it in one line naming the option)
+        parser, metavar = {int: (_int, "<int>"), float: (_float, "<float>")}.get(kind, (None, None)) \
+            if not repeat else (None, None)
+        extra = {"parser": parser, "metavar": metavar} if parser is not None else {}
         annotation = Annotated[Optional[list[kind]] if repeat else kind if default is not None else Optional[kind],
                                typer.Option(flag, *f.metadata.get("also", ()), help=with_names(f.metadata["help"]),
-                                            show_default=default is not None)]
+                                            show_default=default is not None, **extra)]
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return tuple(click_params(params))
 
@@ -132,12 +137,6 @@ def generated_command(cls: type, after: str | None = None, *more: type) -> type[
         return list(seen.values())
 
     return command_with(generated, after)
-
-
-def settings_command(after: str) -> type[TyperCommand]:
-    """A TyperCommand class whose options also include one per setting of a run (:func:`setting_params`), after
-    the option named ``after`` (`gradscope train`; other commands never import the configs and models for it)."""
-    return command_with(setting_params, after)
 
 
 def command_with(generated: Callable[[], list[Any]], after: str | None) -> type[TyperCommand]:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from gradscope.workflows.options import HF
 from gradscope.errors import GradscopeError
 
 from gradscope.workflows.study.options import StudyOptions, TextStudyOptions  # torch-free: --help builds them
@@ -68,7 +67,6 @@ def reproduce_command(
     measure: Annotated[bool, Opt(help="With --dry-run: time a few training steps per model to estimate CPU time.")] = True,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
     model_dir: Annotated[Optional[Path], Opt("--model-dir", help="With --text: a pretrained LM's save_pretrained directory, its tokenizer beside it: accuracy, stability and dynamics by token frequency on the text, and the report, into --out (docs/real-text.md).")] = None,
-    model_factory: Annotated[str, Opt("--model-factory", help="With --text: how the --model-dir directory loads: hf or hf:CLASS.")] = HF,
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report;
     with --extend-to, the vocabulary-extension experiment too. With --model-dir DIR --text FILE: a
@@ -78,7 +76,7 @@ def reproduce_command(
     settings = ctx.meta.get(SETTINGS, {})
     model_dir = ctx.params["model_dir"]
     study_fields = {f.name for f in dataclasses.fields(StudyOptions)}
-    text_options = ["model_dir", "model_factory",
+    text_options = ["model_dir",
                     *(f.name for f in dataclasses.fields(TextStudyOptions) if "help" in f.metadata)]
     text_fields = {f.name for f in dataclasses.fields(TextStudyOptions)}
     text = settings.get("text")
@@ -91,7 +89,7 @@ def reproduce_command(
                      "they set the synthetic and lm studies, which train their own models; --text studies --model-dir")
         # the flags StudyOptions shares with it (triplets, target_pos, probe_length): left out, its own defaults
         opts = build_options(TextStudyOptions, {k: v for k, v in settings.items() if k in text_fields})
-        text_study(model_dir, opts, model_factory, out, command_line(ctx), quiet)
+        text_study(model_dir, opts, out, command_line(ctx), quiet)
         return
     refuse_given(ctx, text_options, "they go with --model-dir DIR --text FILE (a pretrained LM on raw text)")
     from gradscope.workflows.study.reproduce import plan_study, run_study
@@ -133,14 +131,14 @@ def reproduce_command(
         console.print(result.extension, markup=False)  # "[low, high]" is text, not rich markup
 
 
-def text_study(model_dir: Path, opts: TextStudyOptions, model_factory: str, out: Path, command: str,
+def text_study(model_dir: Path, opts: TextStudyOptions, out: Path, command: str,
                quiet: bool) -> None:
     """``reproduce --model-dir DIR --text FILE``: gradscope.workflows.text.study, then the report."""
     from rich.markup import escape
 
     from gradscope.workflows.text.study import reproduce_text
 
-    study = reproduce_text(model_dir, out=out, opts=opts, model_factory=model_factory, command=command,
+    study = reproduce_text(model_dir, out=out, opts=opts, command=command,
                            on_step=None if quiet else lambda step, note: console.print(escape(f"{step}: {note}")))
     report = write_report(list(study.stores.values()), out / "report.html",
                           f"gradscope reproduce: {model_dir.name} on {Path(opts.text).name}", command)

@@ -15,7 +15,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.fields import (CHECKPOINT_BUDGET_SECONDS, CHECKPOINTS, CONFIDENCE, DEFAULT_BINS, DEFAULT_DEVICE,
                               DEFAULT_SCORE, ENGINES, EQUIVALENCE_MARGIN, ESTIMATOR, ESTIMATORS, GROUPS, INTERVAL,
                               INTERVALS, JACOBIAN_METHOD, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, PARTS, RESAMPLES,
-                              SCORE_KINDS, SUMMARY_CHECKPOINTS, bounded, check_fields, option)
+                              SCALES, SCORE_KINDS, SUMMARY_CHECKPOINTS, bounded, check_fields, option)
 
 O = TypeVar("O")
 
@@ -145,6 +145,35 @@ class SourceOptions:
               f"model_factory: got {type(self.model_factory).__name__}; expected FILE.py:FUNC, module:FUNC or hf[:CLASS]")
         for name in ("config", "text", "counts_text", "tokenizer"):
             as_path(self, name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """How `gradscope train` starts, resumes or extends a run, beside the run's settings (the config sections'
+    fields and the cores' own options, generated per call); each field is named as its flag. ``beta1``/``beta2``
+    and ``max_length`` are settings of the run under other names (TrainConfig.betas; the task's length), checked
+    with the run's configuration."""
+
+    resume: Path | None = option(None, "Continue the run in this directory exactly where its last checkpoint left off.")
+    preset: str = option(SCALES[0], "Starting configuration: tiny (≈1 min on 2 CPU cores) or paper "
+                                    "(docs/definitions.md §3, for a GPU). The settings that follow override it; each "
+                                    "is named as its config field.", choices=SCALES)
+    beta1: float | None = option(None, "Adam β1.")
+    beta2: float | None = option(None, "Adam β2 (paper 0.999; its reference code 0.98).")
+    max_length: int | None = option(None, f"A corpus task: the first N tokens of each paragraph (the same as --length; "
+                                          f"default {TEXT_MAX_LENGTH}, as the paper).")
+    extend_from: Path | None = option(None, "Vocabulary extension (paper §4.2): a checkpoint or run directory to extend "
+                                            "to --vocab-size items; only the new rows train, everything pretrained is "
+                                            "frozen.")
+    new_item_share: float | None = option(None, "--extend-from: probability that a position holds a new item "
+                                                "(default: uniform over all items, as the paper did).")
+    stop_after: int | None = option(None, "Stop after this many iterations in this invocation (checkpointed; continue "
+                                          "with --resume).", low=1, high=MAX_COUNT)
+
+    def __post_init__(self) -> None:
+        for name in ("resume", "extend_from"):
+            as_path(self, name)
+        check_fields(self)
 
 
 def as_path(opts: Any, name: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import (BANDS, DEFAULT_DEVICE, DEFAULT_SCORE, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, MAX_VOCAB,
                               RESAMPLES, SCALES, bounded, check_fields, option)
-from gradscope.workflows.options import (COUNTS_TEXT_HELP, DEFAULT_BUDGET, TEXT_MAX_LENGTH, TEXT_RESAMPLES,
+from gradscope.workflows.options import (COUNTS_TEXT_HELP, DEFAULT_BUDGET, HF, TEXT_MAX_LENGTH, TEXT_RESAMPLES,
                                          TRIPLETS)
 
 STATIC_FORMATS = ("png", "svg")  # what `gradscope report --static` writes beside the HTML
@@ -159,6 +159,7 @@ class TextStudyOptions:
     seed: int = option(0, "With --text: the seed of the probes, trajectories and bootstrap.")
     budget_seconds: float = option(DEFAULT_BUDGET, "With --text: dynamics' time budget (stability's is ten times it).",
                                    low=0, exclusive="low")
+    model_factory: str = option(HF, "With --text: how the --model-dir directory loads: hf or hf:CLASS.")
     device: str = DEFAULT_DEVICE
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import xarray as xr
 
-from gradscope.workflows.options import HF, with_overrides
+from gradscope.workflows.options import with_overrides
 from gradscope.errors import GradscopeError, check
 from gradscope.files.io import sha256_file
 from gradscope.guard import check_bytes
@@ -58,7 +58,7 @@ def model_files(model: Path) -> list[Path]:
     return sorted(p for p in model.iterdir() if p.is_file() and p.suffix in MODEL_SUFFIXES)
 
 
-def study_key(model: Path, opts: TextStudyOptions, model_factory: str) -> dict[str, Any]:
+def study_key(model: Path, opts: TextStudyOptions) -> dict[str, Any]:
     """What makes two runs the same study, by content, never by path: the sha256 of the model's weights and
     configuration (:func:`model_files`), of the text, the counts text and the tokenizer's files, and every
     other option. Every size is checked (against the memory budget, as tokenising would) before anything is
@@ -75,7 +75,7 @@ def study_key(model: Path, opts: TextStudyOptions, model_factory: str) -> dict[s
     for f in files:
         check_bytes(f.stat().st_size, f"model_dir: {f}")  # read whole when loaded
     key = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("text", "counts_text", "tokenizer", "device")}
-    key.update({"model_factory": model_factory, "model_sha256": {p.name: sha256_file(p) for p in files},
+    key.update({"model_sha256": {p.name: sha256_file(p) for p in files},
                 "text_sha256": sha256_file(texts["text"]), "tokenizer_sha256": tokenizer_sha256(tok_files)})
     if "counts_text" in texts:
         key["counts_sha256"] = sha256_file(texts["counts_text"])
@@ -122,10 +122,10 @@ def _plans_fit(folder: Path, stab_opts: StabilityOptions, dyn_opts: DynamicsOpti
 
 
 def reproduce_text(model_dir: str | Path, *, out: str | Path, opts: TextStudyOptions | None = None,
-                   model_factory: str = HF, command: str = "", on_step: Callable[[str, str], None] | None = None,
+                   command: str = "", on_step: Callable[[str, str], None] | None = None,
                    **overrides: Any) -> TextStudy:
     """Accuracy, stability and dynamics by token frequency of the ``save_pretrained`` directory
-    ``model_dir`` (loaded as ``model_factory``) on ``opts.text`` (module docstring), into ``out``; ``opts``:
+    ``model_dir`` (loaded as ``opts.model_factory``) on ``opts.text`` (module docstring), into ``out``; ``opts``:
     :class:`TextStudyOptions` (``text`` is required), ``overrides`` its fields, named as the flags;
     ``on_step(step, note)`` says what is done. The report: ``gradscope report OUT/*.zarr`` (or
     ``gradscope.reports.build.render_report``)."""
@@ -139,7 +139,8 @@ def reproduce_text(model_dir: str | Path, *, out: str | Path, opts: TextStudyOpt
     check(Path(opts.text).is_file(), f"text: {opts.text} is not a file")
     check(opts.counts_text is None or Path(opts.counts_text).is_file(), f"counts_text: {opts.counts_text} is not a file")
     check(not where.exists() or where.is_dir(), f"out: {where} exists and is not a directory")
-    key = json.dumps(study_key(folder, opts, model_factory), sort_keys=True)
+    key = json.dumps(study_key(folder, opts), sort_keys=True)
+    model_factory = opts.model_factory
     acc_opts = TextAccuracyOptions(text=opts.text, counts_text=opts.counts_text, tokenizer=opts.tokenizer,
                                    max_length=max_length, resamples=resamples,
                                    seed=seed, device=device)
