@@ -12,7 +12,7 @@ import torch
 from gradscope.errors import check
 from gradscope.fields import DEFAULT_BINS  # noqa: F401 - declared with the options
 from gradscope.tasks.base import IGNORE
-from gradscope.tasks.reverse_variable import length_counts  # reverse-variable's counts live with its family
+from gradscope.tasks.reverse_variable import LENGTH_KINDS, length_counts  # reverse-variable's counts live with its family
 
 
 
@@ -55,7 +55,7 @@ def sequence_accuracy(preds: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
 # --- reverse-variable: accuracy per sequence length ---------------------------------------------
 
 def accuracy_by_length(preds: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor | None = None,
-                       kind: str = "token") -> dict[int, float]:
+                       kind: str = LENGTH_KINDS[0]) -> dict[int, float]:
     """Accuracy per sequence length {ℓ: accuracy} over the lengths that occur (see `length_counts`)."""
     correct, total = length_counts(preds, targets, lengths, kind)
     present = torch.nonzero(total).flatten().tolist()

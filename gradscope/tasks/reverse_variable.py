@@ -72,8 +72,11 @@ class ReverseVariable(Task):
         return [f"token accuracy by sequence length: {pairs}"]
 
 
+LENGTH_KINDS = ("token", "sequence")  # what accuracy by length counts: scored positions, or whole rows
+
+
 def length_counts(preds: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor | None = None,
-                  kind: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+                  kind: str = LENGTH_KINDS[0]) -> tuple[torch.Tensor, torch.Tensor]:
     """Update step of accuracy by sequence length: counts indexed by sequence length.
 
     preds, targets (n, T); lengths (n,) int, by default each row's number of scored positions (the
@@ -81,7 +84,7 @@ def length_counts(preds: torch.Tensor, targets: torch.Tensor, lengths: torch.Ten
     rows (a row is correct if every scored position is). Returns (correct, total), each
     (max(lengths) + 1,) int64, where entry ℓ belongs to rows of length ℓ.
     """
-    check(kind in ("token", "sequence"), f"kind: got {kind!r}; valid values are 'token', 'sequence'")
+    check(kind in LENGTH_KINDS, f"kind: got {kind!r}; valid values are 'token', 'sequence'")
     check(preds.shape == targets.shape and targets.ndim == 2,
           f"preds: got shape {tuple(preds.shape)}; expected targets' shape (n, T) = {tuple(targets.shape)}")
     scored = targets != IGNORE
