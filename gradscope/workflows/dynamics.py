@@ -51,7 +51,7 @@ from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_c
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.tasks import make_task
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.workflows.families import evaluation_of, text_families
+from gradscope.workflows.families import check_probe_options, evaluation_of, text_families
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
@@ -574,6 +574,7 @@ def run_checkpoint_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = 
     check(text or task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined "
                                               f"for {', '.join(probe_tasks())} (an input phase followed by query "
                                               f"tokens) and {' and '.join(text_families())}")
+    check_probe_options(loaded, opts)  # another family's probe options (corpus): refused, not ignored
     target_freq, disturbant = opts.target_freq, opts.disturbant
     check(not text or not (target_freq or disturbant),
           f"target_freq/disturbant: {task.name} checkpoints are probed on test paragraphs; each step is classed "

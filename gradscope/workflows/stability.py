@@ -33,7 +33,7 @@ from gradscope.tasks.probes import (Probes, check_probes_fit, frequency_groups, 
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.workflows.families import evaluation_of, text_families
+from gradscope.workflows.families import check_probe_options, evaluation_of
 from gradscope.workflows.common import (conditions_for, config_attrs, expand_checkpoints, load_source, model_id,
                                         warn_diverged)
 from gradscope.tasks import make_task
@@ -100,11 +100,7 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
         groups = opts.target_freq or source.groups
         check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
         return source.probes(own, opts.triplets, opts.target_pos, length, groups, opts.seed)
-    own_text = " or ".join(text_families())
-    check(opts.corpus is None, f"corpus: {first.path} is a {task.name} checkpoint; corpus applies to checkpoints of "
-                               f"a family probed on its corpus ({own_text}) only")
-    check(opts.length is None, f"length: sets the probe length of {own_text} checkpoints (or with token_counts, of "
-                               f"your own model); other gradscope checkpoints use their task's L")
+    check_probe_options(first, opts)  # another family's probe options (corpus, length): refused
     check(task.name in probe_tasks(),
           f"checkpoint: its task is {task.name!r}; stability probes are defined for "
           f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")

@@ -32,3 +32,20 @@ def test_the_analysis_workflows_name_no_family() -> None:
         text = (ROOT / "gradscope" / rel).read_text()
         found = sorted(set(words.findall(text)))
         assert not found, f"gradscope/{rel} names {found}"
+
+
+def test_another_familys_probe_option_is_refused_naming_the_families_that_read_it(tmp_path: Path) -> None:
+    """corpus (and stability's length) are read only by a family probed on its corpus; given for a checkpoint of
+    another family, stability and dynamics refuse it in one line naming those families, computed from the
+    declarations (it was ignored by dynamics)."""
+    import pytest
+
+    import gradscope
+
+    run = ROOT / "sample_checkpoints" / "gru-none-s1"
+    readers = ", ".join(text_families())
+    for call, option in ((lambda: gradscope.dynamics(run, corpus=tmp_path, parts="flow"), "corpus"),
+                         (lambda: gradscope.stability(run, corpus=tmp_path), "corpus"),
+                         (lambda: gradscope.stability(run, length=8), "length")):
+        with pytest.raises(gradscope.GradscopeError, match=rf"^{option}: got .* it applies to {readers} runs only"):
+            call()

@@ -12,6 +12,7 @@ own part through its ``score`` and ``accuracy_part``. gradscope/workflows/accura
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from gradscope.errors import GradscopeError
 from gradscope.files.checkpoint import Loaded
@@ -44,6 +45,24 @@ def text_families() -> list[str]:
     """The registered families whose probes are their corpus's own text (:attr:`Evaluation.text_probes`), by name:
     what a message names where an option applies to them only."""
     return [name for name, cls in TASKS.items() if evaluation_of(cls).text_probes is not None]
+
+
+def check_probe_options(loaded: Loaded, opts: Any) -> None:
+    """Refuse a stability or dynamics option (of ``opts``, set away from its default) that another family's probe
+    source reads and ``loaded``'s family's does not (:attr:`TextProbes.options`): recorded and ignored otherwise."""
+    own = evaluation_of(TASKS[loaded.config.task.name]).text_probes
+    mine = set(own.options) if own is not None else set()
+    readers: dict[str, list[str]] = {}
+    for name, cls in TASKS.items():
+        source = evaluation_of(cls).text_probes
+        for option in source.options if source is not None else ():
+            readers.setdefault(option, []).append(name)
+    defaults = {f.name: f.default for f in dataclasses.fields(opts)}
+    for option in sorted(set(readers) - mine):
+        value = getattr(opts, option, defaults.get(option))
+        if option in defaults and value != defaults[option]:
+            raise GradscopeError(f"{option}: got {value!r}, but {loaded.path} is a {loaded.config.task.name} "
+                                 f"checkpoint; it applies to {', '.join(readers[option])} runs only (leave it out)")
 
 
 def check_options(loaded: Loaded, opts: AccuracyOptions, evaluation: Evaluation) -> None:

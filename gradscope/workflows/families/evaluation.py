@@ -24,7 +24,8 @@ class TextProbes:
     default target classes; task(loaded, corpus) → the checkpoint's task (corpus: its moved directory);
     probes(task, n, position, length, groups, seed) → stability's triplets; sequences(task, n, seed) →
     dynamics' rows; token_classes(tokens, task) → each step's class; trajectories(model, task, steps, n,
-    seed) → the Lyapunov trajectories' tokens."""
+    seed) → the Lyapunov trajectories' tokens; options: the stability and dynamics options only this probe source
+    reads (given for a checkpoint of another family, each is refused, not ignored)."""
 
     label: str
     groups: tuple[str, ...]
@@ -33,6 +34,7 @@ class TextProbes:
     sequences: Callable[..., torch.Tensor]
     token_classes: Callable[..., Any]
     trajectories: Callable[..., torch.Tensor]
+    options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

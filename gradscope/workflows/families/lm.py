@@ -211,4 +211,4 @@ def evaluate_lm_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.
 LM = Evaluation(options=("corpus",), evaluate=evaluate_lm_checkpoint, dataset=tokens_dataset,
                 text_probes=TextProbes(label=TEXT, groups=PROBE_GROUPS, task=lm_task, probes=lm_probes,
                                        sequences=lm_sequences, token_classes=lm_token_classes,
-                                       trajectories=lm_trajectories))
+                                       trajectories=lm_trajectories, options=("corpus", "length")))
