@@ -70,7 +70,7 @@ __all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedMo
            "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "source",
            "reproduce_text", "reproduce", "StudyOptions", "Probes", "make_probes",
            "frequency_groups",
-           "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/test_startup.py)
+           "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/project/test_startup.py)
 
 
 def __getattr__(name: str) -> Any:

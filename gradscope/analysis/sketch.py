@@ -15,7 +15,7 @@ stored is the bias-corrected value and its jackknife standard error; a 95% inter
 t_{U−1} · se with U the number of independent units (:func:`interval_factor`; the jackknife alone
 under-covered, see :data:`SE_INFLATION`). The tests check that these
 intervals cover the exact values at their nominal rate on small GRU, S4D and Mamba models over many
-seeds (tests/test_stability_sketch.py).
+seeds (tests/analysis/test_sketch.py).
 
 Complex states (S4D): columns come in pairs (s, Ω s), Ω multiplying each mode by i on the real view
 ((x, y) ↦ (−y, x)). Both columns are Gaussian with E[s sᵀ] = I, so every real-view estimate stays

@@ -79,7 +79,7 @@ class LanguageModel(Task):
                       y_title="test perplexity"),
                 Panel(variable="pos_perplexity", x="pos_bin", x_ticks=("pos_start", "pos_end"), log_y=True,
                       title="by target position in the paragraph", x_title="positions", y_title="test perplexity")))
-    tiny = None  # a run needs a prepared corpus (tests/test_lm.py makes one)
+    tiny = None  # a run needs a prepared corpus (tests/corpus/test_lm.py makes one)
     default_length: ClassVar[int | None] = 1024  # the paper's first 1,024 tokens of each paragraph
 
     @classmethod

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from gradscope.analysis.scores import (SCORES, companion_stats, complex_similarity, effective_rank, real_view_columns,
@@ -301,3 +300,17 @@ def test_companion_stats_all_nan_rows_and_zero_matrix() -> None:
     for key in ("cos_mean", "cos_min", "cos_max", "eff_rank_b", "subspace_sim", "forward_sim"):
         assert torch.isnan(st_[key]), key
     assert st_["fro_b"].item() == 0.0 and not torch.isnan(st_["eff_rank_a"])
+
+
+def test_precomputed_svd_gives_the_same_statistics() -> None:
+    from gradscope.analysis.scores import companion_stats
+    g = torch.Generator().manual_seed(5)
+    ja, jb = torch.randn(4, 2, 6, 9, generator=g, dtype=torch.float64), torch.randn(4, 2, 6, 9, generator=g,
+                                                                                       dtype=torch.float64)
+    ya, yb = torch.randn(4, 2, 6, generator=g, dtype=torch.float64), torch.randn(4, 2, 6, generator=g,
+                                                                                 dtype=torch.float64)
+    svd = lambda j: tuple(torch.linalg.svd(j, full_matrices=False)[:2])  # noqa: E731
+    plain = companion_stats(ja, jb, ya, yb)
+    reused = companion_stats(ja, jb, ya, yb, svd_a=svd(ja), svd_b=svd(jb))
+    for name in plain:
+        torch.testing.assert_close(plain[name], reused[name], equal_nan=True)

@@ -1,5 +1,6 @@
 """Matrix-free stability (issue #37 part 1): Jacobian–vector products, the sketch estimator and its
-error bars against exact values, the plan that chooses between them, and the CLI and store."""
+error bars against exact values, and the CLI and store (the plan that chooses between the sketch and the
+exact Jacobians: tests/analysis/test_stability.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import nn
 from typer.testing import CliRunner
 
 from tests.helpers.cores import tiny_model
@@ -96,34 +96,6 @@ def test_sketch_error_bars_cover_the_exact_values(core: str) -> None:
     torch.testing.assert_close(got.errors["se_score_l1"], ref["score_l1"][1].T)
     assert got.estimator == "sketch" and bool(got.stats["cos_mean"].isnan().all())
     assert (got.wirtinger_imag is not None) == complex_state
-
-
-class _Wide(nn.Module):
-    """Only what the plan reads: state and output widths and the weights of a step."""
-
-    def __init__(self, state_dim: int, out_dim: int, weights: int, complex_state: bool = False) -> None:
-        super().__init__()
-        self.state_dim, self.out_dim, self.complex_state = state_dim, out_dim, complex_state
-        self.w = nn.Parameter(torch.zeros(weights))
-        self.embed = nn.Embedding(50_000, 768)  # an embedding is a lookup, not a multiply per weight
-
-
-def test_plan_exact_where_it_fits_else_a_sketch() -> None:
-    tiny = plan_stability(_Wide(64, 32, 10_000), 96, 12, 1)
-    assert tiny.estimator == "exact" and "fits the 600 s budget" in tiny.note
-    big = _Wide(700_416, 768, 90_000_000)  # mamba-130m's widths and weights
-    plan = plan_stability(big, 768, 32, 1, checkpoint_budget_seconds=3600)  # ~17 min even sketched (bench/realsize.py)
-    assert plan.estimator == "sketch" and 4 <= plan.units <= 16 and plan.columns == plan.units
-    assert "exact J = ∂y_T/∂z_p (768 × 700416) would take" in plan.note
-    assert plan_stability(big, 768, 32, 1, estimator="exact").estimator == "exact"  # asked for: obeyed
-    assert plan_stability(_Wide(64, 32, 10_000), 96, 12, 1, estimator="sketch", units=5).columns == 5
-    assert plan_stability(_Wide(64, 32, 10_000, True), 96, 12, 1, estimator="sketch", units=5).columns == 10
-    assert plan_stability(big, 768, 32, 1, checkpoint_budget_seconds=1e9, memory_bytes=1 << 40).estimator == "exact"
-    assert plan_stability(big, 768, 32, 1, checkpoint_budget_seconds=1e9, memory_bytes=1 << 30).estimator == "sketch"  # J too big
-    with pytest.raises(GradscopeError, match=r"checkpoint_budget_seconds: exact J .* a sketch of 4 units ~[\d,]+ s \(budget 10 s\)"):
-        plan_stability(big, 768, 32, 1, checkpoint_budget_seconds=10)
-    with pytest.raises(GradscopeError, match="estimator: got 'fast'"):
-        plan_stability(big, 768, 32, 1, estimator="fast")
 
 
 def test_sketch_never_forms_the_jacobian(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -297,20 +297,6 @@ def test_a_saturated_forget_gate_gives_minus_infinity_said_and_flagged() -> None
     assert res.resolved[:, :8].all()
 
 
-def test_a_repeated_diagonal_is_declared_checked_and_described() -> None:
-    """A diagonal block may say that each value covers ``size`` consecutive entries (a scalar a head); the
-    size must divide the width, and only (block-)diagonal blocks take one."""
-    from gradscope.models.structure import JacobianStructure, StateBlock
-
-    heads = JacobianStructure((StateBlock("l0/conv", 0, 12, "block_diagonal", 3), StateBlock("l0/ssm", 12, 44, "diagonal", 8),
-                               StateBlock("l1/conv", 44, 56, "block_diagonal", 3), StateBlock("l1/ssm", 56, 88, "diagonal", 8)))
-    assert heads.describe() == "lower-triangular over 4 blocks: 2 layers × (conv block_diagonal(3), ssm diagonal(×8))"
-    with pytest.raises(GradscopeError, match="size 5 does not divide its width 32"):
-        StateBlock("ssm", 0, 32, "diagonal", 5)
-    with pytest.raises(GradscopeError, match="takes no size"):
-        StateBlock("z", 0, 32, "dense", 4)
-
-
 class GatedDelta(Core):
     """The gated delta rule, one layer: per head S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ
     (k_t unit-norm; α, β ∈ (0, 1) read from the input), output S_tᵀ q_t. The state is laid out (heads,
@@ -367,11 +353,3 @@ def test_the_gated_delta_rule_as_a_repeated_block_equals_a_dense_qr_of_its_full_
     part = lyapunov_spectrum(core, x, warmup=20, exponents=10)  # the top k of a repeated spectrum
     torch.testing.assert_close(part.exponents, res.exponents[:, :10], rtol=0, atol=0)
     assert part.running.shape[-1] == 10
-
-
-def test_a_repeat_needs_a_block_diagonal_block_it_tiles() -> None:
-    with pytest.raises(GradscopeError, match="repeat 2 needs a block_diagonal"):
-        StateBlock("s", 0, 8, "diagonal", 1, 2)
-    with pytest.raises(GradscopeError, match="multiple of size × repeat"):
-        StateBlock("s", 0, 12, "block_diagonal", 2, 4)
-    assert StateBlock("s", 0, 16, "block_diagonal", 2, 4).repeat == 4

@@ -1,6 +1,8 @@
-"""Issue #27: language modelling on a text corpus — preparation, training, perplexity, frequency
-bins, paragraph alignment, probes on real text, and one-line errors. A tiny corpus is written here
-(vocabulary 60 pieces; hidden size 8)."""
+"""Language modelling on a text corpus end to end: every core trains and resumes, the commands run on
+an lm run, and bad input is one line. A tiny corpus is written here (vocabulary 60 pieces; hidden size 8)
+and used by the lm family's unit tests too: preparing it (tests/workflows/test_corpus.py), its rows
+(tests/tasks/test_lm.py), its counts (tests/analysis/test_lm.py) and its probes
+(tests/workflows/families/test_lm.py)."""
 
 from __future__ import annotations
 
@@ -10,23 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from gradscope.analysis.lm import FREQ_LABELS, position_edges
+from gradscope.analysis.lm import FREQ_LABELS
 from gradscope.cli.app import app
 from gradscope.config import RunConfig
-from gradscope.corpus import frequency_bins, is_heading, open_corpus, paragraphs
-from gradscope.workflows.corpus import CorpusOptions, decode_ids, encode_text, prepare_corpus
+from gradscope.corpus import open_corpus
+from gradscope.workflows.corpus import CorpusOptions, prepare_corpus
 from gradscope.errors import GradscopeError
-from gradscope.models import SeqModel
-from gradscope.models.pe import SinusoidalPE
 from gradscope.models.registry import CORES, core_class
 from gradscope.presets import build_config
-from gradscope.tasks import IGNORE, make_task
 from gradscope.files.checkpoint import load
 from gradscope.train.loop import train
-from gradscope.workflows.families.lm import evaluate_lm
-from gradscope.workflows.families.lm import lm_probes
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "house", "with", "blue",
          "door", "under", "tree", "old", "man", "saw", "small", "bird", "in", "green", "field", "quick", "fox",
@@ -61,108 +57,6 @@ def lm_config(corpus: Path, core: str = "lstm", pe: str = "none", length: int = 
                                  "checkpoint_every": iterations, "log_every": 1, "warmup": 1, "heldout_size": 8})
     return dataclasses.replace(base, model=dataclasses.replace(base.model,
                                                                core_config=dict(core_class(core).tiny_config)))
-
-
-def test_headings_and_blank_lines_are_dropped() -> None:
-    text = " = Title = \n\n Para one . \n = = Sub = = \n   \n a = b is not a heading \n = = = Deep = = = \n"
-    assert paragraphs(text) == ["Para one .", "a = b is not a heading"]
-    assert is_heading(" = = Sub = = ") and not is_heading("x = y =") and not is_heading("= =")
-
-
-def test_sentencepiece_round_trip_and_stored_splits(corpus_dir: Path, tmp_path: Path) -> None:
-    corpus = open_corpus(corpus_dir)
-    text = "the quick fox jumps over the lazy dog"
-    ids = encode_text(corpus, text)
-    assert all(0 <= i < 60 for i in ids) and decode_ids(corpus, ids) == text
-    # every stored paragraph decodes back to a paragraph of the raw text, and the splits partition them
-    raw = write_raw(tmp_path / "again.txt")
-    decoded = [decode_ids(corpus, s.paragraph(i).tolist()) for s in corpus.splits.values() for i in range(len(s))]
-    assert sorted(decoded) == sorted(raw)
-    assert corpus.counts.sum() == corpus.splits["train"].tokens.shape[0]
-    assert np.array_equal(corpus.counts, np.bincount(np.asarray(corpus.splits["train"].tokens), minlength=60))
-    # deterministic: the same text and settings give the same tokenizer and tokens
-    again = prepare_corpus(tmp_path / "again.txt", tmp_path / "c2", CorpusOptions(vocab_size=60, valid=0.1, test=0.1))
-    assert again.manifest["tokenizer"]["sha256"] == corpus.manifest["tokenizer"]["sha256"]
-    assert np.array_equal(np.asarray(again.splits["test"].tokens), np.asarray(corpus.splits["test"].tokens))
-
-
-def test_frequency_bins_are_the_quantiles_of_the_counts() -> None:
-    rng = np.random.default_rng(3)
-    k, n_bins = 200, 10
-    counts = rng.permutation(np.arange(k) * 7 + 1)  # distinct counts
-    bins = frequency_bins(counts, n_bins)
-    m = k // n_bins
-    for b in range(n_bins):
-        hi = np.quantile(counts, (k - 1 - b * m) / (k - 1), method="nearest")
-        lo = np.quantile(counts, (k - (b + 1) * m) / (k - 1), method="nearest")
-        assert set(np.flatnonzero(bins == b)) == set(np.flatnonzero((counts >= lo) & (counts <= hi)))
-    # with ties: equal-size bins, every count of bin b >= every count of bin b + 1, ties broken by id
-    counts = rng.integers(0, 5, k)
-    bins = frequency_bins(counts, 2)
-    assert (bins == 0).sum() == (bins == 1).sum() == k // 2
-    assert counts[bins == 0].min() >= counts[bins == 1].max()
-    tie = counts[bins == 0].min()
-    if tie == counts[bins == 1].max():
-        assert np.flatnonzero((bins == 0) & (counts == tie)).max() < np.flatnonzero((bins == 1) & (counts == tie)).min()
-
-
-def test_paragraph_alignment_pe_restarts_on_the_models_inputs(corpus_dir: Path) -> None:
-    cfg = lm_config(corpus_dir, pe="sinusoidal", length=24)
-    task = make_task(cfg.task)
-    train_split = task.corpus.splits["train"]
-    index = np.array([0, 1, 2, 3, 4, 5])
-    batch = task.rows("train", index)
-    torch.manual_seed(0)
-    model = SeqModel(cfg.model)
-    x = model.core_inputs(batch.inputs)  # (n, T, 2E)
-    pe = SinusoidalPE(cfg.model.embed_size)(batch.inputs.shape[1])  # (T, E)
-    for row, i in enumerate(index):
-        words = train_split.paragraph(int(i))[:24]
-        m = words.size
-        assert batch.inputs[row, 0] == task.query and torch.equal(batch.inputs[row, 1:m], torch.from_numpy(words[:-1]).long())
-        assert torch.equal(batch.targets[row, :m], torch.from_numpy(words).long())
-        assert bool((batch.targets[row, m:] == IGNORE).all())
-        # the PE half of the core's input: position t of every paragraph reads PE(t), t = 0 at its start
-        assert torch.allclose(x[row, :, 8:], pe, atol=1e-6)
-        # the same paragraph alone gives the same inputs over its tokens: nothing leaks between rows
-        alone = model.core_inputs(task.rows("train", np.array([i])).inputs)[0]
-        assert torch.allclose(x[row, :m], alone[:m], atol=1e-6)
-    assert max(train_split.lengths) > 24 and int((batch.targets != IGNORE).sum(1).max()) <= 24  # truncated at L
-
-
-def test_perplexity_is_exp_mean_cross_entropy_computed_independently(corpus_dir: Path) -> None:
-    cfg = lm_config(corpus_dir, length=16)
-    task = make_task(cfg.task)
-    torch.manual_seed(1)
-    model = SeqModel(cfg.model).eval()
-    counts, preds, targets, types = evaluate_lm(model, task, torch.device("cpu"))
-    # independent: one unpadded paragraph at a time, float64 log-softmax of the model's logits
-    test = task.corpus.splits["test"]
-    losses, hits, ids, positions = [], [], [], []
-    for i in range(len(test)):
-        words = torch.from_numpy(test.paragraph(i)[:16]).long()
-        inputs = torch.cat([torch.tensor([task.query]), words[:-1]])[None]
-        with torch.no_grad():
-            logits = model(inputs)[0].double()
-        losses.append(torch.nn.functional.cross_entropy(logits, words, reduction="none"))
-        hits.append(logits.argmax(-1) == words)
-        ids.append(words)
-        positions.append(torch.arange(1, words.numel() + 1))
-    loss, hit, tok, pos = (torch.cat(v).numpy() for v in (losses, hits, ids, positions))
-    assert counts.n == loss.size and counts.correct == int(hit.sum())
-    assert math.isclose(counts.perplexity, math.exp(loss.mean()), rel_tol=1e-5)
-    bins10 = frequency_bins(task.corpus.counts, 10)
-    for d in range(10):
-        sel = bins10[tok] == d
-        b = FREQ_LABELS.index(f"decile{d + 1}")
-        assert counts.freq_n[b] == sel.sum()
-        assert math.isclose(counts.freq_nll[b], loss[sel].sum(), rel_tol=1e-5, abs_tol=1e-6)
-    halves = frequency_bins(task.corpus.counts, 2)
-    assert counts.freq_n[0] + counts.freq_n[1] == counts.n and counts.freq_n[1] == (halves[tok] == 1).sum()
-    for j, (a, b) in enumerate(position_edges(16)):
-        sel = (pos >= a) & (pos <= b)
-        assert counts.pos_n[j] == sel.sum() and math.isclose(counts.pos_nll[j], loss[sel].sum(), rel_tol=1e-5)
-    assert list(types) == [30, 30] + [6] * 10  # token types per bin: two halves and ten deciles of 60
 
 
 @pytest.mark.parametrize("core", sorted(CORES))
@@ -211,24 +105,6 @@ def test_cli_train_accuracy_summarize_stability(corpus_dir: Path, tmp_path: Path
     classes = set(np.asarray(dyn["token_class"].values).ravel())
     assert {"start", "frequent"} <= classes <= {"start", "frequent", "rare"}
     assert dyn.sizes["step"] == 16  # the rows themselves: no output phase on a language model
-
-
-def test_probes_on_real_text_share_what_they_should(corpus_dir: Path) -> None:
-    task = make_task(lm_config(corpus_dir, length=24).task)
-    position, length = 3, 10
-    probes = lm_probes(task, 5, position, length, ("frequent", "rare"), seed=0)
-    t = probes.tokens  # (10, 3, 10)
-    halves = frequency_bins(task.corpus.counts, 2)
-    assert bool((t[:, :, 0] == task.query).all())
-    assert torch.equal(t[:, 1, :position + 1], t[:, 0, :position + 1])  # same-target: prefix and target shared
-    assert torch.equal(t[:, 2, position + 1:], t[:, 0, position + 1:])  # same-suffix: suffix shared
-    for member in range(3):
-        cls = halves[t[:, member, position].numpy()]
-        assert list(cls) == [0] * 5 + [1] * 5  # every member's target token is of the triplet's class
-    rows = {tuple(task.rows("test", np.array([i]), width=length).inputs[0].tolist())
-            for i in range(len(task.corpus.splits["test"]))}
-    assert all(tuple(r.tolist()) in rows for r in t[:, 0])  # base rows are real test paragraphs
-    assert probes.conditions[0] == "frequent/text" and probes.conditions[-1] == "rare/text"
 
 
 def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
@@ -398,39 +274,3 @@ def test_an_lm_store_whose_frequency_bins_repeat_is_refused(corpus_dir: Path, tm
         read_store(tmp_path / "bad.zarr")
     r = runner.invoke(app, ["summarize", str(tmp_path / "bad.zarr"), "-o", str(tmp_path / "s.zarr")])
     assert r.exit_code == 2 and "freq_bin labels repeat" in r.stderr, r.output
-
-
-def test_corpus_preparation_reports_its_stages(tmp_path: Path) -> None:
-    write_raw(tmp_path / "raw.txt")
-    stages: list[str] = []
-    prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", CorpusOptions(vocab_size=40, valid=0.1, test=0.1),
-                   on_stage=stages.append)
-    assert [s.split()[0] for s in stages] == ["reading", "training", "encoding", "writing"]
-
-
-def test_held_out_splits_that_repeat_the_training_text_are_found_however_spaced(tmp_path: Path, runner) -> None:
-    """A valid or test file holding the training paragraphs with CRLF line ends, trailing spaces, extra blank
-    lines or in another order is refused in one line (it was accepted: only byte-identical files were); a few
-    shared paragraphs are a warning line with their share, and the corpus is written."""
-    write_raw(tmp_path / "raw.txt")
-    train = [p for p in (tmp_path / "raw.txt").read_text().splitlines() if p.strip() and not p.strip().startswith("=")]
-    own = [f"held out paragraph number {i} with words of its own kind" for i in range(40)]
-    (tmp_path / "test.txt").write_text("\n".join(own[20:]) + "\n")
-    variants = {"crlf": "\r\n".join(train) + "\r\n", "trailing": "\n".join(p + "   " for p in train) + "\n",
-                "blank lines": "\n\n\n".join(train) + "\n", "reordered": "\n".join(reversed(train)) + "\n",
-                "re-spaced": "\n".join("  ".join(p.split()) for p in train) + "\n"}
-    for name, text in variants.items():
-        (tmp_path / "valid.txt").write_bytes(text.encode("utf-8"))
-        r = runner.invoke(app, ["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "c"), "-q",
-                                "--valid-file", str(tmp_path / "valid.txt"), "--test-file", str(tmp_path / "test.txt"),
-                                "--vocab", "40"])
-        assert r.exit_code == 2 and r.stderr.count("\n") == 1, (name, r.stderr)
-        assert "--valid-file" in r.stderr and "100%" in r.stderr and "train split" in r.stderr, (name, r.stderr)
-        assert not (tmp_path / "c").exists()
-    (tmp_path / "valid.txt").write_text("\n".join([*own[:20], train[0] + " ", train[1]]) + "\n")
-    r = runner.invoke(app, ["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "c"), "-q",
-                            "--valid-file", str(tmp_path / "valid.txt"), "--test-file", str(tmp_path / "test.txt"),
-                            "--vocab", "40"])
-    assert r.exit_code == 0, r.stderr
-    assert r.stderr.startswith("warning: --valid-file") or "warning:" in r.stderr
-    assert "2 of its 22 paragraphs (9.1%)" in r.stderr and (tmp_path / "c").is_dir()

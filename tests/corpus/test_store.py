@@ -4,7 +4,7 @@ a foreign file (another corpus's), counts that no longer match the train split, 
 huge sizes or states its format version as a string, an oversized .npy header, an empty split. Each is a
 one-line error with exit status 2 wherever the corpus is opened (`accuracy`, `train`), never a number.
 Corpora here are a few kB of text (vocabulary 40 pieces), runs a few iterations of a hidden size 8 LSTM;
-preparing a corpus is tested in tests/cli/test_hardening_corpus.py.
+preparing a corpus is tested in tests/workflows/test_corpus.py. Also: the frequency bins of a corpus's counts.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.hardening import TRAIN, corpus_base, one_line
 from gradscope.cli.app import app
-from gradscope.corpus import open_corpus
+from gradscope.corpus import frequency_bins, open_corpus
 from gradscope.corpus.store import COUNTS, MANIFEST, offsets_file, sha256_path, tokens_file
 from gradscope.errors import GradscopeError
 
@@ -191,3 +191,25 @@ def test_a_manifest_format_version_as_a_string_is_named_as_one(tmp_path: Path) -
     (d / "manifest.json").write_text(json.dumps({"format": "gradscope-corpus", "format_version": "1"}))
     with pytest.raises(GradscopeError, match=r"format_version '1'; this gradscope reads version 1"):
         _manifest(d)
+
+
+# ---- frequency bins ----------------------------------------------------------------------------------
+
+def test_frequency_bins_are_the_quantiles_of_the_counts() -> None:
+    rng = np.random.default_rng(3)
+    k, n_bins = 200, 10
+    counts = rng.permutation(np.arange(k) * 7 + 1)  # distinct counts
+    bins = frequency_bins(counts, n_bins)
+    m = k // n_bins
+    for b in range(n_bins):
+        hi = np.quantile(counts, (k - 1 - b * m) / (k - 1), method="nearest")
+        lo = np.quantile(counts, (k - (b + 1) * m) / (k - 1), method="nearest")
+        assert set(np.flatnonzero(bins == b)) == set(np.flatnonzero((counts >= lo) & (counts <= hi)))
+    # with ties: equal-size bins, every count of bin b >= every count of bin b + 1, ties broken by id
+    counts = rng.integers(0, 5, k)
+    bins = frequency_bins(counts, 2)
+    assert (bins == 0).sum() == (bins == 1).sum() == k // 2
+    assert counts[bins == 0].min() >= counts[bins == 1].max()
+    tie = counts[bins == 0].min()
+    if tie == counts[bins == 1].max():
+        assert np.flatnonzero((bins == 0) & (counts == tie)).max() < np.flatnonzero((bins == 1) & (counts == tie)).min()

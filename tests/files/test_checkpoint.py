@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from torch import nn
 
 import gradscope
@@ -229,23 +228,6 @@ def test_malformed_native_checkpoints_are_one_line_errors(case: str, sources: di
         assert outcome.rc == 2, f"{args[0]}: {case}"
         assert_untouched(before, snapshot(tmp_path))
     count("checkpoint-named", 2)
-
-
-def test_a_huge_config_is_refused_before_anything_is_allocated(sources: dict[str, Path], tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """hidden = 28000 with weights that match it: refused for its size against the memory budget."""
-    import resource
-    path = tmp_path / "big.pt"
-    c = raw(sources["gru"])
-    c["config"]["model"]["hidden_size"] = 28000
-    torch.save(c, path)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(GradscopeError):
-        gradscope.load(path)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200_000  # kB: nothing like 9 GB
-    monkeypatch.setenv("GRADSCOPE_MEMORY_BUDGET", "1000")  # the real weights, but less memory than they need
-    with pytest.raises(GradscopeError, match="memory"):
-        gradscope.load(sources["gru"])
 
 
 PAPER_CASES = {

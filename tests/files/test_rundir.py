@@ -1,7 +1,8 @@
 """Resuming a run (``files.rundir``: the resume state, config.json, metrics.jsonl and eval.json are checked
 before any step): a malformed run is refused in one line and left as it was; a mutation the resume does
 not read, or a log line past the checkpoint, resumes to the very weights of the unmutated run. The
-checkpoints and the stopped run come from tests/files/conftest.py.
+checkpoints and the stopped run come from tests/files/conftest.py. Also: the command a run records is
+written relative to its directory.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from tests.helpers.fuzzkit import assert_clean, assert_untouched, count, invoke, snapshot
-from tests.helpers.hardening import FIELD_PATHS, FUZZ, KINDS, copy_run, inert, mutate, paths, raw
-from tests.helpers.hardening import refused_untouched as refused
+from tests.helpers.hardening import (FIELD_PATHS, FUZZ, KINDS, copy_run, inert, mutate, paths, raw,
+                                     refused_untouched as refused)
+from gradscope.files.rundir import relative_command
 
 
 # ---- a malformed run is refused on resume ---------------------------------------------------------
@@ -213,3 +214,16 @@ def test_eval_json_mutations_through_resume(content: bytes, sources: dict[str, P
     count("run-eval-json")
     _resume(sources["gru"].parent, tmp_path / "w", lambda w: (w / "eval.json").write_bytes(content),
             f"eval.json {content!r}", resumed, False)
+
+
+# ---- the recorded command ------------------------------------------------------------------------
+
+def test_training_records_its_command_relative_to_the_run_directory(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "gru-none-s1"
+    assert relative_command(f"gradscope train --model gru -o {run}", run) == "gradscope train --model gru -o ."
+    assert relative_command("gradscope train -o runs/a --resume runs/a", Path("runs/a"), tmp_path) == \
+        "gradscope train -o . --resume ."
+    assert relative_command(f"gradscope train --init {tmp_path}/other/x.pt -o out", Path("out"), tmp_path) == \
+        "gradscope train --init x.pt -o ."
+    assert relative_command("gradscope reproduce -o study", Path("study/runs/a"), tmp_path) == \
+        "gradscope reproduce -o study"

@@ -2,7 +2,7 @@
 equations of its docstring (Mamba, Gu & Dao 2023, Algorithm 2): the step by hand, autograd Jacobians
 of that hand-written step, and the Lyapunov spectrum of its block-triangular cocycle (−∞ for every
 window coordinate, the time average of Δ_t·A for every SSM coordinate). The registry-wide tests
-(test_jacobian, test_step_jacobian) run every Jacobian engine on it as on every core."""
+(test_jacobian, test_core) run every Jacobian engine on it as on every core."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """minGRU (gradscope/models/mingru.py) against float64 oracles written here from the paper's
 equations: the recurrence by hand, autograd Jacobians of that hand-written step, and the Lyapunov
 spectrum of a diagonal cocycle (the time average of log(1 − u_t) per unit). The registry-wide tests
-(test_jacobian, test_step_jacobian) run the engines on it as on every core."""
+(test_jacobian, test_core) run the engines on it as on every core."""
 
 from __future__ import annotations
 

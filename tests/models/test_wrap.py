@@ -189,21 +189,6 @@ def test_wrap_detects_a_module_that_is_not_a_standard_cell() -> None:
         gradscope.wrap(ScaledGRU(3, 4, batch_first=True))
 
 
-def test_factory_errors_are_one_line(lm_checkpoint: Path, runner, tmp_path: Path) -> None:
-    bad = tmp_path / "bad.py"
-    bad.write_text("def build(path):\n    return 42\n")
-    cases = [([f"{bad}:build"], "returned int"), ([f"{bad}:nope"], "defines no function 'nope'"),
-             (["missing.py:build"], "is not a Python file"), (["nocolon"], "FILE.py:FUNCTION")]
-    for (spec,), message in cases:
-        result = runner.invoke(app, ["stability", str(lm_checkpoint), "--model-factory", spec, "-o",
-                                     str(tmp_path / "x.zarr")])
-        assert result.exit_code == 2 and message in result.stderr and "--model-factory" in result.stderr, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
-    result = runner.invoke(app, ["stability", str(lm_checkpoint), "--model-factory", f"{FACTORY}:build",
-                                 "-o", str(tmp_path / "y.zarr")])
-    assert result.exit_code == 2 and "--probes" in result.stderr, result.stderr
-
-
 def test_cli_dynamics_with_a_model_factory(lm_checkpoint: Path, runner, tmp_path: Path) -> None:
     """`gradscope dynamics --model-factory` (issue #23): the user's model analysed from the CLI, its
     exponents those of the Python API on the same trajectories, and the table names no iteration −1."""

@@ -109,11 +109,15 @@ def parse_gradscope(args: list[str]) -> None:
         assert name in command.commands, f"gradscope has no command {name!r}"
         command = command.commands[name]
     try:
-        command.make_context(name, list(rest))
+        ctx = command.make_context(name, list(rest))
     except Exception as exc:  # a parse error: the docs drifted from the CLI
         if type(exc).__name__ == "Exit":  # --help
             return
         raise AssertionError(f"`gradscope {' '.join(args)}`: {exc}") from None
+    for param in command.get_params(ctx):  # a number flag passes text that is no number on, for its dataclass
+        value = ctx.params.get(param.name or "")
+        assert not (param.metavar in ("<int>", "<float>") and isinstance(value, str)), \
+            f"`gradscope {' '.join(args)}`: {param.opts[0]} {value!r} is no number"
 
 
 def check_command(words: list[str], extras: set[str]) -> None:

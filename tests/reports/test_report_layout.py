@@ -16,9 +16,7 @@ from typer.testing import CliRunner
 
 from gradscope.cli.app import app
 from gradscope.reports import ReportOptions, Section, build_sections, render_page
-from gradscope.reports.style import finish
 from gradscope.store.inputs import load_inputs
-from gradscope.files.rundir import relative_command
 
 from tests.helpers.layout_check import measure, problems
 from tests.reports.test_build import _browser as _report_browser
@@ -138,36 +136,6 @@ def test_figure5_draws_each_condition_in_one_panel_one_colour_per_configuration(
     assert len(set(training.values())) == len(training) == 12  # twelve sample runs, twelve colours
 
 
-def test_layout_rules_fit_titles_to_their_panels() -> None:
-    """A subplot title longer than its panel is wrapped and cut (full text on hover); the legend is
-    outside the panels."""
-    from plotly.subplots import make_subplots
-    long = "GRU vanilla [max_len=128, checkpoint_every=5000, iterations=60000] · same-target pairs · rare/rare"
-    fig = make_subplots(rows=1, cols=4, subplot_titles=[long] * 4)
-    for c in range(1, 5):
-        fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], name=f"line {c}"), 1, c)
-    fig = finish(fig, "title", 400, "legend")
-    for ann in fig.layout.annotations:
-        assert ann.text != long and ann.hovertext == long and ann.text.count("<br>") <= 1
-        assert max(map(len, ann.text.split("<br>"))) * 0.55 * 13 <= (1100 - 80) / 4
-    assert fig.layout.legend.x >= 1.0 and fig.layout.legend.xanchor == "left"
-
-
-def test_layout_rules_give_axis_titles_once_per_row_and_column() -> None:
-    from plotly.subplots import make_subplots
-    fig = make_subplots(rows=2, cols=3)
-    for r in (1, 2):
-        for c in (1, 2, 3):
-            fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], showlegend=False), r, c)
-    fig.update_xaxes(title_text="iteration")
-    fig.update_yaxes(title_text="score")
-    fig = finish(fig, "title", 500)
-    titled = {name: fig.layout[name].title.text for name in fig.layout if name[1:5] == "axis" and
-              fig.layout[name].title.text}
-    assert titled == {"yaxis": "score", "yaxis4": "score", "xaxis4": "iteration", "xaxis5": "iteration",
-                      "xaxis6": "iteration"}
-
-
 # --- no build-machine paths -------------------------------------------------------------------------
 
 ABSOLUTE = re.compile(r"(?<![\w.~-])(/(home|work|root|tmp|Users|mnt|opt|var|srv|data)\b|~/|[A-Z]:\\)")
@@ -219,14 +187,3 @@ def test_a_written_report_shows_no_absolute_path(readme_report: Path) -> None:
     assert "…/readme0/gru-vanilla.zarr" in text or "gru-vanilla.zarr" in text
     for fig in re.findall(r"<script.*?</script>", page[start:], flags=re.S)[1:]:  # the figures' data
         assert str(readme_report.parent) not in fig and str(SAMPLES) not in fig
-
-
-def test_training_records_its_command_relative_to_the_run_directory(tmp_path: Path) -> None:
-    run = tmp_path / "runs" / "gru-none-s1"
-    assert relative_command(f"gradscope train --model gru -o {run}", run) == "gradscope train --model gru -o ."
-    assert relative_command("gradscope train -o runs/a --resume runs/a", Path("runs/a"), tmp_path) == \
-        "gradscope train -o . --resume ."
-    assert relative_command(f"gradscope train --init {tmp_path}/other/x.pt -o out", Path("out"), tmp_path) == \
-        "gradscope train --init x.pt -o ."
-    assert relative_command("gradscope reproduce -o study", Path("study/runs/a"), tmp_path) == \
-        "gradscope reproduce -o study"

@@ -1,7 +1,8 @@
 """The store's one reader and writer (``read_store``, ``write_store``): real stores mutated as a careless or
 a hostile user would (chunks deleted, truncated or swapped, metadata and attributes edited, files replaced
 by directories, links or FIFOs), then read through `summarize` and `report`; stores that open in xarray
-as they were written; and writers racing for one path.
+as they were written; writers racing for one path; a write killed midway, which leaves no half store; and
+`--overwrite` of a folder that is not a store, which is refused.
 
 Every mutation must end in exit 0 with the numbers of the unmutated input, or exit 2 with one
 `error:` line; never a traceback, never a file changed or left behind. Counts per family are
@@ -21,8 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import xarray as xr
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from tests.helpers.faultkit import Gate, fork_call, temporaries
 from tests.helpers.fuzzkit import count, invoke
@@ -318,3 +318,52 @@ def test_two_write_store_calls_on_one_path_at_once_one_wins(tmp_path: Path) -> N
     _write_store_race(tmp_path / "X.zarr", rounds=4, threads=False)
     _write_store_race(tmp_path / "T.zarr", rounds=4, threads=True)
     count("concurrent: write_store", 8)
+
+
+def test_store_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = xr.Dataset({"x": ("a", np.arange(3))}, attrs={"kind": "stability"})
+    write_store(good, tmp_path / "s.zarr")
+
+    def explode(self: xr.Dataset, store: Path, **kwargs: object) -> None:
+        (Path(store) / "zarr.json").write_text("{")  # a half-written store …
+        raise KeyboardInterrupt  # … then the run is killed
+
+    monkeypatch.setattr(xr.Dataset, "to_zarr", explode)
+    with pytest.raises(KeyboardInterrupt):
+        write_store(good, tmp_path / "s.zarr", overwrite=True)
+    with pytest.raises(KeyboardInterrupt):
+        write_store(good, tmp_path / "new.zarr")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]  # no half store, no temp dirs
+    monkeypatch.undo()
+    assert read_store(tmp_path / "s.zarr")["x"].values.tolist() == [0, 1, 2]
+
+
+def test_overwrite_replaces_a_store_never_a_folder_of_other_files(tmp_path: Path) -> None:
+    """Caught by a hostile pass: `-o FOLDER --overwrite` deleted a folder of the user's files (the store
+    was renamed over it), and `-o ''` or `-o .` ended in a traceback after moving at the current
+    directory. Now each is one line before any work, and nothing is touched."""
+    import numpy as np
+    import xarray as xr
+    from typer.testing import CliRunner
+
+    from gradscope.cli.app import app
+    from gradscope.errors import GradscopeError
+    from gradscope.store.io import is_store, write_store
+
+    ds = xr.Dataset({"x": ("i", np.arange(3.0))}, attrs={"kind": "summary"})
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "precious.txt").write_text("keep")
+    for target in (folder, Path("."), Path(""), tmp_path / ".."):
+        with pytest.raises(GradscopeError, match="not a store|give the store a name"):
+            write_store(ds, target, overwrite=True)
+    assert (folder / "precious.txt").read_text() == "keep"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    write_store(ds, empty, overwrite=True)  # an empty folder holds nothing to lose
+    write_store(ds, empty, overwrite=True)  # and a store is replaced
+    assert is_store(empty)
+    # the command refuses it before any work (the checkpoint is not even read)
+    done = CliRunner().invoke(app, ["accuracy", str(tmp_path / "none.pt"), "-o", str(folder), "--overwrite"])
+    assert done.exit_code == 2 and "not a store" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["precious.txt"]

@@ -2,7 +2,8 @@
 hypothesis and fed through `gradscope stability`: .npy headers, dtypes, shapes and values, .npz members,
 labels, flags and compression, deflate bombs, and counts files of text or arrays. Every mutation must end
 in exit 0 with the right output (numpy's own reading is the oracle), or exit 2 with one `error:` line;
-never a traceback, never a partial or replaced output.
+never a traceback, never a partial or replaced output. Also: the probes drawn, triplets and conditions
+(SPEC §4).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from tests.helpers.fuzzkit import assert_clean, assert_untouched, count, invoke, leftovers, snapshot
 from tests.helpers.hardening import FAST, FUZZ, K, L, Work, input_runs
 from gradscope.store import read_store
+import torch
+from gradscope.errors import GradscopeError
+from gradscope.tasks.probes import make_probes, make_triplets, vocabulary_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -379,3 +382,31 @@ def test_token_counts_mutations(runs: dict[str, Path], tmp_path: Path) -> None:
             assert tokens.shape[1:] == (3, 4) and tokens.min() >= 0 and tokens.max() < 12
 
     check()
+
+
+# ---- the probes drawn ----------------------------------------------------------------------------
+
+def test_triplet_structure() -> None:
+    L, p, K = 7, 3, 10
+    t = make_triplets(200, L, p, vocabulary_groups(K), "rare", "frequent", torch.Generator().manual_seed(0))
+    base, same_target, same_suffix = t[:, 0], t[:, 1], t[:, 2]
+    i = p - 1
+    assert torch.equal(base[:, :p], same_target[:, :p])  # shares prefix and target
+    assert torch.equal(base[:, p:], same_suffix[:, p:])  # shares the suffix
+    assert bool((base[:, i] != same_suffix[:, i]).all())  # a different target
+    assert (base[:, p:] != same_target[:, p:]).any(dim=1).float().mean() > 0.95
+    assert (base[:, :i] != same_suffix[:, :i]).any(dim=1).float().mean() > 0.95
+    assert bool((t[:, :, i] >= 5).all())  # rare targets
+    mask = torch.ones(L, dtype=torch.bool)
+    mask[i] = False
+    assert bool((t[:, :, mask] < 5).all())  # frequent disturbants
+
+
+def test_probes_are_balanced_and_seeded() -> None:
+    conds = [("frequent", "rare"), ("rare", "rare")]
+    a = make_probes(5, 6, 2, 8, conds, seed=3)
+    assert len(a) == 10 and a.conditions == ("frequent/rare",) * 5 + ("rare/rare",) * 5
+    assert torch.equal(a.tokens, make_probes(5, 6, 2, 8, conds, seed=3).tokens)
+    assert not torch.equal(a.tokens, make_probes(5, 6, 2, 8, conds, seed=4).tokens)
+    with pytest.raises(GradscopeError, match="position: got 7"):
+        make_probes(5, 6, 7, 8, conds, seed=3)

@@ -1,6 +1,6 @@
 """Wiring: the batches the training loop really trains on never contain a held-out row (SPEC §3).
 
-`test_tasks.py` tests the sampler function. Here the real `gradscope train` command runs on every
+`tests/tasks/test_heldout.py` tests the sampler function. Here the real `gradscope train` command runs on every
 task, with pattern spaces so small that a sampler without the exclusion would hit the held-out
 set in most batches, and every row the model is trained on is recorded at the model's input
 (`SeqModel.forward` in training mode). The held-out rows come from the run's own checkpoint (what

@@ -17,11 +17,10 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from gradscope.cli.app import app  # noqa: E402
-from gradscope.corpus.text import iter_paragraphs, paragraphs  # noqa: E402
+from gradscope.corpus.text import paragraphs  # noqa: E402
 from gradscope.errors import GradscopeError  # noqa: E402
-from gradscope.analysis.text import windows  # noqa: E402
 from gradscope.store.io import read_store  # noqa: E402
-from gradscope.workflows.text.tokenize import TokenCacheWarning, tokenize_text  # noqa: E402
+from gradscope.workflows.text.tokenize import tokenize_text  # noqa: E402
 
 WORDS = ("the a of cat dog bird sat ran flew on in under mat house tree big small red blue quick slow old new "
          "river stone lantern").split()
@@ -156,90 +155,6 @@ def test_counts_text_sets_the_bins_and_unseen_types_have_their_own(saved, tmp_pa
     assert want["unseen"][1] > 0 and int(ds["freq_n"].sel(freq_bin="unseen")) == want["unseen"][1]
 
 
-def test_long_paragraphs_are_scored_once_in_overlapping_windows(saved) -> None:  # noqa: ANN001
-    """Windows score every target once, each with at least max_length − max_length // 2 tokens of
-    context; a short max_length changes the numbers only through that context."""
-    import gradscope
-
-    for n in (1, 2, 5, 17, 64, 65, 200):
-        for length in (2, 3, 8, 64):
-            rows = windows(n, length)
-            scored = [j for a, b, first in rows for j in range(first, b)]
-            assert scored == list(range(1, n)), (n, length)
-            assert all(b - a <= length and first - a >= min(first, length - length // 2) for a, b, first in rows)
-    model_dir, text = saved
-    full = gradscope.accuracy(model_dir, model_factory="hf", text=text, max_length=64, resamples=20)
-    short = gradscope.accuracy(model_dir, model_factory="hf", text=text, max_length=8, resamples=20)
-    assert int(full["pos_n"].sum()) == int(short["pos_n"].sum())
-    first = full["pos_perplexity"].isel(checkpoint=0, pos_bin=[0, 1, 2]).values  # positions 1–7: one window either way
-    assert np.allclose(first, short["pos_perplexity"].isel(checkpoint=0, pos_bin=[0, 1, 2]).values, rtol=1e-5)
-
-
-def test_paragraphs_are_read_as_corpus_prepare_splits_them(tmp_path: Path) -> None:
-    text = "a b\r\nc d\r = H = \n\x0be f\u2028g h\n\n = = Sub = = \n  i  \x85j\n" * 3 + "tail without newline"
-    path = tmp_path / "t.txt"
-    path.write_bytes(text.encode())
-    assert [p for batch in iter_paragraphs(path, batch=2) for p in batch] == paragraphs(text)
-
-
-def test_the_tokens_are_cached_beside_the_text_and_verified(saved, tmp_path: Path) -> None:  # noqa: ANN001
-    model_dir, text = saved
-    copy = tmp_path / "text.txt"
-    copy.write_bytes(text.read_bytes())
-    first = tokenize_text(copy, model_dir)
-    assert not first.from_cache and first.cache is not None and first.cache.parent == tmp_path / ".gradscope-cache"
-    again = tokenize_text(copy, model_dir)
-    assert again.from_cache and np.array_equal(again.tokens, first.tokens)
-    data = dict(np.load(first.cache))
-    data["tokens"] = data["tokens"].copy()
-    data["tokens"][0] ^= 1  # an altered cache is never used
-    with open(first.cache, "wb") as fh:
-        np.savez(fh, **data)
-    with pytest.warns(TokenCacheWarning, match="does not verify"):
-        fresh = tokenize_text(copy, model_dir)
-    assert not fresh.from_cache and np.array_equal(fresh.tokens, first.tokens)
-    with open(first.cache, "wb") as fh:  # members that expand far beyond the file (a zip bomb): not read
-        np.savez_compressed(fh, tokens=np.zeros(50_000_000, np.int32), offsets=data["offsets"], meta=data["meta"])
-    with pytest.warns(TokenCacheWarning, match="does not verify"):
-        assert not tokenize_text(copy, model_dir).from_cache
-    with open(first.cache, "wb") as fh:  # a cache of 137 GB claimed size (sparse): stale, never read, replaced
-        fh.truncate(137 << 30)
-    with pytest.warns(TokenCacheWarning, match="does not verify"):
-        assert not tokenize_text(copy, model_dir).from_cache
-    assert first.cache.stat().st_size < 1 << 20 and tokenize_text(copy, model_dir).from_cache
-    copy.write_text(copy.read_text() + "the cat\n")  # another text: another key
-    assert not tokenize_text(copy, model_dir).from_cache
-
-
-def test_a_model_without_a_tokenizer_is_one_line(saved, runner, tmp_path: Path) -> None:  # noqa: ANN001
-    model_dir, text = saved
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (bare / name).write_bytes((model_dir / name).read_bytes())
-    refused(runner.invoke(app, ["accuracy", str(bare), "--model", "hf", "--text", str(text), "-q",
-                                "-o", str(tmp_path / "a.zarr")]), "--tokenizer", "holds no tokenizer")
-
-
-@pytest.mark.parametrize("damage", ["truncated", "not json", "remote code"])
-def test_a_bad_tokenizer_is_one_line(saved, runner, tmp_path: Path, damage: str) -> None:  # noqa: ANN001
-    model_dir, text = saved
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (tok / name).write_bytes((model_dir / name).read_bytes())
-    if damage == "truncated":
-        data = (tok / "tokenizer.json").read_bytes()
-        (tok / "tokenizer.json").write_bytes(data[:len(data) // 2])
-    elif damage == "not json":
-        (tok / "tokenizer_config.json").write_text("{not json")
-    else:
-        (tok / "tokenizer_config.json").write_text('{"auto_map": {"AutoTokenizer": ["x.Tok", null]}}')
-    refused(runner.invoke(app, ["accuracy", str(model_dir), "--model", "hf", "--text", str(text), "--tokenizer",
-                                str(tok), "-q", "-o", str(tmp_path / "a.zarr")]), "--tokenizer")
-    assert not (tmp_path / "a.zarr").exists()
-
-
 def test_a_tokenizer_of_another_vocabulary_is_one_line(saved, runner, tmp_path: Path) -> None:  # noqa: ANN001
     model_dir, text = saved
     big = tmp_path / "big"
@@ -287,30 +202,6 @@ def test_options_that_do_not_apply_to_text_are_refused(saved, runner, tmp_path: 
     refused(runner.invoke(app, ["accuracy", str(model_dir), "--max-length", "8", "-o", out]), "--max-length")
     refused(runner.invoke(app, ["accuracy", str(model_dir), "--model", "hf", "--text", str(text), "--max-length",
                                 "1", "-o", out]), "--max-length")
-
-
-def test_without_a_start_token_the_first_token_is_context_only(saved, tmp_path: Path) -> None:  # noqa: ANN001
-    """A tokenizer with neither BOS nor EOS: position 1 is never scored, every later token is, and the
-    perplexity is the model's own over those tokens. A model in memory takes tokenizer=."""
-    import gradscope
-
-    model_dir, text = saved
-    tok_dir = tmp_path / "tok"
-    save_tokenizer(tok_dir, text.read_text(), bos=False)
-    model = transformers.MambaForCausalLM.from_pretrained(str(model_dir)).eval()
-    ds = gradscope.accuracy(model, text=text, tokenizer=tok_dir, max_length=64, resamples=20)
-    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
-    assert tok.bos_token_id is None and tok.eos_token_id is None
-    losses = []
-    with torch.no_grad():
-        for p in paragraphs(text.read_text()):
-            x = tok(p, add_special_tokens=False)["input_ids"]
-            if len(x) >= 2:
-                logp = torch.log_softmax(model(torch.tensor([x])).logits[0].double(), -1)
-                losses += [-float(logp[t - 1, x[t]]) for t in range(1, len(x))]
-    assert int(ds["pos_n"].values[0]) == 0 and int(ds["pos_n"].sum()) == len(losses)
-    assert float(ds["perplexity"].values[0]) == pytest.approx(math.exp(sum(losses) / len(losses)), rel=1e-5)
-    assert ds.attrs["options"].count('"start_token": null') == 1
 
 
 def test_a_start_token_beyond_the_models_vocabulary_is_one_line(saved, runner, tmp_path: Path) -> None:  # noqa: ANN001

@@ -1,79 +1,18 @@
-"""Step Jacobians J_t = ∂z_t/∂z_{t−1}, their gate decomposition and the static W_hh blocks (SPEC §7),
-for every registered core, against float64 autograd and closed forms written here from the weights."""
+"""The Elman, GRU and LSTM cores: the fused module and its functional twin agree (SPEC §2), each gate
+term of the step Jacobian is its own path through the cell, written here from the weights (SPEC §7), a
+replaced cell falls back to the generic Jacobian, and the static W_hh blocks are the gates' rows."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from gradscope.models import CORES
-
-from tests.helpers.cores import tiny_core
-from gradscope.models.core import Core, gate_terms, generic_step_jacobian, step_jacobian
 from gradscope.models.rnn import RNNCore
 
-IN, H, B = 4, 5, 3
-TOL = 1e-12
-
-
-def _core(name: str, layers: int, seed: int = 0) -> Core:
-    """A float64 core with Jacobians far from tiny (tests/helpers/cores.py: W_hh scaled by 3; S4D's large dt)."""
-    return tiny_core(name, IN, H, layers, seed=seed)
-
-
-def _point(core: Core, seed: int = 1) -> tuple[Tensor, Tensor]:
-    """x (B, in) and a random state z (B, D): every part nonzero, the LSTM's c included."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, IN, generator=gen, dtype=torch.float64)
-    z = torch.randn(B, core.state_dim, generator=gen, dtype=torch.float64)
-    return x, z
-
-
-def _autograd(core: nn.Module, x: Tensor, z: Tensor) -> Tensor:
-    """The oracle: torch.autograd.functional.jacobian of the step, batch diagonal kept → (B, D, D)."""
-    full = torch.autograd.functional.jacobian(lambda z_: core.step(x, z_)[1], z)  # (B, D, B, D)
-    return torch.stack([full[b, :, b] for b in range(z.shape[0])])
-
-
-def _err(t: Tensor) -> float:
-    """max |t| as a float (detached: the Jacobians carry the weights' graph)."""
-    return float(t.detach().abs().max())
-
-
-CASES = [(name, layers) for name in CORES for layers in (1, 2, 3)]  # 3: chains through two lower layers
-
-
-@pytest.mark.parametrize("name,layers", CASES)
-def test_step_jacobian_matches_autograd(name: str, layers: int) -> None:
-    core = _core(name, layers)
-    x, z = _point(core)
-    J = core.step_jacobian(x, z)
-    assert J.shape == (B, core.state_dim, core.state_dim) and J.dtype == torch.float64
-    expected = _autograd(core, x, z)
-    assert _err(J - expected) <= TOL
-    assert _err(expected) > 0.1  # not a vacuous comparison
-    if layers == 2:  # the upper layer reads the lower one's new state: a nonzero block below the diagonal
-        half = core.state_dim // 2
-        assert _err(J[:, half:, :half]) > 1e-3
-    # the generic torch.func fallback (Core's default) agrees too
-    assert _err(generic_step_jacobian(core, x, z) - expected) <= TOL
-    assert _err(step_jacobian(core, x, z) - J) == 0.0
-
-
-@pytest.mark.parametrize("name,layers", CASES)
-def test_gate_terms_sum_to_step_jacobian(name: str, layers: int) -> None:
-    core = _core(name, layers)
-    x, z = _point(core)
-    terms = core.gate_terms(x, z)
-    assert tuple(terms) == type(core).gate_names
-    for key, term in terms.items():
-        assert term.shape == (B, core.state_dim, core.state_dim), key
-        assert _err(term) > 1e-3, f"term {key!r} is zero"
-    assert _err(sum(terms.values()) - core.step_jacobian(x, z)) <= TOL
-    assert tuple(gate_terms(core, x, z)) == tuple(terms)
+from tests.models.test_core import B, H, TOL, _autograd, _core, _err, _point
+from tests.models.test_seq import _model
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -171,47 +110,6 @@ def test_elman_term_is_tanh_derivative_times_w_hh() -> None:
     assert _err(core.gate_terms(x, z)["h"] - expected) <= TOL
 
 
-def test_s4d_single_block_is_rotation_scaling_per_mode() -> None:
-    """One block: J = ⊕ |dA|·[[cos θ, −sin θ], [sin θ, cos θ]] with |dA| = exp(−exp(log_dt + log_A_real))
-    and θ = exp(log_dt)·A_imag (SPEC §7), whatever the input or state."""
-    core = _core("s4d", 1)
-    x, z = _point(core)
-    kern = core.ssm[0].kernel
-    dt = torch.exp(kern.log_dt)[:, None]
-    mag, theta = torch.exp(-dt * torch.exp(kern.log_A_real)), dt * kern.A_imag  # (H, N/2)
-    blocks = [torch.tensor([[m * math.cos(t), -m * math.sin(t)], [m * math.sin(t), m * math.cos(t)]],
-                           dtype=torch.float64) for m, t in zip(mag.flatten().tolist(), theta.flatten().tolist())]
-    expected = torch.block_diag(*blocks).expand(B, -1, -1)
-    assert _err(core.gate_terms(x, z)["transition"] - expected) <= TOL
-    assert _err(core.step_jacobian(x * 7, z * -3) - expected) <= TOL
-
-
-class _UserCell(nn.Module):
-    """A protocol core that is not a gradscope Core: z' = tanh(W z + V x), no step_jacobian method."""
-
-    state_dim, out_dim = 4, 4
-
-    def __init__(self) -> None:
-        super().__init__()
-        gen = torch.Generator().manual_seed(5)
-        self.W = nn.Parameter(2 * torch.randn(4, 4, generator=gen, dtype=torch.float64))
-        self.V = nn.Parameter(torch.randn(4, IN, generator=gen, dtype=torch.float64))
-
-    def step(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
-        h = torch.tanh(z @ self.W.T + x @ self.V.T)
-        return h, h
-
-
-def test_protocol_core_without_the_methods_gets_the_generic_jacobian() -> None:
-    core = _UserCell()
-    x, z = _point(core)  # type: ignore[arg-type]
-    h_new = core.step(x, z)[1]
-    expected = (1 - h_new ** 2)[:, :, None] * core.W
-    assert _err(step_jacobian(core, x, z) - expected) <= TOL
-    terms = gate_terms(core, x, z)
-    assert list(terms) == ["step"] and _err(terms["step"] - expected) <= TOL
-
-
 def test_replaced_cell_falls_back_to_the_generic_jacobian() -> None:
     """A core whose cell function was replaced must not use the analytic form of the old cell."""
     core = _core("elman", 2)
@@ -236,3 +134,37 @@ def test_recurrent_blocks_are_the_gate_blocks_of_w_hh(name: str) -> None:
         w_hh = getattr(core.rnn, f"weight_hh_l{layer - 1}")
         for k, g in enumerate(gates):
             assert torch.equal(blocks[f"l{layer}/{g}"], w_hh[k * H:(k + 1) * H])
+
+
+@pytest.mark.parametrize("core", ["elman", "gru", "lstm"])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_fused_and_functional_cells_agree(core: str, layers: int) -> None:
+    """float32, as trained: the fused nn.RNN/GRU/LSTM and the functional step agree to 1e-5."""
+    model = _model(core, pe="sinusoidal", layers=layers)
+    tokens = torch.randint(0, 10, (5, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        x = model.core_inputs(tokens)
+        fused = model.core(x)
+        functional, states = model.core.scan(x)
+    assert states.shape == (5, 30, model.core.state_dim)
+    assert torch.allclose(fused, functional, atol=1e-5, rtol=0)
+    # the state layout: the top layer's h is the output (LSTM: first half of the top layer's [h, c])
+    top = states[..., -model.core.layer_state:]
+    assert torch.allclose(top[..., :10], functional, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("core", ["elman", "gru", "lstm"])
+def test_functional_cell_matches_fused_hidden_state(core: str) -> None:
+    """The full state z (incl. the LSTM cell c) equals what the fused module returns at the end."""
+    model = _model(core, layers=2).double()
+    tokens = torch.randint(0, 10, (3, 12), generator=torch.Generator().manual_seed(2))
+    x = model.core_inputs(tokens)
+    _, final = model.core.rnn(x)
+    _, states = model.core.scan(x)
+    z = states[:, -1]
+    if core == "lstm":
+        h, c = final
+        expected = torch.cat([torch.cat([h[l], c[l]], dim=-1) for l in range(2)], dim=-1)
+    else:
+        expected = torch.cat([final[l] for l in range(2)], dim=-1)
+    assert torch.allclose(z, expected, atol=1e-12)

@@ -1,6 +1,7 @@
 """A store whose checkpoints come from different configurations (a vanilla and a PE checkpoint in one
-`gradscope accuracy` call; two seeds in one `stability` call) is summarised and reported per
-configuration: every number under the label of the checkpoint it came from.
+`gradscope accuracy` call; two seeds in one `stability` call) is split into one part per configuration
+and reported so: every number under the label of the checkpoint it came from (its summary, one trial per
+part: tests/store/test_summary.py).
 
 The reference is independent of the splitting: the same checkpoints evaluated into one store each.
 Before store/parts.py, the mixed accuracy store summarised as one trial labelled pe=none holding the
@@ -19,7 +20,6 @@ from gradscope.errors import GradscopeError
 from gradscope.store.inputs import load_inputs
 from gradscope.store.io import read_store, write_store
 from gradscope.store.parts import config_parts
-from gradscope.store.summary import trial_record, trial_records
 from gradscope.workflows.accuracy import AccuracyOptions, run_checkpoint_accuracy
 from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
 
@@ -43,38 +43,6 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[f"stab-{name}"] = root / f"stab-{name}.zarr"
         write_store(run_checkpoint_stability(files, STAB).to_xarray(), out[f"stab-{name}"])
     return out
-
-
-def _same(a, b) -> None:
-    assert a.fields == b.fields and a.seed == b.seed
-    assert a.metrics.keys() == b.metrics.keys() and a.units.keys() == b.units.keys()
-    for key in a.metrics:
-        # bit for bit: the same checkpoints scored in this process on the same code path
-        np.testing.assert_array_equal(a.metrics[key], b.metrics[key], err_msg=key)
-    for key in a.units:
-        np.testing.assert_array_equal(a.units[key], b.units[key], err_msg=key)
-    assert a.nan_units == b.nan_units
-
-
-def test_mixed_models_summarise_per_model(stores: dict[str, Path]) -> None:
-    records = trial_records(stores["acc-mixed"])
-    assert [r.fields["pe"] for r in records] == ["none", "sinusoidal"]
-    _same(records[0], trial_record(stores["acc-vanilla"]))
-    _same(records[1], trial_record(stores["acc-pe"]))
-    assert records[0].metrics["token_accuracy"] != records[1].metrics["token_accuracy"]  # the two models differ
-
-
-def test_mixed_seeds_are_two_trials(stores: dict[str, Path]) -> None:
-    records = trial_records(stores["stab-seeds"])
-    assert [r.seed for r in records] == [2, 5]
-    # the same probes (same seed, same task) scored per checkpoint: equal to each checkpoint alone
-    _same(records[0], trial_record(stores["stab-s1"]))
-    _same(records[1], trial_record(stores["stab-s2"]))
-
-
-def test_trial_record_refuses_a_mixed_store(stores: dict[str, Path]) -> None:
-    with pytest.raises(GradscopeError, match="2 configurations"):
-        trial_record(stores["acc-mixed"])
 
 
 def test_report_labels_each_part_by_its_own_config(stores: dict[str, Path]) -> None:
