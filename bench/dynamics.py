@@ -71,7 +71,8 @@ from rich.table import Table
 from torch import Tensor
 from torch.func import jacrev, vmap
 
-from gradscope.analysis.dynamics import lyapunov_spectrum, trajectory_tokens
+from gradscope.analysis.dynamics import trajectory_tokens
+from gradscope.analysis.lyapunov import lyapunov_spectrum
 from gradscope.config import ModelConfig
 from gradscope.models import SeqModel
 

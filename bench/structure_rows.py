@@ -29,7 +29,8 @@ from typing import Callable
 
 import torch
 
-from gradscope.analysis.dynamics import lyapunov_spectrum, trajectory_tokens
+from gradscope.analysis.dynamics import trajectory_tokens
+from gradscope.analysis.lyapunov import lyapunov_spectrum
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.models import SeqModel
 from gradscope.files.checkpoint import load

@@ -5,7 +5,7 @@ shut-down are included — what a user waits for):
 
 * baseline   -- ``python bench/sweep_workers.py --sequential``: the same points, one after another,
                 in one process with no dask, calling the same per-point task
-                (``gradscope.workflows.sweep.run_point``: train → accuracy → stability) with
+                (``gradscope.workflows.sweep.grid.run_point``: train → accuracy → stability) with
                 torch using all the machine's cores;
 * gradscope  -- ``gradscope sweep SPEC --workers N`` for N = 1 and 2 (LocalCluster, 1 thread per
                 worker process, torch threads = cores / N per task).
@@ -44,7 +44,7 @@ def cores() -> int:
 def sequential(spec: Path, out: Path) -> None:
     """The baseline: every point of the spec in this process, one after another, no dask."""
     from gradscope.workflows.study.reproduce import Layout
-    from gradscope.workflows.sweep import plan_points, read_spec, run_point
+    from gradscope.workflows.sweep.grid import plan_points, read_spec, run_point
     parsed = read_spec(spec)
     for point in plan_points(parsed):
         run_point(point, str(Layout(out).root), parsed.analyses, threads=cores())
@@ -85,7 +85,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gradscope.workflows.sweep import plan_points, read_spec
+    from gradscope.workflows.sweep.grid import plan_points, read_spec
     spec = args.spec.resolve()
     points = len(plan_points(read_spec(spec)))
     gradscope = [sys.executable, "-c", "from gradscope.cli.app import main; main()", "sweep", str(spec), "-q"]

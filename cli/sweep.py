@@ -18,8 +18,8 @@ from .generated import build_options, generated_command
 from .progress import make_progress
 
 if TYPE_CHECKING:
-    from gradscope.workflows.cluster import Tally
-    from gradscope.workflows.sweep import SweepPoint, SweepSpec
+    from gradscope.workflows.sweep.cluster import Tally
+    from gradscope.workflows.sweep.grid import SweepPoint, SweepSpec
     from rich.table import Table
 
 console = make_console()
@@ -68,9 +68,9 @@ def sweep_command(
     """Run a grid of train → accuracy → stability tasks on dask.distributed, resumably. Where the points
     run (--scheduler … --retries) is ClusterOptions' fields."""
     from gradscope.store.manifest import write_manifest
-    from gradscope.workflows.cluster import check_workers, dashboard_link, open_client, run_sweep, Tally
+    from gradscope.workflows.sweep.cluster import check_workers, dashboard_link, open_client, run_sweep, Tally
     from gradscope.workflows.study.reproduce import Layout
-    from gradscope.workflows.sweep import check_existing, manifest_entry, plan_points, point_finished, read_spec
+    from gradscope.workflows.sweep.grid import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
     opts = build_options(ClusterOptions, ctx.meta.get(SETTINGS, {}))  # checked first, in its __post_init__
     if opts.scheduler is None and opts.workers is not None:

@@ -87,7 +87,7 @@ def sample(seed: int = 1) -> None:
     held-out evaluation, each listed with its sha256 in MANIFEST.json (provenance: the command)."""
     import shutil
 
-    from gradscope.store.io import sha256_file
+    from gradscope.files.io import sha256_file
     from gradscope.files.io import atomic_write_text
 
     samples = ROOT.parent.parent / "sample_checkpoints"

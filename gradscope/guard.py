@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from gradscope.errors import GradscopeError, GradscopeWarning
-from gradscope.fields import as_int  # noqa: F401 - checked here before it moved (torch-free: the CLI's help)
 
 MEMORY_FRACTION = 0.5  # of the memory available now: the most one allocation may claim
 MAX_RATIO = 1000.0  # declared bytes per byte present above which a large input is a decompression bomb

@@ -28,7 +28,6 @@ import torch
 from torch import Tensor, nn
 
 from gradscope.analysis.jacobian import rows_vjp, state_readout
-from gradscope.analysis.lyapunov import LyapunovResult, lyapunov_spectrum  # noqa: F401 - re-exported
 from gradscope.analysis.reduce import fro64, gram_blocks, norm64
 from gradscope.analysis.scores import finite_only
 from gradscope.analysis.tape import StateTape, state_at
@@ -337,7 +336,7 @@ def _radius_from_blocks(core: nn.Module, structure: JacobianStructure, x_t: Tens
     return _magnitudes(structure, diagonal_blocks(core, x_t, prev_t, t)).amax(dim=-1)
 
 
-# Lyapunov spectra: gradscope.analysis.lyapunov (dense, partial and structured engines), re-exported here
+# Lyapunov spectra: gradscope.analysis.lyapunov (dense, partial and structured engines)
 
 # ---------------------------------------------------------------------------------------------
 # Inputs for long trajectories

@@ -30,7 +30,8 @@ import torch
 
 from gradscope.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import as_int, check_ids, check_tensor, warn_nonfinite
+from gradscope.fields import as_int
+from gradscope.guard import check_ids, check_tensor, warn_nonfinite
 from gradscope.models import SeqModel
 from gradscope.models.pe import sinusoidal_frequencies
 from gradscope.tasks import HeldOut, Reverse, make_task

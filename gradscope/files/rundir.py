@@ -23,7 +23,8 @@ import torch
 
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import as_int, check_tensor
+from gradscope.fields import as_int
+from gradscope.guard import check_tensor
 
 CONFIG_FILE, METRICS_FILE, EVAL_FILE = "config.json", "metrics.jsonl", "eval.json"
 RUN_FORMAT = "gradscope-run"

@@ -11,7 +11,7 @@ import math
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import from_dict, one_of, option
-from gradscope.guard import as_int
+from gradscope.fields import as_int
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES, core_class
 

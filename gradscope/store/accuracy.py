@@ -10,7 +10,8 @@ import xarray as xr
 
 from gradscope.analysis.accuracy import bin_edges
 from gradscope.config import RunConfig
-from gradscope.store.io import attr_json, provenance, sha256_file
+from gradscope.files.io import sha256_file
+from gradscope.store.io import attr_json, provenance
 from gradscope.tasks import GROUP_NAMES, TASKS, Task
 from gradscope.tasks.registry import family_of
 from gradscope.tasks.family import Panel, ReportSection, ratio as _ratio  # noqa: F401 (Panel: for reports)

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from gradscope.store.io import provenance, sha256_file
+from gradscope.files.io import sha256_file
+from gradscope.store.io import provenance
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import xarray as xr
 from gradscope.analysis.bootstrap import Interval, bootstrap_mean, confidence_interval
 from gradscope.fields import BAND, BANDS, CONFIDENCE, DEFAULT_SCORE, RESAMPLES
 from gradscope.errors import check
-from gradscope.store.io import attr_json, folder_entries, is_store, read_store, sha256_file
+from gradscope.files.io import sha256_file
+from gradscope.store.io import attr_json, folder_entries, is_store, read_store
 from gradscope.store.manifest import OUTPUTS, manifest_outputs, manifest_path
 from gradscope.store.parts import config_parts
 from gradscope.models import CORES, model_fields

@@ -28,7 +28,6 @@ import xarray as xr
 import zarr
 
 from gradscope.errors import GradscopeError
-from gradscope.files.io import sha256_file  # noqa: F401 - re-exported for the store modules
 from gradscope.files.publish import OUT_LABEL, WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.store.integrity import RECORD, inspect_store, make_record, verify_record
 from gradscope.store.schema import check_attrs, check_layout, check_summary_fields

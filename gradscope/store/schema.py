@@ -18,7 +18,7 @@ import numpy as np
 import xarray as xr
 
 from gradscope.errors import GradscopeError
-from gradscope.guard import as_int
+from gradscope.fields import as_int
 from gradscope.tasks.registry import TASKS
 
 FLOAT, INT, COUNT, STR = "float", "int", "count", "str"

@@ -12,7 +12,8 @@ import xarray as xr
 
 from gradscope.analysis.stability import PAIRS
 from gradscope.errors import check
-from gradscope.store.io import provenance, read_store, sha256_file
+from gradscope.files.io import sha256_file
+from gradscope.store.io import provenance, read_store
 from gradscope.tasks.probes import MEMBERS, Probes
 from gradscope.store.records import CheckpointResult
 

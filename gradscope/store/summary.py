@@ -11,7 +11,7 @@ import xarray as xr
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import CHECKPOINTS, DEFAULT_SCORE, SUMMARY_CHECKPOINTS
-from gradscope.guard import as_int
+from gradscope.fields import as_int
 from gradscope.models import model_fields
 from gradscope.store.accuracy import family_values
 from gradscope.store.io import attr_json, folder_entries, is_store, provenance, read_store, store_kind

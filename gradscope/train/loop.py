@@ -25,7 +25,7 @@ import torch
 
 from gradscope.config import DECODING, RunConfig
 from gradscope.errors import GradscopeError, check
-from gradscope.guard import as_int
+from gradscope.fields import as_int
 from gradscope.files.publish import WRITE_ERRORS, disk_error, remove_stale_temporaries
 from gradscope.models import SeqModel, core_class
 from gradscope.tasks.decoding import decode_logits, teacher_inputs

@@ -12,7 +12,6 @@ from typing import Any
 from gradscope.config import RunConfig, TaskConfig
 from gradscope.errors import check
 from gradscope.files.checkpoint import Loaded, load_checkpoint, resolve_checkpoints
-from gradscope.fields import MAX_COUNT, as_count, as_seed  # noqa: F401 - the workflows' names for them
 from gradscope.tasks.probes import GROUPS
 
 

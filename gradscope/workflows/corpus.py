@@ -30,7 +30,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget
 from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
-from gradscope.workflows.study.options import MODEL_TYPES, CorpusOptions  # noqa: F401 - declared torch-free
+from gradscope.workflows.study.options import CorpusOptions  # declared torch-free
 
 
 MAX_SENTENCE_BYTES = 1 << 16  # the longest paragraph the tokenizer learns from

@@ -33,7 +33,7 @@ from torch import nn
 
 from gradscope.workflows.options import DEVICE_LABEL
 from gradscope.analysis import dynamics as dyn
-from gradscope.analysis.lyapunov import analytic_jacobian
+from gradscope.analysis.lyapunov import analytic_jacobian, lyapunov_spectrum
 from gradscope.config import RunConfig
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import byte_text, check_bytes, check_ids, check_tensor, memory_budget
@@ -538,7 +538,7 @@ def analyse_model(model: nn.Module, probes_inputs: torch.Tensor, trajectories: t
                     lcore = core.with_positions(trajectories.shape[1])
                 lcore, ltraj = recurrent_view(lcore, trajectories)
                 exponents = None if exponents is None else min(exponents, lcore.state_dim)
-            res = dyn.lyapunov_spectrum(lcore, ltraj, warmup=opts.lyap_warmup, reorth=opts.reorth,
+            res = lyapunov_spectrum(lcore, ltraj, warmup=opts.lyap_warmup, reorth=opts.reorth,
                                         exponents=exponents, qr_dtype=QR_DTYPES[opts.qr_dtype])
             parts["lyapunov"] = cpu(res.exponents)
             parts["lyapunov_below_resolution"] = res.below_resolution.to("cpu", torch.int64).numpy()

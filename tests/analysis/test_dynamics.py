@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 import gradscope
-from gradscope.analysis.dynamics import (gradient_flow, lyapunov_spectrum, step_spectra, tT_grid,
-                                         trajectory_tokens)
+from gradscope.analysis.dynamics import gradient_flow, step_spectra, tT_grid, trajectory_tokens
+from gradscope.analysis.lyapunov import lyapunov_spectrum
 from gradscope.analysis.jacobian import state_jacobian
 from gradscope.errors import GradscopeError
 from gradscope.models import S4DCore

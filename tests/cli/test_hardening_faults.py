@@ -311,7 +311,7 @@ def test_a_sweep_point_killed_at_random_moments_finishes_as_if_never_killed(ref:
     store write and at a random moment, then run again: the point's lock left by the dead runner is
     taken over, and its run and stores equal an uninterrupted runner's."""
     from gradscope.workflows.study.reproduce import Layout
-    from gradscope.workflows.sweep import parse_spec, plan_points, run_point
+    from gradscope.workflows.sweep.grid import parse_spec, plan_points, run_point
 
     spec = parse_spec(SPEC)
     point = plan_points(spec)[0]

@@ -101,7 +101,7 @@ def specs(draw: st.DrawFn) -> tuple[str, str]:
 
 def test_sweep_spec_mutations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gradscope.guard import inside
-    from gradscope.workflows.sweep import plan_points, read_spec
+    from gradscope.workflows.sweep.grid import plan_points, read_spec
     monkeypatch.setenv("GRADSCOPE_MEMORY_BUDGET", BUDGET)
     watched = tmp_path / "watched"
     (watched / "cwd").mkdir(parents=True)

@@ -119,7 +119,7 @@ def test_build_config_takes_the_field_names_only() -> None:
 
 def test_a_sweep_spec_takes_the_field_names() -> None:
     """A spec's keys are the settings' names; an old name is an unknown key."""
-    from gradscope.workflows.sweep import parse_spec, plan_points
+    from gradscope.workflows.sweep.grid import parse_spec, plan_points
 
     def spec(settings: str, axes: str) -> str:
         return f'name = "s"\n[settings]\n{settings}\niterations = 2\ncheckpoint_every = 2\n[axes]\n{axes}\n'

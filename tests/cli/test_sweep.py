@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 import gradscope
 from gradscope.cli.app import app
 from gradscope.workflows.study.reproduce import Layout
-from gradscope.workflows.sweep import parse_spec, plan_points
+from gradscope.workflows.sweep.grid import parse_spec, plan_points
 
-from tests.workflows.test_sweep import GRID, grid
+from tests.workflows.sweep.test_grid import GRID, grid
 
 
 def test_dry_run_lists_the_grid_and_runs_nothing(runner: CliRunner, tmp_path: Path) -> None:

@@ -108,7 +108,7 @@ def warm() -> None:
     import gradscope.store.summary  # noqa: F401
     import gradscope.workflows.stability  # noqa: F401
     import gradscope.workflows.summarize  # noqa: F401
-    import gradscope.workflows.sweep  # noqa: F401
+    import gradscope.workflows.sweep.grid  # noqa: F401
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # Adam imports torch._dynamo (~4 s) on first use
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradscope.analysis.dynamics import lyapunov_spectrum, trajectory_tokens
+from gradscope.analysis.dynamics import trajectory_tokens
+from gradscope.analysis.lyapunov import lyapunov_spectrum
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "dynamics.py"
 

@@ -22,7 +22,7 @@ from gradscope.train import train
 from gradscope.workflows import stability as stability_workflow
 from gradscope.workflows import summarize as summarize_workflow
 from gradscope.workflows.stability import StabilityOptions
-from gradscope.workflows.sweep import parse_spec
+from gradscope.workflows.sweep.grid import parse_spec
 
 
 def _default(fn: object, name: str) -> object:

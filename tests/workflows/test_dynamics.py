@@ -74,7 +74,7 @@ def test_gate_norms_and_radius_are_those_of_the_steps(dynamics_store: Path, trai
 
 
 def test_stored_lyapunov_is_the_analysis_on_the_task_trajectories(dynamics_store: Path, trained_runs: dict) -> None:
-    from gradscope.analysis.dynamics import lyapunov_spectrum
+    from gradscope.analysis.lyapunov import lyapunov_spectrum
     ds = xr.open_zarr(dynamics_store, consolidated=False).load()
     loaded = gradscope.load(trained_runs["dual"])
     x = task_trajectories(loaded.model, loaded.config, 64, 3, seed=1)  # the store's seed 0 + 1
@@ -107,7 +107,7 @@ def test_dynamics_of_a_wrapped_lstm_language_model() -> None:
     norms, the exponents are those of analysis.lyapunov_spectrum on the same trajectories."""
     from torch import nn
 
-    from gradscope.analysis.dynamics import lyapunov_spectrum
+    from gradscope.analysis.lyapunov import lyapunov_spectrum
     torch.manual_seed(0)
     emb, lstm = nn.Embedding(20, 6), nn.LSTM(6, 8, num_layers=2, batch_first=True).double().eval()
     emb = emb.double()

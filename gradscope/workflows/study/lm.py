@@ -28,7 +28,7 @@ from gradscope.corpus.store import MANIFEST
 from gradscope.errors import check
 from gradscope.tasks.lm import LanguageModel
 from gradscope.workflows.study.runs import PES, PlannedRun
-from gradscope.workflows.common import as_seed
+from gradscope.fields import as_seed
 
 LM_SCALES = ("tiny", "paper")
 PAPER_SEEDS = (111, 222, 333, 444, 555)

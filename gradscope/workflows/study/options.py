@@ -200,7 +200,7 @@ def parse_resources(text: str | None) -> dict[str, float]:
 class ClusterOptions:
     """Where `gradscope sweep` runs its points; each field is named as its flag. ``scheduler``: address of
     an existing scheduler (else a LocalCluster of ``workers`` processes × 1 thread; the memory they need
-    is checked when the cluster is made, :func:`gradscope.workflows.cluster.open_client`); ``threads``:
+    is checked when the cluster is made, :func:`gradscope.workflows.sweep.cluster.open_client`); ``threads``:
     torch threads per task (None: the host's cores divided by the task slots on that host);
     ``resources``: dask resources each task needs, e.g. {"GPU": 1} (or "GPU=1", as the flag gives it);
     ``retries``: re-runs of a task that raised an error."""

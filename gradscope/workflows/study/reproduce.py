@@ -32,9 +32,9 @@ from gradscope.workflows.accuracy import AccuracyOptions, run_checkpoint_accurac
 from gradscope.workflows.study.extension import study_extension, study_extension_plans
 from gradscope.workflows.families.lm import check_probe_shape
 from gradscope.workflows.study.lm import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
-from gradscope.workflows.study.runs import PES, Layout, PlannedRun, check_run_sizes, plan_runs  # noqa: F401 - re-exported
+from gradscope.workflows.study.runs import Layout, PlannedRun, check_run_sizes, plan_runs
 from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
-from gradscope.workflows.study.options import PROBE_LENGTH, PROBE_TARGET_POS, STUDIES, StudyOptions  # noqa: F401 - declared torch-free, re-exported
+from gradscope.workflows.study.options import PROBE_LENGTH, PROBE_TARGET_POS, StudyOptions  # declared torch-free
 from gradscope.workflows.summarize import SummaryEntry, group_records, summarize_groups
 
 SUMMARY_FIELDS = ("core", "pe")

@@ -18,7 +18,8 @@ from gradscope.models.pe import pe_numbers
 from gradscope.presets import SCALES, scale_configs
 from gradscope.tasks import make_task
 from gradscope.tasks.registry import probe_tasks
-from gradscope.workflows.common import as_seed, conditions_for
+from gradscope.fields import as_seed
+from gradscope.workflows.common import conditions_for
 from gradscope.workflows.stability import StabilityOptions, result_bytes
 
 PES = ("none", "sinusoidal")

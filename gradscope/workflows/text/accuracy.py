@@ -29,13 +29,14 @@ from gradscope.workflows.options import DEVICE_LABEL, HF, MAX_TEXT_ROW, TEXT_BAT
 from gradscope.analysis.lm import LMCounts, position_edges
 from gradscope.analysis.text import TEXT_FREQ_LABELS, column_sums, ratio_interval, target_nll, text_bins, windows
 from gradscope.errors import check
-from gradscope.guard import as_int, warn_nonfinite
+from gradscope.fields import as_int
+from gradscope.guard import warn_nonfinite
 from gradscope.models.adapters.load import load_hf
 from gradscope.models.wrap import WrappedModel
 from gradscope.store.accuracy import accuracy_dataset
 from gradscope.store.records import AccuracyResult
 from gradscope.train.device import resolve_device
-from gradscope.workflows.common import MAX_COUNT, as_count
+from gradscope.fields import MAX_COUNT, as_count
 from gradscope.workflows.families.lm import lm_part  # read as the lm family (tasks.registry.READ_AS)
 from gradscope.workflows.text.tokenize import TokenizedText, tokenize_text
 

@@ -47,7 +47,7 @@ from gradscope.models.adapters import adapter_for
 from gradscope.models.adapters.load import load_hf
 from gradscope.models.wrap import WrappedModel, fit_positions, wrap
 from gradscope.tasks.probes import GROUPS, Probes, frequency_groups
-from gradscope.workflows.common import MAX_COUNT, as_count
+from gradscope.fields import MAX_COUNT, as_count
 from gradscope.workflows.dynamics import (DynamicsOptions, DynamicsPlan, DynamicsRun, defined_parts, plan_core,
                                          run_model_dynamics)
 from gradscope.workflows.sources import TextSource

@@ -22,7 +22,7 @@ from gradscope.store.manifest import read_manifest
 from gradscope.files.checkpoint import list_checkpoints
 
 from tests.helpers.runs import logged_iteration
-from tests.workflows.test_sweep import CLI, check_outputs, grid, sweep
+from tests.workflows.sweep.test_grid import CLI, check_outputs, grid, sweep
 
 
 # One real local sweep (`--workers 2`: the CLI starts its own LocalCluster); every other multi-process
@@ -78,7 +78,7 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
         from distributed import Client
         with Client(address, timeout="30s") as client:
             client.wait_for_workers(3, timeout=120)
-            client.run(exec, "import gradscope.workflows.sweep")  # all ready: the fault test needs them in step
+            client.run(exec, "import gradscope.workflows.sweep.grid")  # all ready: the fault test needs them in step
         yield {"address": address}
     finally:
         for p in reversed(procs):  # workers first: a scheduler that goes first keeps them waiting for it

@@ -1,5 +1,5 @@
 """`gradscope sweep`'s spec parsing and the per-point task (the real dask clusters:
-tests/workflows/test_cluster.py; the command's dry run and refusals: tests/cli/test_sweep.py)."""
+tests/workflows/sweep/test_cluster.py; the command's dry run and refusals: tests/cli/test_sweep.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from gradscope.store import read_store
 from gradscope.store.manifest import read_manifest
 from gradscope.files.checkpoint import list_checkpoints
 from gradscope.workflows.study.reproduce import Layout
-from gradscope.workflows.sweep import parse_spec, plan_points, run_point
+from gradscope.workflows.sweep.grid import parse_spec, plan_points, run_point
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CLI = [sys.executable, "-c", "from gradscope.cli.app import main; main()"]
 
 # A 2 × 2 grid (PE × seed) of very small GRUs: seconds per point on one core.

@@ -1,7 +1,7 @@
 """Sweeps: a TOML spec → grid points → one task per point (train → accuracy → stability).
 
 This module is the pure part: parsing and checking the spec, expanding the grid, and the task that
-runs one point (what a dask worker executes). Scheduling lives in :mod:`gradscope.workflows.cluster`.
+runs one point (what a dask worker executes). Scheduling lives in :mod:`gradscope.workflows.sweep.cluster`.
 
 A spec (see ``docs/sweep-tiny.toml``)::
 
@@ -45,7 +45,7 @@ from gradscope.presets import settings as settings_of_a_run
 from gradscope.store.io import write_store
 from gradscope.train.loop import EVAL_FILE, is_run_dir, read_run_config
 from gradscope.workflows.accuracy import AccuracyOptions
-from gradscope.workflows.lock import point_lock
+from gradscope.files.lock import point_lock
 from gradscope.workflows.study.reproduce import (Layout, PlannedRun, accuracy_step, check_run_sizes, stability_step,
                                            train_step)
 from gradscope.workflows.common import conditions_for
@@ -319,7 +319,7 @@ def point_finished(point: SweepPoint, layout: Layout, analyses: Analyses) -> boo
 
 
 def lock_path(point: SweepPoint, layout: Layout) -> Path:
-    """The point's runner lock (see :mod:`gradscope.workflows.lock`)."""
+    """The point's runner lock (see :mod:`gradscope.files.lock`)."""
     return layout.run(point.run).parent / f".{point.name}.lock"
 
 

@@ -1,6 +1,6 @@
 """Run sweep points on dask.distributed: a LocalCluster by default, or an existing scheduler.
 
-The client submits one task per unfinished grid point (:func:`gradscope.workflows.sweep.run_point`),
+The client submits one task per unfinished grid point (:func:`gradscope.workflows.sweep.grid.run_point`),
 watches them, and is the only writer of the sweep's manifest. Workers write their own run
 directories and stores, so the output directory must be visible to every worker (one machine,
 or a shared filesystem). A worker that dies mid-task has its task rescheduled by the scheduler;
@@ -20,9 +20,8 @@ from urllib.parse import urlparse
 
 from gradscope.errors import GradscopeError, check
 from gradscope.guard import check_bytes
-from gradscope.workflows.study.options import (ADDRESS, MAX_RETRIES, MAX_THREADS, SCHEMES,  # noqa: F401
-                                               ClusterOptions, parse_resources)  # declared torch-free, re-exported
-from gradscope.workflows.sweep import Analyses, PointOutcome, SweepPoint, run_point
+from gradscope.workflows.study.options import ClusterOptions  # declared torch-free (sweep --help)
+from gradscope.workflows.sweep.grid import Analyses, PointOutcome, SweepPoint, run_point
 
 WORKER_BYTES = 256 << 20  # a local worker process, before any work: interpreter, torch, dask
 
