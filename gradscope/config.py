@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import DEFAULT_DEVICE, MAX_SEED, from_dict, option
-from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig, integer, real, shown, text
+from gradscope.fields import DEFAULT_DEVICE, MAX_SEED, bounded, check_fields, from_dict, option, real, shown, text
+from gradscope.models.config import MAX_SIZE, PE_COMBINE, ModelConfig
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES
 from gradscope.tasks.config import DISTRIBUTIONS, TaskConfig
@@ -35,18 +35,20 @@ class TrainConfig:
     """Optimisation (docs/definitions.md §3): Adam, linear warm-up then cosine to 0, grad-norm clipping."""
 
     # option(...): a setting of `gradscope train --<field>` and of sweep specs (betas: --beta1 and --beta2)
-    iterations: int = option(300_000, "Training iterations.")
-    batch_size: int = option(512, "Sequences per batch.")
-    lr: float = option(1e-3, "Peak learning rate (linear warm-up, then cosine to 0).")
-    warmup: int = option(1000, "Warm-up iterations.")
+    iterations: int = option(300_000, "Training iterations.", low=1, high=MAX_ITERATIONS)
+    batch_size: int = option(512, "Sequences per batch.", low=1, high=MAX_SIZE)
+    # Adam scales float32 weights by lr and eps: beyond float32's largest they are inf
+    lr: float = option(1e-3, "Peak learning rate (linear warm-up, then cosine to 0).", low=0.0, high=FLOAT32_MAX,
+                       exclusive="low")
+    warmup: int = option(1000, "Warm-up iterations.", low=0, high=MAX_ITERATIONS)
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = option(1e-8, "Adam ε (reference code: 1e-9).")
-    clip: float = option(1.0, "Gradient-norm clip (0 disables).")
-    checkpoint_every: int = option(5000, "Write a checkpoint every N iterations.")
-    log_every: int = option(100, "Log metrics every N iterations.")
-    seed: int = option(111, "Seed for initialisation, held-out data and batches.")
+    eps: float = option(1e-8, "Adam ε (reference code: 1e-9).", low=0.0, high=FLOAT32_MAX, exclusive="low")
+    clip: float = option(1.0, "Gradient-norm clip (0 disables).", low=0.0)
+    checkpoint_every: int = option(5000, "Write a checkpoint every N iterations.", low=1, high=MAX_ITERATIONS)
+    log_every: int = option(100, "Log metrics every N iterations.", low=1, high=MAX_ITERATIONS)
+    seed: int = option(111, "Seed for initialisation, held-out data and batches.", low=0, high=MAX_SEED)
     device: str = option(DEFAULT_DEVICE, "auto (cuda when present), cpu, cuda or cuda:N.")
-    threads: int = option(0, "torch CPU threads (0 = torch's default).")  # torch intra-op threads
+    threads: int = option(0, "torch CPU threads (0 = torch's default).", low=0, high=4096)  # torch intra-op threads
     # How the output phase is fed (paper App. B.2): none = query tokens (the standard model); teacher
     # = the previous ground-truth token (a feedback model trained teacher-forced, as the paper did);
     # autoregressive = the model's own previous prediction (free-running training).
@@ -55,15 +57,7 @@ class TrainConfig:
                                    "prediction).")
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "checkpoint_every", "log_every"):
-            integer(name, getattr(self, name), 1, MAX_ITERATIONS)
-        integer("batch_size", self.batch_size, 1, MAX_SIZE)
-        integer("warmup", self.warmup, 0, MAX_ITERATIONS)
-        integer("seed", self.seed, 0, MAX_SEED)
-        integer("threads", self.threads, 0, 4096)
-        real("lr", self.lr, 0.0, FLOAT32_MAX, above=True)  # Adam scales float32 weights by them
-        real("eps", self.eps, 0.0, FLOAT32_MAX, above=True)
-        real("clip", self.clip, 0.0)  # 0 disables clipping
+        check_fields(self, strict=True)  # the ranges declared on the fields
         check(isinstance(self.betas, (tuple, list)) and len(self.betas) == 2,
               f"betas: got {shown(self.betas)}; need two values in [0, 1)")
         for b in self.betas:
@@ -85,14 +79,14 @@ class ExtendConfig:
 
     parent: str
     parent_sha256: str
-    parent_iteration: int
+    parent_iteration: int = bounded(dataclasses.MISSING, low=0, high=MAX_ITERATIONS)
     frozen: tuple[str, ...]
 
     def __post_init__(self) -> None:
         check(isinstance(self.parent, str) and bool(self.parent), f"extend parent: got {shown(self.parent)}")
         check(isinstance(self.parent_sha256, str) and SHA256.fullmatch(self.parent_sha256) is not None,
               f"extend parent_sha256: got {shown(self.parent_sha256)}; expected 64 lowercase hex digits")
-        integer("parent_iteration", self.parent_iteration, 0, MAX_ITERATIONS)
+        check_fields(self, strict=True)  # parent_iteration's range
         check(isinstance(self.frozen, (tuple, list)) and all(isinstance(f, str) for f in self.frozen),
               "extend frozen: expected a list of parameter names")
         object.__setattr__(self, "frozen", tuple(self.frozen))

@@ -46,6 +46,37 @@ def option(default: Any, help: str, *, short: str | None = None, alias: str | No
                                                         "choices": choices, "flag": flag, "also": also})
 
 
+def shown(value: Any) -> str:
+    """A value from outside as one short line: the repr of a plain scalar, else its type."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"a {type(value).__name__}"
+
+
+def integer(name: str, value: Any, low: int, high: int) -> None:
+    """A config field that must be an int (not a bool or a float) within [low, high]."""
+    check(isinstance(value, int) and not isinstance(value, bool), f"{name}: got {shown(value)}; expected an integer")
+    as_int(value, name, low, high)
+
+
+def real(name: str, value: Any, low: float, high: float = math.inf, *, above: bool = False,
+         below: bool = False) -> None:
+    """A config field that must be a finite real number in [low, high] (``above``/``below``: open at
+    that end)."""
+    check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+          f"{name}: got {shown(value)}; expected a finite number")
+    ok = (value > low if above else value >= low) and (value < high if below else value <= high)
+    check(ok, f"{name}: got {value}; it must be {'>' if above else '>='} {low}"
+              + (f" and {'<' if below else '<='} {high}" if math.isfinite(high) else ""))
+
+
+def text(name: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
+    """A config field that must be one of the strings ``valid``."""
+    check(isinstance(value, str), f"{name}: got {shown(value)}; valid values are {', '.join(valid)}")
+    one_of(name, value, valid)
+
+
 def bounded(default: Any, *, low: float | None = None, high: float | None = None, exclusive: str = "") -> Any:
     """A field with a range but no flag (no help): :func:`check_fields` checks it as an :func:`option`'s."""
     return dataclasses.field(default=default, metadata={"range": (low, high), "exclusive": exclusive})
@@ -63,11 +94,12 @@ def _bounds_text(low: float | None, high: float | None, exclusive: str) -> str:
     return f"be a finite number {'<' if open_high else '≤'} {high:g}"
 
 
-def check_fields(obj: Any) -> None:
+def check_fields(obj: Any, *, strict: bool = False) -> None:
     """Every field of the frozen dataclass ``obj`` declared with a range or choices (:func:`option`) checked, in
     one line naming the field, and an integer field's value made an int (an integral float or a numpy integer
     is accepted): the bounds live on the fields, and ``__post_init__`` keeps only the rules between fields.
-    A field whose default is None may be None."""
+    A field whose default is None may be None. ``strict`` (a run's configuration, read from files): an integer
+    field takes an int only (:func:`integer`), a real field a finite number (:func:`real`), each as it is."""
     for f in dataclasses.fields(obj):
         low, high = f.metadata.get("range", (None, None))
         choices = f.metadata.get("choices")
@@ -78,10 +110,17 @@ def check_fields(obj: Any) -> None:
             one_of(f.name, value, choices)
             continue
         kind = str(f.type)
+        exclusive = f.metadata.get("exclusive", "")
+        if strict:
+            if "float" not in kind and "int" in kind:
+                integer(f.name, value, low, high)  # type: ignore[arg-type]
+            else:
+                real(f.name, value, low if low is not None else -math.inf, high if high is not None else math.inf,
+                     above=exclusive in ("low", "both"), below=exclusive in ("high", "both"))
+            continue
         if "float" not in kind and "int" in kind:
             object.__setattr__(obj, f.name, as_count(value, f.name, low, high))  # type: ignore[arg-type]
             continue
-        exclusive = f.metadata.get("exclusive", "")
         open_low, open_high = exclusive in ("low", "both"), exclusive in ("high", "both")
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
             and (low is None or (value > low if open_low else value >= low)) \

@@ -7,11 +7,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import math
 
 from gradscope.errors import GradscopeError, check
-from gradscope.fields import from_dict, one_of, option
-from gradscope.fields import as_int
+from gradscope.fields import bounded, check_fields, from_dict, option, shown, text
 from gradscope.models.pe import PE_TYPES
 from gradscope.models.registry import CORES, core_class
 
@@ -20,37 +18,6 @@ INPUTS = ("tokens", "vectors")
 MAX_SIZE = 2**31 - 1  # sizes and counts a tensor dimension can hold; memory is checked separately
 MAX_LAYERS = 1024  # layers are built one Python module at a time
 VOCAB_SIZE = 64  # K unless told: a task's vocabulary size, and so its model's output classes
-
-
-def shown(value: Any) -> str:
-    """A value from outside as one short line: the repr of a plain scalar, else its type."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        text = repr(value)
-        return text if len(text) <= 40 else text[:37] + "..."
-    return f"a {type(value).__name__}"
-
-
-def integer(name: str, value: Any, low: int, high: int) -> None:
-    """A config field that must be an int (not a bool or a float) within [low, high]."""
-    check(isinstance(value, int) and not isinstance(value, bool), f"{name}: got {shown(value)}; expected an integer")
-    as_int(value, name, low, high)
-
-
-def real(name: str, value: Any, low: float, high: float = math.inf, *, above: bool = False,
-         below: bool = False) -> None:
-    """A config field that must be a finite real number in [low, high] (``above``/``below``: open at
-    that end)."""
-    check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
-          f"{name}: got {shown(value)}; expected a finite number")
-    ok = (value > low if above else value >= low) and (value < high if below else value <= high)
-    check(ok, f"{name}: got {value}; it must be {'>' if above else '>='} {low}"
-              + (f" and {'<' if below else '<='} {high}" if math.isfinite(high) else ""))
-
-
-def text(name: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
-    """A config field that must be one of the strings ``valid``."""
-    check(isinstance(value, str), f"{name}: got {shown(value)}; valid values are {', '.join(valid)}")
-    one_of(name, value, valid)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,14 +36,15 @@ class ModelConfig:
     # option(...): a setting of `gradscope train --<field>` and of sweep specs (help: its --help text)
     core: str = option("gru", "Core: a name in gradscope's core registry ({cores}). A core's own settings follow "
                               "the training settings.")
-    vocab_size: int = VOCAB_SIZE  # K output classes; the embedding has K + 1 rows (sized to the task, not a setting)
-    embed_size: int = option(512, "Embedding size E.")
-    hidden_size: int = option(512, "Hidden size H.")
-    num_layers: int = option(1, "Number of layers (RNN) or S4D blocks.")
+    vocab_size: int = bounded(VOCAB_SIZE, low=1, high=MAX_SIZE)  # K output classes; the embedding has K + 1 rows (sized to the task, not a setting)
+    embed_size: int = option(512, "Embedding size E.", low=1, high=MAX_SIZE)
+    hidden_size: int = option(512, "Hidden size H.", low=1, high=MAX_SIZE)
+    num_layers: int = option(1, "Number of layers (RNN) or S4D blocks.", low=1, high=MAX_LAYERS)
     pe: str = option("none", "Positional encoding: a kind in gradscope's PE registry ({pes}).")
     pe_combine: str = option("concat", "How PE meets the embedding: concat or add.")
     # positions a learnable/random PE covers (>= total sequence length)
-    max_len: int = option(128, "Positions covered by a learnable/random PE (default: the task's length).")
+    max_len: int = option(128, "Positions covered by a learnable/random PE (default: the task's length).", low=1,
+                          high=MAX_SIZE)
     core_config: Any = None
     inputs: str = "tokens"
     feedback: bool = False
@@ -97,9 +65,7 @@ class ModelConfig:
         check(isinstance(self.feedback, bool), f"feedback: got {shown(self.feedback)}; expected True or False")
         check(not (self.feedback and self.inputs == "vectors"),
               "feedback: the vector-input model has no token embedding to feed predictions back through")
-        for name in ("vocab_size", "embed_size", "hidden_size", "max_len"):
-            integer(name, getattr(self, name), 1, MAX_SIZE)
-        integer("num_layers", self.num_layers, 1, MAX_LAYERS)
+        check_fields(self, strict=True)  # the ranges declared on the fields
         check(self.vocab_size >= 2, f"vocab_size: got {self.vocab_size}; need at least 2 tokens")
         if self.pe == "sinusoidal":
             check(self.embed_size % 2 == 0,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradscope.models.config import text
+from gradscope.fields import text
 from gradscope.tasks.fields import DISTRIBUTIONS, MAX_LENGTH, TaskFields
 from gradscope.tasks.registry import TASKS
 
