@@ -134,21 +134,24 @@ NOT_READ: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "text": (("target_freq", "disturbant", "token_counts", "corpus"), "with text the steps are classed by the "
                                                                           "text's own counts (or counts_text)"),
     },
-    "accuracy": {  # a model of one's own has no held-out set: it is read on a text or not at all (check_reads)
+    "accuracy": {
         "checkpoints": (("max_length",), "it applies to text (a pretrained LM on raw text)"),
         "text": (("bins", "grid", "decoding", "corpus"), "they apply to gradscope checkpoints, not to text"),
-        "model": ((), ""), "factory": ((), ""),
     },
 }
+# the kinds of source a command reads at all (others: every kind); a model of one's own has no held-out set, so
+# accuracy reads it on a text or not at all
+READS = {"accuracy": ("checkpoints", "text")}
 
 
 def check_reads(source: Source, opts: Any, command: str) -> None:
-    """Refuse, in one line naming them, the options of ``opts`` set away from their defaults that ``command`` does
-    not read for ``source``'s kind (:data:`NOT_READ`): recorded and ignored otherwise."""
+    """Refuse a kind of source ``command`` does not read (:data:`READS`), and, in one line naming them, the options
+    of ``opts`` set away from their defaults that it does not read for ``source``'s kind (:data:`NOT_READ`):
+    recorded and ignored otherwise."""
+    check(source.kind in READS.get(command, (source.kind,)),
+          "text/model_factory: they go together: accuracy DIR --model hf --text FILE (a pretrained LM on raw text); a "
+          "model of your own has no held-out set otherwise")
     names, why = NOT_READ[command][source.kind]
     defaults = {f.name: f.default for f in dataclasses.fields(opts)}
     given = [n for n in names if getattr(opts, n) != defaults[n]]
-    if command == "accuracy" and source.kind in ("model", "factory"):
-        check(False, "text/model_factory: they go together: accuracy DIR --model hf --text FILE (a pretrained LM on "
-                     "raw text); a model of your own has no held-out set otherwise")
     check(not given, f"{'/'.join(given)}: {why}; leave {'them' if len(given) > 1 else 'it'} out")

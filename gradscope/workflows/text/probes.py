@@ -249,11 +249,8 @@ def run_text_stability(model: Any, opts: StabilityOptions, source: TextSource, *
                        on_progress: Callable[[int], None] | None = None,
                        on_plan: Callable[[Any], None] | None = None) -> StabilityRun:
     """Stability (docs/definitions.md §4) of ``model`` (see :func:`text_model`) on triplets drawn from ``source.text``
-    (:func:`text_probes`; ``opts.length`` tokens per row, default :data:`DEFAULT_LENGTH`)."""
-    check(opts.probes is None and opts.token_counts is None,
-          "probes/token_counts: with text the probes are drawn from the text; give one source of probes")
-    check(opts.filler is None, "filler: text probes end with the text (no output phase), as a corpus's probes do")
-    check(opts.corpus is None, "corpus: it names the corpus a gradscope checkpoint trained on; with text the text is the corpus")
+    (:func:`text_probes`; ``opts.length`` tokens per row, default :data:`DEFAULT_LENGTH`). The options a text does
+    not read (probes, token_counts, filler, corpus) are refused before, by :func:`gradscope.workflows.sources.check_reads`."""
     length = opts.length if opts.length is not None else DEFAULT_LENGTH
     check(length >= 2, f"length: got {length}; a text probe row needs at least 2 tokens")
     with _quiet_transformers():
