@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
 from gradscope.workflows.study.options import CorpusOptions  # torch-free: --help builds the options from it
 
-from .common import SETTINGS, make_console, refuse_given, warn
+from .common import SETTINGS, make_console, warn
 from .errors import user_errors
 from .generated import build_options, generated_command
 
@@ -32,27 +32,22 @@ def prepare_command(
     ctx: typer.Context,
     raw: Annotated[Path, typer.Argument(help="UTF-8 text, one paragraph per line (e.g. WikiText-103's wiki.train.raw); WikiText headings and blank lines are dropped.", show_default=False)],
     out: Annotated[Path, Opt("--out", "-o", help="Corpus directory to create (must not exist).")],
-    valid_file: Annotated[Optional[Path], Opt(help="Separate valid split (with --test-file), e.g. wiki.valid.raw.")] = None,
-    test_file: Annotated[Optional[Path], Opt(help="Separate test split (with --valid-file), e.g. wiki.test.raw.")] = None,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress display.")] = False,
 ) -> None:
     """Strip headings and blank lines, train a SentencePiece tokenizer on the train split, and write
-    the splits as memory-mapped token arrays with counts and a manifest. The settings (--vocab-size …
-    --split-seed) are CorpusOptions' fields."""
+    the splits as memory-mapped token arrays with counts and a manifest. The settings (--vocab …
+    --test-file) are CorpusOptions' fields."""
     from gradscope.workflows.corpus import SplitLeakWarning, prepare_corpus
 
     settings = build_options(CorpusOptions, ctx.meta.get(SETTINGS, {}))  # every value checked in its __post_init__
-    if valid_file is not None or test_file is not None:  # the split files are the held-out splits
-        refuse_given(ctx, ["valid", "test", "split_seed"], "they split one file's paragraphs; with --valid-file "
-                     "and --test-file the held-out splits are those files")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SplitLeakWarning)
         if quiet:
-            corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file)
+            corpus = prepare_corpus(raw, out, settings)
         else:  # a spinner with the stage and its elapsed time (tokenizer training on WikiText-103 takes minutes)
             with console.status("preparing the corpus") as status:
                 clock = time.perf_counter()
-                corpus = prepare_corpus(raw, out, settings, valid_file=valid_file, test_file=test_file,
+                corpus = prepare_corpus(raw, out, settings,
                                         on_stage=lambda text: (status.update(text + " …"), console.print(
                                             f"{time.perf_counter() - clock:7.1f} s  {text}", markup=False)))
     for w in caught:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gradscope.errors import GradscopeError
 
-from gradscope.workflows.study.options import StudyOptions, TextStudyOptions  # torch-free: --help builds them
+from gradscope.workflows.study.options import ReproduceOptions, StudyOptions, TextStudyOptions  # torch-free: --help builds them
 
 from .common import SETTINGS, command_line, make_console, refuse_given
 from .errors import user_errors
@@ -30,51 +30,45 @@ def plan_table(runs: list[PlannedRun], measure: bool) -> Table:
     from rich.table import Table
 
     import torch
-    from gradscope.workflows.study.reproduce import seconds_per_step
+    from gradscope.workflows.study.reproduce import estimate_seconds
 
     table = Table(title="plan: train → accuracy → stability over checkpoints → summarize → report",
                   title_justify="left")
     for col in ("run", "parameters", "iterations", "training tokens", "≈ training FLOPs",
                 *(("≈ CPU time (measured steps)",) if measure else ())):
         table.add_column(col, justify="left" if col == "run" else "right")
-    measured: dict[tuple[str, str], float] = {}
-    total = 0.0
+    estimates = estimate_seconds(runs) if measure else {}
     for r in runs:
         row = [r.name, f"{r.parameters:,}", f"{r.config.train.iterations:,}", f"{r.tokens:.3g}", f"{r.train_flops:.3g}"]
         if measure:
-            key = (r.config.model.core, r.config.model.pe)
-            if key not in measured:
-                measured[key] = seconds_per_step(r)
-            est = measured[key] * r.config.train.iterations
-            total += est
-            row.append(f"{est / 60:.1f} min")
+            row.append(f"{estimates[r.name] / 60:.1f} min")
         table.add_row(*row)
     if measure:
-        table.caption = f"total ≈ {total / 3600:.2f} h of training on this machine's CPU ({torch.get_num_threads()} threads)"
+        table.caption = (f"total ≈ {sum(estimates.values()) / 3600:.2f} h of training on this machine's CPU "
+                         f"({torch.get_num_threads()} threads)")
     return table
 
 
-# the study's options (each --<field>, its help and default from StudyOptions' field) are generated
-# and those of the study of a pretrained LM on a text (--text … --budget-seconds, TextStudyOptions' fields)
-ReproduceCommand = generated_command(StudyOptions, None, TextStudyOptions)
+# the study's options (each --<field>, its help and default from StudyOptions' field) are generated, then what the
+# command runs (--dry-run, --measure, --model-dir: ReproduceOptions') and the options of the study of a pretrained LM
+# on a text (--text … --budget-seconds, TextStudyOptions' fields)
+ReproduceCommand = generated_command(StudyOptions, None, ReproduceOptions, TextStudyOptions)
 
 
 @user_errors
 def reproduce_command(
     ctx: typer.Context,
     out: Annotated[Path, Opt("--out", "-o", help="Study directory (re-running it skips finished steps).")] = Path("study"),
-    dry_run: Annotated[bool, Opt("--dry-run", help="Print the plan and estimated compute; train nothing (--study lm prepares its corpus first: the plan needs its vocabulary).")] = False,
-    measure: Annotated[bool, Opt(help="With --dry-run: time a few training steps per model to estimate CPU time.")] = True,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bars.")] = False,
-    model_dir: Annotated[Optional[Path], Opt("--model-dir", help="With --text: a pretrained LM's save_pretrained directory, its tokenizer beside it: accuracy, stability and dynamics by token frequency on the text, and the report, into --out (docs/real-text.md).")] = None,
 ) -> None:
     """Train vanilla and PE models × seeds, then accuracy, stability, summaries and a report;
     with --extend-to, the vocabulary-extension experiment too. With --model-dir DIR --text FILE: a
     pretrained LM's accuracy, stability and dynamics by token frequency on a raw text, and the report.
-    The study's options (--study … --extend-iterations) are StudyOptions' fields, the text study's (--text …
-    --budget-seconds) TextStudyOptions'."""
+    The study's options (--study … --extend-iterations) are StudyOptions' fields, --dry-run … --model-dir
+    ReproduceOptions', the text study's (--text … --budget-seconds) TextStudyOptions'."""
     settings = ctx.meta.get(SETTINGS, {})
-    model_dir = ctx.params["model_dir"]
+    mode = build_options(ReproduceOptions, settings)
+    model_dir, dry_run, measure = mode.model_dir, mode.dry_run, mode.measure
     study_fields = {f.name for f in dataclasses.fields(StudyOptions)}
     text_options = ["model_dir",
                     *(f.name for f in dataclasses.fields(TextStudyOptions) if "help" in f.metadata)]

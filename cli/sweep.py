@@ -10,7 +10,7 @@ import typer
 
 from gradscope.errors import GradscopeError
 
-from gradscope.workflows.study.options import ClusterOptions  # torch-free: --help builds the options from it
+from gradscope.workflows.study.options import ClusterOptions, SweepOptions  # torch-free: --help builds the options from it
 
 from .common import SETTINGS, command_line, make_console
 from .errors import user_errors
@@ -53,8 +53,9 @@ def _previous(out: Path, spec: SweepSpec) -> dict[str, dict[str, Any]]:
     return {e.get("name"): e for e in doc["points"]}
 
 
-# where the points run (each --<field>, its help and default from ClusterOptions' field) is generated
-SweepCommand = generated_command(ClusterOptions, after="out")
+# where the points run (each --<field>, its help and default from ClusterOptions' field) is generated, and --dry-run
+# (SweepOptions')
+SweepCommand = generated_command(ClusterOptions, "out", SweepOptions)
 
 
 @user_errors
@@ -62,7 +63,6 @@ def sweep_command(
     ctx: typer.Context,
     spec_file: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="Sweep spec (TOML): preset, settings, axes, analyses. Example: docs/sweep-tiny.toml.", show_default=False)],
     out: Annotated[Optional[Path], Opt("--out", "-o", help="Sweep directory (default: sweep-<spec name>). Re-running skips finished points and resumes half-trained runs.")] = None,
-    dry_run: Annotated[bool, Opt("--dry-run", help="Print the grid and what is already done; run nothing.")] = False,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Run a grid of train → accuracy → stability tasks on dask.distributed, resumably. Where the points
@@ -73,6 +73,7 @@ def sweep_command(
     from gradscope.workflows.sweep.grid import check_existing, manifest_entry, plan_points, point_finished, read_spec
 
     opts = build_options(ClusterOptions, ctx.meta.get(SETTINGS, {}))  # checked first, in its __post_init__
+    dry_run = build_options(SweepOptions, ctx.meta.get(SETTINGS, {})).dry_run
     if opts.scheduler is None and opts.workers is not None:
         check_workers(opts)  # the memory of the workers asked for, before the spec is read or anything written
     spec = read_spec(spec_file)

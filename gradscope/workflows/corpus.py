@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -168,10 +167,9 @@ def check_leakage(paras: dict[str, list[str]], named: dict[str, str]) -> None:
 
 
 def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusOptions = CorpusOptions(), *,
-                   valid_file: Path | str | None = None, test_file: Path | str | None = None,
                    on_stage: Callable[[str], None] | None = None) -> Corpus:
     """Make a corpus directory ``out`` from the UTF-8 text ``raw`` (one paragraph per line;
-    WikiText headings and blank lines dropped). With ``valid_file`` and ``test_file`` (e.g.
+    WikiText headings and blank lines dropped). With ``settings.valid_file`` and ``settings.test_file`` (e.g.
     WikiText's own ``wiki.valid.raw``/``wiki.test.raw``) those are the held-out splits; otherwise
     ``raw``'s paragraphs are split by ``settings.valid``/``settings.test``. Returns the opened corpus.
     ``out`` must not exist yet (it is never overwritten). ``on_stage(text)`` is called as each stage
@@ -179,7 +177,7 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusOptions = C
     stage = on_stage if on_stage is not None else (lambda _text: None)
     check(isinstance(settings, CorpusOptions), f"settings: got {type(settings).__name__}; expected CorpusOptions")
     out = Path(out)
-    check((valid_file is None) == (test_file is None), "valid_file/test_file: give both, or neither")
+    valid_file, test_file = settings.valid_file, settings.test_file  # both or neither (CorpusOptions)
     check(not _path_exists(out, "out"), f"out: {out} already exists; choose a new directory")
     _check_names(out, "out")  # a name the system refuses is found now, not after minutes of work and a made parent
     above = next((p for p in out.absolute().parents if _path_exists(p, "out")), None)  # checked before minutes of work
@@ -254,7 +252,7 @@ def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusOptions = C
             "vocab_size": vocab,
             "tokenizer": {"library": "sentencepiece", "file": TOKENIZER, "sha256": sha256_bytes(proto),
                           "bos_id": -1, "eos_id": -1, "pad_id": -1, "unk_id": 0, "num_threads": 1},
-            "settings": asdict(settings),
+            "settings": settings.recorded(),
             "split": "files" if valid_file is not None else "seeded paragraph permutation",
             "sources": source_info,
             "preprocessing": "WikiText headings (' = … = ' lines) and blank lines removed; one paragraph per line",

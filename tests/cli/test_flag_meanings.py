@@ -48,6 +48,7 @@ SAME_MEANING = {
     "--valid-file": "a separate valid split of a raw text (reproduce: for --study lm --scale paper)",
     "--test-file": "a separate test split of a raw text (reproduce: for --study lm --scale paper)",
     "--dry-run": "say what would run and run nothing (the plan of a study, the grid of a sweep)",
+    "--no-dry-run": "run (the default), as --dry-run's other side",
 }
 # two meanings under one name: none. --method (stability's Jacobian engine) was also summarize's interval method, now
 # --interval; --warmup (train's learning-rate warm-up) was also dynamics' Lyapunov warm-up, now --lyap-warmup;

@@ -147,7 +147,7 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     (nested / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     fails(base + ["--corpus", str(nested)], "not valid JSON")
     with pytest.raises(GradscopeError, match="valid_file/test_file"):
-        prepare_corpus(tmp_path / "raw.txt", tmp_path / "x", valid_file=tmp_path / "raw.txt")
+        prepare_corpus(tmp_path / "raw.txt", tmp_path / "x", CorpusOptions(valid_file=tmp_path / "raw.txt"))
     # split files that hold the same text (the same file twice, or a copy): test would score what valid holds
     copy = tmp_path / "copy.txt"
     copy.write_bytes((tmp_path / "raw.txt").read_bytes())

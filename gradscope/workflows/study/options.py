@@ -2,8 +2,8 @@
 with :func:`gradscope.fields.option` carries its help and is the command's ``--<field>`` flag (the CLI
 generates the flags, ``cli/generated.py``); the checks run only in ``__post_init__``; the Python
 functions take the same names. Torch-free (and plotly-free), so that a command's ``--help`` builds its
-options without loading either. Paths a command reads or writes (its arguments, ``--out``) and what only
-steers the terminal (``--quiet``, ``--dry-run``) stay the command's own."""
+options without loading either. What a command reads (its arguments) and writes (``--out``, ``--overwrite``), and
+``--quiet``, stay the command's own."""
 
 from __future__ import annotations
 
@@ -136,6 +136,34 @@ class StudyOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReproduceOptions:
+    """What `gradscope reproduce` runs, besides the study's own options: ``dry_run``, the plan alone (each
+    model's training steps timed when ``measure``: :func:`gradscope.workflows.study.reproduce.estimate_seconds`);
+    ``model_dir``, a pretrained LM's study of a text instead (its options: :class:`TextStudyOptions`,
+    :func:`gradscope.workflows.text.study.reproduce_text`). Each field is named as its flag."""
+
+    dry_run: bool = option(False, "Print the plan and estimated compute; train nothing (--study lm prepares its corpus "
+                                  "first: the plan needs its vocabulary).")
+    measure: bool = option(True, "With --dry-run: time a few training steps per model to estimate CPU time.")
+    model_dir: Path | None = option(None, "With --text: a pretrained LM's save_pretrained directory, its tokenizer "
+                                          "beside it: accuracy, stability and dynamics by token frequency on the text, "
+                                          "and the report, into --out (docs/real-text.md).")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model_dir, str):
+            object.__setattr__(self, "model_dir", Path(self.model_dir))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepOptions:
+    """What `gradscope sweep` does with its grid (where the points run: :class:`ClusterOptions`); ``dry_run``:
+    print the grid and what is already done, and run nothing (:func:`gradscope.workflows.sweep.grid.plan_points`
+    from Python). Named as its flag."""
+
+    dry_run: bool = option(False, "Print the grid and what is already done; run nothing.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TextStudyOptions:
     """`gradscope reproduce --model-dir DIR --text FILE`'s study of a pretrained LM on a raw text; each field is
     named as its flag (``text`` … ``budget_seconds``; ``triplets``, ``target_pos`` and ``probe_length`` are the
@@ -236,6 +264,7 @@ class ClusterOptions:
 
 
 MODEL_TYPES = ("unigram", "bpe", "char", "word")  # SentencePiece's model types
+SPLIT_FRACTIONS = ("valid", "test", "split_seed")  # CorpusOptions' fields that split one file's paragraphs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,9 +282,25 @@ class CorpusOptions:
     valid: float = option(0.05, "Without split files: fraction of paragraphs held out for valid.")
     test: float = option(0.05, "Without split files: fraction of paragraphs held out for test.")
     split_seed: int = option(0, "Without split files: seed of the paragraph permutation.", low=0, high=MAX_SEED)
+    # the held-out splits as files of their own: then valid/test/split_seed, which split one file, do not apply
+    valid_file: Path | None = option(None, "Separate valid split (with --test-file), e.g. wiki.valid.raw.")
+    test_file: Path | None = option(None, "Separate test split (with --valid-file), e.g. wiki.test.raw.")
 
     def __post_init__(self) -> None:
         check(isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool)
               and 4 <= self.vocab_size <= MAX_VOCAB,
               f"vocab: got {self.vocab_size!r}; need an integer in 4…{MAX_VOCAB:,}")
+        for name in ("valid_file", "test_file"):
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, Path(getattr(self, name)))
         check_fields(self)
+        check((self.valid_file is None) == (self.test_file is None), "valid_file/test_file: give both, or neither")
+        if self.valid_file is not None:
+            split = [f.name for f in dataclasses.fields(self) if f.name in SPLIT_FRACTIONS
+                     and getattr(self, f.name) != f.default]
+            check(not split, f"{'/'.join(split)}: they split one file's paragraphs; with valid_file and test_file the "
+                             f"held-out splits are those files")
+
+    def recorded(self) -> dict[str, object]:
+        """The settings a corpus's manifest records: the split files are recorded as its sources instead."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("valid_file", "test_file")}

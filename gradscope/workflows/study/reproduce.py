@@ -20,7 +20,7 @@ import torch
 import xarray as xr
 
 from gradscope.fields import CHECKPOINTS
-from gradscope.errors import GradscopeError, check
+from gradscope.errors import check
 from gradscope.files.checkpoint import checkpoint_iteration, resolve_checkpoints
 from gradscope.store.io import write_store
 from gradscope.store.summary import summary_attrs, summary_dataset, trial_records
@@ -34,6 +34,7 @@ from gradscope.workflows.families.lm import check_probe_shape
 from gradscope.workflows.study.lm import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
 from gradscope.workflows.study.runs import Layout, PlannedRun, check_run_sizes, plan_runs
 from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
+from gradscope.workflows.options import with_overrides
 from gradscope.workflows.study.options import PROBE_LENGTH, PROBE_TARGET_POS, StudyOptions  # declared torch-free
 from gradscope.workflows.summarize import SummaryEntry, group_records, summarize_groups
 
@@ -80,6 +81,19 @@ def seconds_per_step(run: PlannedRun) -> float:
         opt.step()
         times.append(time.perf_counter() - tic)
     return min(times[1:])
+
+
+def estimate_seconds(runs: list[PlannedRun]) -> dict[str, float]:
+    """Each run's training time on this machine's CPU, estimated now: :func:`seconds_per_step`, measured once per
+    (core, positional encoding), times the run's iterations (`gradscope reproduce --dry-run`'s last column)."""
+    per_step: dict[tuple[str, str], float] = {}
+    estimates = {}
+    for r in runs:
+        key = (r.config.model.core, r.config.model.pe)
+        if key not in per_step:
+            per_step[key] = seconds_per_step(r)
+        estimates[r.name] = per_step[key] * r.config.train.iterations
+    return estimates
 
 
 def plan_study(options: StudyOptions, out: Path) -> Study:
@@ -148,14 +162,12 @@ def run_study(study: Study, *, command: str = "", on_train: Callable[[PlannedRun
     return StudyResult(study, summaries, extension)
 
 
-def reproduce(out: str | Path = "study", **options: Any) -> StudyResult:
+def reproduce(out: str | Path = "study", *, opts: StudyOptions | None = None, **overrides: Any) -> StudyResult:
     """The whole study from Python, as `gradscope reproduce` runs it (the report aside: ``gradscope report
-    OUT/runs/* OUT/stores/*.zarr``, or the command). options: the fields of :class:`StudyOptions`."""
-    try:
-        opts = StudyOptions(**options)
-    except TypeError as err:
-        raise GradscopeError(f"reproduce: {err}; valid options are the fields of StudyOptions") from None
-    return run_study(plan_study(opts, Path(out)))
+    OUT/runs/* OUT/stores/*.zarr``, or the command). ``opts``: :class:`StudyOptions` (None: its defaults),
+    ``overrides`` its fields, named as the flags. The plan alone (``--dry-run``): :func:`plan_study`, and
+    :func:`estimate_seconds` for its training time."""
+    return run_study(plan_study(with_overrides(StudyOptions, opts, overrides, "reproduce"), Path(out)))
 
 
 Event = Callable[[str, str], None]  # (step, message)

@@ -49,7 +49,7 @@ def test_the_study_loop_runs_from_python_as_the_command_runs_it(runner: CliRunne
     assert not (py / "report.html").exists()  # the report is drawn at the edge
     with pytest.raises(GradscopeError, match="target_pos/probe_length: they set the lm study"):
         gradscope.reproduce(tmp_path / "x", target_pos=3)
-    with pytest.raises(GradscopeError, match="reproduce: .*unexpected keyword"):
+    with pytest.raises(GradscopeError, match="model: not an option of reproduce"):
         gradscope.reproduce(tmp_path / "x", model=DEFAULT_CORE)
     assert not (tmp_path / "x").exists()
 
@@ -59,12 +59,15 @@ def test_the_dry_run_measures_training_steps_from_python_as_the_command_does(run
     gradscope.workflows.study.reproduce.seconds_per_step (a notebook can call it on the plan)."""
     import math
 
-    from gradscope.workflows.study.reproduce import plan_study, seconds_per_step
+    from gradscope.workflows.study.reproduce import estimate_seconds, plan_study, seconds_per_step
     from gradscope.workflows.study.options import StudyOptions
 
     study = plan_study(StudyOptions(seeds="1", iterations=10), tmp_path / "s")
     seconds = seconds_per_step(study.runs[0])
     assert math.isfinite(seconds) and 0 < seconds < 60
+    estimates = estimate_seconds(study.runs)  # per run: its configuration's measured step times its iterations
+    assert list(estimates) == [r.name for r in study.runs]
+    assert all(math.isfinite(v) and 0 < v < 60 * r.config.train.iterations for r, v in zip(study.runs, estimates.values()))
     result = runner.invoke(app, ["reproduce", "--dry-run", "--seeds", "1", "--iterations", "10", "-o", str(tmp_path / "s")])
     assert result.exit_code == 0, result.stderr
     assert "CPU time (measured steps)" in result.stdout and " min" in result.stdout
