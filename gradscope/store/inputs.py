@@ -272,7 +272,8 @@ def stability_curves(stores: list[Input], score: str = DEFAULT_SCORE, resamples:
     """Per configuration, pair, condition and iteration: the mean score and its CI. A configuration with
     stores of two or more seeds there and ``band="seeds"``: the mean of the seeds' mean scores and the
     Student t-interval over seeds (seeds are the trials); otherwise the mean over the triplets of every
-    store of that configuration that has the iteration, with a 95% percentile-bootstrap CI over them."""
+    store of that configuration that has the iteration, with a percentile-bootstrap CI over them; both intervals at
+    ``confidence`` (95% by default)."""
     check(band in BANDS, f"band: got {band!r}; valid values are {', '.join(BANDS)}")
     points = []
     for label, members in configurations(stores).items():
@@ -298,7 +299,7 @@ def stability_curves(stores: list[Input], score: str = DEFAULT_SCORE, resamples:
                         iv = confidence_interval(np.array(means), method="t", confidence=confidence)
                         points.append(StabilityPoint(label, pair, cond, it, iv, len(values), "seed", per_seed))
                     else:
-                        iv = bootstrap_mean(np.concatenate(values), resamples=resamples, seed=seed)
+                        iv = bootstrap_mean(np.concatenate(values), confidence=confidence, resamples=resamples, seed=seed)
                         points.append(StabilityPoint(label, pair, cond, it, iv, len(values), "triplet", per_seed))
     return points
 

@@ -36,6 +36,22 @@ def test_stability_curves_are_the_store_means(report_inputs: dict) -> None:
                                                                  {round(p.interval.mean, 12) for p in points}]
 
 
+def test_the_triplet_band_takes_the_confidence_asked_for(report_inputs: dict) -> None:
+    """band over triplets (one seed): the percentile bootstrap at ``confidence``, as the seed band's t-interval is."""
+    items = load_inputs([report_inputs["stability"]])
+    ds = read_store(report_inputs["stability"])
+    wide = stability_curves(items, resamples=300, seed=3)
+    narrow = stability_curves(items, resamples=300, seed=3, confidence=0.5)
+    assert [p.unit for p in narrow] == ["triplet"] * len(narrow)
+    for w, p in zip(wide, narrow):
+        at = int(np.flatnonzero(ds["iteration"].values == p.iteration)[0])
+        values = ds["score_default"].isel(checkpoint=at).sel(pair=p.pair).values[ds["condition"].values == p.condition]
+        ref = bootstrap_mean(values, resamples=300, seed=3, confidence=0.5)
+        assert (p.interval.low, p.interval.high) == (ref.low, ref.high)
+        assert w.interval.low <= p.interval.low <= p.interval.high <= w.interval.high
+    assert any(w.interval.high - w.interval.low > p.interval.high - p.interval.low for w, p in zip(wide, narrow))
+
+
 def test_stability_bands_are_bootstrap_cis_over_pooled_seeds(report_inputs: dict, tmp_path: Path) -> None:
     """With band="triplets", a second seed of the same configuration is pooled: CIs over the triplets of
     both stores."""
