@@ -84,7 +84,3 @@ def test_the_flags_are_the_dataclass_fields(name: str, cls: type, function) -> N
 def test_a_bad_value_is_refused_by_the_dataclass_before_any_file_is_read(args: list[str], message: str) -> None:
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
-
-
-def test_repeated_and_comma_separated_parts_are_one_list() -> None:
-    assert DynamicsOptions(parts=("flow,grid", "lyapunov")).parts == ("flow", "grid", "lyapunov")
