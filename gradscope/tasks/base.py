@@ -52,7 +52,8 @@ class Task:
     name: ClassVar[str] = "task"
     probes: ClassVar[bool] = False
     inputs: ClassVar[str] = "tokens"  # what a position holds: token ids, or vectors (the continuous task)
-    corpus_probes: ClassVar[bool] = False  # probes drawn from a text corpus (lm), not from ``probes``'s phases
+    # rows of unequal length padded to one: training's throughput counts the scored tokens, not the positions
+    padded_rows: ClassVar[bool] = False
     disjoint_heldout: ClassVar[bool] = False  # held-out rows come from their own split: nothing to exclude
     default_length: ClassVar[int | None] = None  # L when none is given (None: the preset's)
     # The optional TaskConfig fields (:data:`OPTIONAL_SETTINGS`) this task reads; a given option

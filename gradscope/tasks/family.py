@@ -2,7 +2,8 @@
 
 A family is its task class (one file, one line in :mod:`gradscope.tasks.registry`). Beside how its
 batches and held-out sets are made (:class:`~gradscope.tasks.base.Task`) and its probe source
-(``probes``/``corpus_probes``), the class declares:
+(``probes``; a family probed on its own text declares that on its evaluation,
+:class:`gradscope.workflows.families.evaluation.TextProbes`), the class declares:
 
 - ``layout``: the variables and coordinates it adds to an accuracy store, with their dims and kinds
   (the store's schema check reads them: :mod:`gradscope.store.schema`);

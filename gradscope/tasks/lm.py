@@ -52,7 +52,7 @@ def paragraph_rows(split: Split, index: np.ndarray, length: int, start: int, wid
 class LanguageModel(Task):
     name: ClassVar[str] = "lm"
     settings: ClassVar[tuple[str, ...]] = ("corpus",)  # its tokens follow the corpus
-    corpus_probes: ClassVar[bool] = True  # stability/dynamics probes come from the held-out text
+    padded_rows: ClassVar[bool] = True  # a paragraph per row, padded (its probe source: workflows.families.lm)
     disjoint_heldout: ClassVar[bool] = True
     # its own part of the accuracy store: perplexity and accuracy on the corpus's test split, overall, by
     # token-frequency bin and by position bin (evaluated by gradscope.workflows.families.lm; the raw-text

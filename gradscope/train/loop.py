@@ -315,7 +315,7 @@ def _run(cfg: RunConfig, task: Task, run_dir: Path, state: TrainState, stop_afte
                 elapsed = time.perf_counter() - tic
                 # positions per second; a corpus task's rows are padded, so there the real (scored)
                 # tokens of the steps timed (the window may also hold steps from before a resume)
-                timed = n_scored * tic_steps / state.window_steps if task.corpus_probes else \
+                timed = n_scored * tic_steps / state.window_steps if task.padded_rows else \
                     tic_steps * t.batch_size * task.total_len
                 entry = {"iteration": state.iteration, "loss": loss_sum / state.window_steps,
                          "accuracy": n_correct / max(n_scored, 1), "lr": lr,

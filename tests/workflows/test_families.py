@@ -12,13 +12,13 @@ from gradscope.workflows.families import EVALUATIONS, evaluation_of, text_famili
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_probed_on_its_own_text_is_one_declaration_seen_from_both_layers() -> None:
-    """The task's ``corpus_probes`` (which training reads, below the workflows layer) and the evaluation's
-    ``text_probes`` (the probe source itself) say the same thing for every registered family."""
-    for name, cls in TASKS.items():
-        assert cls.corpus_probes == (evaluation_of(cls).text_probes is not None), name
-    assert text_families() == [n for n, cls in TASKS.items() if cls.corpus_probes]
-    assert text_families()  # the check sees a family it is about
+def test_probed_on_its_own_text_is_declared_once_on_the_evaluation() -> None:
+    """Whether a family is probed on its own text is its evaluation's ``text_probes`` (the probe source itself):
+    no task class says it again (training reads ``padded_rows``, a fact of its batches)."""
+    again = [f"{n}.{a}" for n, cls in TASKS.items() for a in dir(cls) if a.endswith("_probes")]
+    assert not again, f"a second declaration of the probe source, on the task class: {again}"
+    assert text_families() == [n for n, cls in TASKS.items() if evaluation_of(cls).text_probes is not None]
+    assert text_families() == ["lm"]  # the one family probed on its text (and the check sees it)
 
 
 def test_the_analysis_workflows_name_no_family() -> None:

@@ -18,7 +18,7 @@ from gradscope.workflows.options import AccuracyOptions
 @dataclass(frozen=True, kw_only=True)
 class TextProbes:
     """A family whose stability and dynamics probes are its corpus's own text, not generated phases
-    (the lm family; its task declares ``corpus_probes``).
+    (the lm family). Declared here only: the task class below says nothing of it.
 
     label: the condition label of the text around a target (disturbants are real text); groups: the
     default target classes; task(loaded, corpus) → the checkpoint's task (corpus: its moved directory);
