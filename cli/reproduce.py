@@ -80,7 +80,7 @@ def reproduce_command(
                                  "-o OUT")
         refuse_given(ctx, ["study", "scale", "corpus_text", "valid_file", "test_file", "models", "seeds", "iterations",
                            "dry_run", "measure", "extend_to", "extend_iterations"],
-                     "they set the synthetic and lm studies, which train their own models; --text studies --model-dir")
+                     "they set the studies that train their own models (--study); --text studies --model-dir")
         # the flags StudyOptions shares with it (triplets, target_pos, probe_length): left out, its own defaults
         opts = build_options(TextStudyOptions, {k: v for k, v in settings.items() if k in text_fields})
         text_study(model_dir, opts, out, command_line(ctx), quiet)

@@ -34,15 +34,15 @@ class TaskFields:
                                 high=MAX_SIZE)
     hold_min: int = option(60, "copy: fewest blanks in the hold phase.", low=0, high=MAX_LENGTH)
     hold_max: int = option(100, "copy: most blanks in the hold phase.", low=0, high=MAX_LENGTH)
-    dim: int = option(0, "reverse-continuous: tokens are points of the unit sphere S^(dim−1).", low=0, high=MAX_SIZE)
+    dim: int = option(0, "A continuous task: tokens are points of the unit sphere S^(dim−1).", low=0, high=MAX_SIZE)
     # Vocabulary extension (paper §4.2): items 0 … old_items−1 are the pretrained ("old") ones and
     # old_items … K−1 the new ones (0: no split). new_item_share: the probability that a position
     # holds a new item (uniform within old and within new); None: uniform over all K items, as the
     # paper did, i.e. a share of (K − old_items)/K.
     old_items: int = bounded(0, low=0, high=MAX_SIZE)
     new_item_share: float | None = bounded(None, low=0.0, high=1.0, exclusive="both")  # both item kinds occur
-    corpus: str = option("", "lm: the corpus directory made by `gradscope corpus prepare` (its vocabulary sets K).")
-    corpus_sha256: str = ""  # lm only: the sha256 of that corpus's manifest (its identity)
+    corpus: str = option("", "A corpus task: the corpus directory made by `gradscope corpus prepare` (its vocabulary sets K).")
+    corpus_sha256: str = ""  # a corpus task: the sha256 of that corpus's manifest (its identity)
 
     def __post_init__(self) -> None:
         text("distribution", self.distribution, DISTRIBUTIONS)
