@@ -203,8 +203,9 @@ def same_nonfinite(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 STAT = Path("/proc/stat")
+OWN_TASKS = Path("/proc/self/task")  # this process's threads
 _IMPORTED_BY = os.getpid()  # a forked child (not a fresh interpreter) leaves torch's thread pool alone
-SAMPLES = 5  # readings of the run queue, INTERVAL apart: a busy process shows up in at least one
+SAMPLES = 5  # readings of the run queue, INTERVAL apart: a busy process shows up in nearly every one
 INTERVAL = 0.02
 
 
@@ -216,10 +217,24 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def runnable_others(stat: Path = STAT, samples: int = SAMPLES, interval: float = INTERVAL) -> int | None:
-    """Runnable tasks other than this one, at the busiest of ``samples`` readings of ``procs_running``;
-    None where the kernel does not say (no /proc/stat)."""
-    busiest = None
+def own_running(tasks: Path | None = None) -> int:
+    """This process's own runnable threads (state R in ``tasks``, its ``/proc/self/task``), at least 1 (the one
+    reading): torch's OpenMP workers spin for a while after an operation, and the run queue counts them too."""
+    count = 0
+    for stat in (tasks if tasks is not None else OWN_TASKS).glob("*/stat"):
+        try:
+            count += stat.read_text().rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):  # a thread that ended while read
+            continue
+    return max(1, count)
+
+
+def runnable_others(stat: Path = STAT, samples: int = SAMPLES, interval: float = INTERVAL,
+                    tasks: Path | None = None) -> int | None:
+    """Runnable tasks other than this process's own threads (:func:`own_running`), as many as at least two of
+    ``samples`` readings of ``procs_running`` show (a busy process is runnable in nearly every reading; a kernel
+    worker that woke for one is not load); None where the kernel does not say (no /proc/stat)."""
+    counts = []
     for k in range(samples):
         try:
             text = stat.read_text()
@@ -227,12 +242,14 @@ def runnable_others(stat: Path = STAT, samples: int = SAMPLES, interval: float =
             return None
         for line in text.splitlines():
             if line.startswith("procs_running "):
-                count = int(line.split()[1])
-                busiest = count if busiest is None else max(busiest, count)
+                counts.append(int(line.split()[1]) - own_running(tasks))
                 break
         if k + 1 < samples:
             time.sleep(interval)
-    return None if busiest is None else max(0, busiest - 1)
+    if not counts:
+        return None
+    counts.sort(reverse=True)
+    return max(0, counts[1] if len(counts) > 1 else counts[0])
 
 
 PROC = Path("/proc")

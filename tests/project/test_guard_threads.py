@@ -15,6 +15,20 @@ def _stat(tmp_path: Path, running: int) -> Path:
     return path
 
 
+def _own(folder: Path, states: str) -> Path:
+    """A fake /proc/self/task: one thread per letter of ``states`` (R running, S sleeping)."""
+    for tid, state in enumerate(states, start=100):
+        (folder / str(tid)).mkdir(parents=True)
+        (folder / str(tid) / "stat").write_text(f"{tid} (python) {state} 1 2 3\n")
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def one_own_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as the fake /proc/stat readings assume it: one running thread (the reader)."""
+    monkeypatch.setattr(threads, "OWN_TASKS", _own(tmp_path / "self-task", "RS"))
+
+
 @pytest.mark.parametrize(("running", "cores", "expected"), [(1, 2, 2), (2, 2, 1), (3, 2, 1), (9, 16, 8), (1, 1, 1)])
 def test_free_cores_leave_the_busy_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running: int, cores: int,
                                         expected: int) -> None:
@@ -23,17 +37,33 @@ def test_free_cores_leave_the_busy_ones(tmp_path: Path, monkeypatch: pytest.Monk
     assert threads.free_cores(_stat(tmp_path, running)) == expected  # this process's reading thread is one
 
 
-def test_the_busiest_reading_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("readings", "others"), [([1, 3, 1, 3, 1], 2), ([1, 3, 1, 1, 1], 0), ([4, 3, 2, 1, 1], 2)])
+def test_what_two_readings_show_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readings: list[int],
+                                       others: int) -> None:
+    """A busy process is runnable in nearly every reading; one that shows in a single reading (a kernel worker
+    that woke) is no load."""
     path = _stat(tmp_path, 1)
-    readings = iter([1, 3, 1, 1, 1])
+    sequence = iter(readings)
     original = Path.read_text
 
     def read(self: Path, *args: object, **kwargs: object) -> str:
-        return f"procs_running {next(readings)}\n" if self == path else original(self, *args, **kwargs)
+        return f"procs_running {next(sequence)}\n" if self == path else original(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", read)
     monkeypatch.setattr(threads, "INTERVAL", 0.0)
-    assert threads.runnable_others(path) == 2
+    assert threads.runnable_others(path) == others
+
+
+def test_this_processs_own_running_threads_are_not_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's OpenMP workers spin after an operation and the run queue counts them: they are this process's, not
+    load (an idle machine read as busy would run on fewer cores and never cache its rates)."""
+    monkeypatch.setattr(threads, "INTERVAL", 0.0)
+    own = _own(tmp_path / "three", "RRSR")
+    assert threads.own_running(own) == 3
+    assert threads.runnable_others(_stat(tmp_path, 4), tasks=own) == 1
+    assert threads.runnable_others(_stat(tmp_path, 3), tasks=own) == 0
+    assert threads.own_running(_own(tmp_path / "asleep", "S")) == 1  # the reader itself runs
+    assert threads.own_running(tmp_path / "none") == 1
 
 
 def test_environment_and_unknown_machines_leave_torch_alone(tmp_path: Path) -> None:
