@@ -180,7 +180,7 @@ def stability_item(kind: str, size: str, timeout: float, triplets: int, extra: t
     with tempfile.TemporaryDirectory() as tmp:
         r = measure_stability(name, Path(tmp), triplets=triplets, timeout=timeout, extra=extra)  # no extra: as a user runs it
     if r["rc"] != 0:
-        return {"error": f"exit {r['rc']}: {r['tail'][-160:]}", "load": r["load"][0], "maxrss_bytes": r["peak_gb"] * 1e9}
+        return {"error": f"exit {r['rc']}: {' '.join(r['tail'].split())[-200:]}", "load": r["load"][0], "maxrss_bytes": r["peak_gb"] * 1e9}
     return {"wall_s": r["seconds"], "estimate_s": r["estimate_s"], "parts": f"stability ×{triplets}: {r['plan'][11:90]}",
             "D": r["D"], "cpu_s": r["cpu_s"], "maxrss_bytes": r["peak_gb"] * 1e9, "load": r["load"][0]}
 

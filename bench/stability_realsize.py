@@ -157,7 +157,8 @@ def measure_stability(name: str, directory: Path, *, triplets: int = 64, length:
             D = cfg["num_hidden_layers"] * (2 * cfg["hidden_size"] + 3 * A)
     return {"model": name, "seconds": wall, "peak_gb": peak, "rc": proc.returncode, "plan": plan,
             "estimate_s": estimate, "D": D, "cpu_s": usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime,
-            "load": (load, os.getloadavg()[0]), "tail": (proc.stdout + proc.stderr)[-600:]}
+            "load": (load, os.getloadavg()[0]), "tail": "\n".join(line for line in (proc.stdout + proc.stderr).splitlines()
+                              if not line.startswith("MAXRSS "))[-600:]}  # the command's own lines
 
 
 def main() -> None:
