@@ -43,11 +43,11 @@ def prepare_command(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SplitLeakWarning)
         if quiet:
-            corpus = prepare_corpus(raw, out, settings)
+            corpus = prepare_corpus(raw, out, opts=settings)
         else:  # a spinner with the stage and its elapsed time (tokenizer training on WikiText-103 takes minutes)
             with console.status("preparing the corpus") as status:
                 clock = time.perf_counter()
-                corpus = prepare_corpus(raw, out, settings,
+                corpus = prepare_corpus(raw, out, opts=settings,
                                         on_stage=lambda text: (status.update(text + " …"), console.print(
                                             f"{time.perf_counter() - clock:7.1f} s  {text}", markup=False)))
     for w in caught:

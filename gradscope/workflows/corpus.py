@@ -29,6 +29,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget
 from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
+from gradscope.workflows.options import with_overrides
 from gradscope.workflows.study.options import CorpusOptions  # declared torch-free
 
 
@@ -166,16 +167,17 @@ def check_leakage(paras: dict[str, list[str]], named: dict[str, str]) -> None:
         seen.update(mine)
 
 
-def prepare_corpus(raw: Path | str, out: Path | str, settings: CorpusOptions = CorpusOptions(), *,
-                   on_stage: Callable[[str], None] | None = None) -> Corpus:
+def prepare_corpus(raw: Path | str, out: Path | str, *, opts: CorpusOptions | None = None,
+                   on_stage: Callable[[str], None] | None = None, **overrides: Any) -> Corpus:
     """Make a corpus directory ``out`` from the UTF-8 text ``raw`` (one paragraph per line;
-    WikiText headings and blank lines dropped). With ``settings.valid_file`` and ``settings.test_file`` (e.g.
+    WikiText headings and blank lines dropped). ``opts``: :class:`CorpusOptions` (None: its defaults),
+    ``overrides`` its fields, named as the flags. With ``valid_file`` and ``test_file`` (e.g.
     WikiText's own ``wiki.valid.raw``/``wiki.test.raw``) those are the held-out splits; otherwise
-    ``raw``'s paragraphs are split by ``settings.valid``/``settings.test``. Returns the opened corpus.
+    ``raw``'s paragraphs are split by ``valid``/``test``. Returns the opened corpus.
     ``out`` must not exist yet (it is never overwritten). ``on_stage(text)`` is called as each stage
     starts (reading, training the tokenizer, encoding, writing): on WikiText-103 they take minutes."""
     stage = on_stage if on_stage is not None else (lambda _text: None)
-    check(isinstance(settings, CorpusOptions), f"settings: got {type(settings).__name__}; expected CorpusOptions")
+    settings = with_overrides(CorpusOptions, opts, overrides, "prepare_corpus")
     out = Path(out)
     valid_file, test_file = settings.valid_file, settings.test_file  # both or neither (CorpusOptions)
     check(not _path_exists(out, "out"), f"out: {out} already exists; choose a new directory")

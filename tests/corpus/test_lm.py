@@ -47,7 +47,7 @@ def write_raw(path: Path, paragraphs_: int = 240, seed: int = 0) -> list[str]:
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lm")
     write_raw(root / "raw.txt")
-    prepare_corpus(root / "raw.txt", root / "corpus", CorpusOptions(vocab_size=60, valid=0.1, test=0.1))
+    prepare_corpus(root / "raw.txt", root / "corpus", opts=CorpusOptions(vocab_size=60, valid=0.1, test=0.1))
     return root / "corpus"
 
 
@@ -126,14 +126,14 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     for name, damage in (("train.tokens.npy", b"\x93NUMPY garbage"), ("manifest.json", b"{not json"),
                          ("train.offsets.npy", None)):
         broken = tmp_path / f"broken-{name}"
-        prepare_corpus(tmp_path / "raw.txt", broken, CorpusOptions(vocab_size=40))
+        prepare_corpus(tmp_path / "raw.txt", broken, opts=CorpusOptions(vocab_size=40))
         if damage is None:
             (broken / name).unlink()
         else:
             (broken / name).write_bytes(damage)
         fails(base + ["--corpus", str(broken)], "corpus")
     empty = tmp_path / "emptyfiles"
-    prepare_corpus(tmp_path / "raw.txt", empty, CorpusOptions(vocab_size=40))
+    prepare_corpus(tmp_path / "raw.txt", empty, opts=CorpusOptions(vocab_size=40))
     (empty / "test.tokens.npy").write_bytes(b"")
     fails(base + ["--corpus", str(empty)], "corpus")
     fails(base + ["--corpus", str(corpus_dir), "--vocab-size", "61"], "--vocab-size")
@@ -143,11 +143,11 @@ def test_one_line_errors(corpus_dir: Path, tmp_path: Path, runner) -> None:
     (tmp_path / "afile").write_text("x")
     fails(["corpus", "prepare", str(tmp_path / "raw.txt"), "-o", str(tmp_path / "afile" / "sub")], "not a directory")
     nested = tmp_path / "nested"
-    prepare_corpus(tmp_path / "raw.txt", nested, CorpusOptions(vocab_size=40))
+    prepare_corpus(tmp_path / "raw.txt", nested, opts=CorpusOptions(vocab_size=40))
     (nested / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     fails(base + ["--corpus", str(nested)], "not valid JSON")
     with pytest.raises(GradscopeError, match="valid_file/test_file"):
-        prepare_corpus(tmp_path / "raw.txt", tmp_path / "x", CorpusOptions(valid_file=tmp_path / "raw.txt"))
+        prepare_corpus(tmp_path / "raw.txt", tmp_path / "x", opts=CorpusOptions(valid_file=tmp_path / "raw.txt"))
     # split files that hold the same text (the same file twice, or a copy): test would score what valid holds
     copy = tmp_path / "copy.txt"
     copy.write_bytes((tmp_path / "raw.txt").read_bytes())

@@ -371,8 +371,8 @@ def corpus_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gradscope.workflows.corpus import CorpusOptions, prepare_corpus
     root = tmp_path_factory.mktemp("hcorpus")
     settings = CorpusOptions(vocab_size=40, valid=0.15, test=0.15)
-    prepare_corpus(write_text(root / "a.txt", 160, 0), root / "a", settings)
-    prepare_corpus(write_text(root / "b.txt", 160, 1), root / "b", settings)
+    prepare_corpus(write_text(root / "a.txt", 160, 0), root / "a", opts=settings)
+    prepare_corpus(write_text(root / "b.txt", 160, 1), root / "b", opts=settings)
     r = CliRunner().invoke(app, [*TRAIN, "--corpus", str(root / "a"), "--iterations", "3", "--checkpoint-every", "3",
                                  "-o", str(root / "run")])
     assert r.exit_code == 0, r.output

@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.helpers.faultkit import spawn, temporaries, wait_for
 from tests.helpers.hardening import one_line, succeeded as _ok, write_text
 from gradscope.cli.app import app
+from gradscope.errors import GradscopeError
 from gradscope.corpus import open_corpus
 from gradscope.corpus.store import COUNTS, offsets_file, tokens_file
 from gradscope.workflows.corpus import CorpusOptions, decode_ids, encode_text, prepare_corpus
@@ -136,7 +138,7 @@ def test_sentencepiece_round_trip_and_stored_splits(corpus_dir: Path, tmp_path: 
     assert corpus.counts.sum() == corpus.splits["train"].tokens.shape[0]
     assert np.array_equal(corpus.counts, np.bincount(np.asarray(corpus.splits["train"].tokens), minlength=60))
     # deterministic: the same text and settings give the same tokenizer and tokens
-    again = prepare_corpus(tmp_path / "again.txt", tmp_path / "c2", CorpusOptions(vocab_size=60, valid=0.1, test=0.1))
+    again = prepare_corpus(tmp_path / "again.txt", tmp_path / "c2", opts=CorpusOptions(vocab_size=60, valid=0.1, test=0.1))
     assert again.manifest["tokenizer"]["sha256"] == corpus.manifest["tokenizer"]["sha256"]
     assert np.array_equal(np.asarray(again.splits["test"].tokens), np.asarray(corpus.splits["test"].tokens))
 
@@ -144,7 +146,7 @@ def test_sentencepiece_round_trip_and_stored_splits(corpus_dir: Path, tmp_path: 
 def test_corpus_preparation_reports_its_stages(tmp_path: Path) -> None:
     write_raw(tmp_path / "raw.txt")
     stages: list[str] = []
-    prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", CorpusOptions(vocab_size=40, valid=0.1, test=0.1),
+    prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", opts=CorpusOptions(vocab_size=40, valid=0.1, test=0.1),
                    on_stage=stages.append)
     assert [s.split()[0] for s in stages] == ["reading", "training", "encoding", "writing"]
 
@@ -175,3 +177,21 @@ def test_held_out_splits_that_repeat_the_training_text_are_found_however_spaced(
     assert r.exit_code == 0, r.stderr
     assert r.stderr.startswith("warning: --valid-file") or "warning:" in r.stderr
     assert "2 of its 22 paragraphs (9.1%)" in r.stderr and (tmp_path / "c").is_dir()
+
+
+def test_prepare_corpus_takes_opts_or_its_fields_by_name(tmp_path: Path) -> None:
+    """The analysis functions' shape: ``opts`` (CorpusOptions) and/or its fields as keywords; an unknown name or
+    options of another kind are one line, before anything is read or made."""
+    write_text(tmp_path / "raw.txt", 60, 0)
+    with pytest.raises(GradscopeError, match="^vocab: not an option of prepare_corpus; its options are vocab_size, "):
+        prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", vocab=40)
+    with pytest.raises(GradscopeError, match=r"^opts: got dict; expected CorpusOptions\(…\)$"):
+        prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", opts={"vocab_size": 40})  # type: ignore[arg-type]
+    with pytest.raises(GradscopeError, match="^valid_file/test_file: give both, or neither$"):
+        prepare_corpus(tmp_path / "raw.txt", tmp_path / "c", opts=CorpusOptions(vocab_size=40), valid_file="v.txt")
+    assert not (tmp_path / "c").exists()
+    by_name = prepare_corpus(tmp_path / "raw.txt", tmp_path / "a", vocab_size=40, split_seed=3)
+    by_opts = prepare_corpus(tmp_path / "raw.txt", tmp_path / "b", opts=CorpusOptions(vocab_size=40, split_seed=3))
+    assert by_name.manifest["settings"] == by_opts.manifest["settings"] == {**CorpusOptions(vocab_size=40,
+                                                                                            split_seed=3).recorded()}
+    assert (tmp_path / "a" / COUNTS).read_bytes() == (tmp_path / "b" / COUNTS).read_bytes()

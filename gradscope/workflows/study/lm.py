@@ -69,7 +69,7 @@ def prepare_study_corpus(scale: str, root: Path, raw: Path | None = None, valid_
         check(raw is not None, "corpus_text: the paper-scale lm study needs your WikiText-103 raw text (wiki.train.raw; "
                                "with valid_file and test_file for wiki.valid.raw and wiki.test.raw); nothing is "
                                "downloaded")
-    prepare_corpus(raw, out, dataclasses.replace(corpus_settings(scale), valid_file=valid_file, test_file=test_file))
+    prepare_corpus(raw, out, opts=corpus_settings(scale), valid_file=valid_file, test_file=test_file)
     return out
 
 

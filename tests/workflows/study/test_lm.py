@@ -30,7 +30,7 @@ def refused(message: str) -> pytest.RaisesContext:
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A corpus of 60 paragraphs, K = 40: 36 train, 12 valid, 12 test."""
     root = tmp_path_factory.mktemp("lm-study")
-    prepare_corpus(write_text(root / "raw.txt", 60, 0), root / "corpus", CorpusOptions(vocab_size=40, valid=0.2, test=0.2))
+    prepare_corpus(write_text(root / "raw.txt", 60, 0), root / "corpus", opts=CorpusOptions(vocab_size=40, valid=0.2, test=0.2))
     return root / "corpus"
 
 
@@ -68,8 +68,8 @@ def test_the_tiny_study_prepares_its_corpus_from_its_own_text(tmp_path: Path, mo
     root = tmp_path / "new" / "study"  # made as needed
     assert prepare_study_corpus("tiny", root) == root / "corpus"
     assert (root / "tiny_raw.txt").read_text(encoding="utf-8") == tiny_raw_text()
-    [(args, _)] = calls
-    assert args[:2] == (root / "tiny_raw.txt", root / "corpus") and args[2].vocab_size == 1024
+    [(args, kwargs)] = calls
+    assert args == (root / "tiny_raw.txt", root / "corpus") and kwargs["opts"].vocab_size == 1024
     with refused("corpus_text: the tiny study builds its own corpus from pydoc_data/topics.py; leave it out"):
         prepare_study_corpus("tiny", tmp_path / "other", raw=tmp_path / "mine.txt")
     assert len(calls) == 1 and not (tmp_path / "other").exists()
@@ -83,8 +83,8 @@ def test_the_paper_study_needs_the_users_text(tmp_path: Path, monkeypatch: pytes
     raw, valid, test = (tmp_path / f"wiki.{s}.raw" for s in ("train", "valid", "test"))
     assert prepare_study_corpus("paper", tmp_path, raw, valid, test) == tmp_path / "corpus"
     [(args, kwargs)] = calls
-    assert args[:2] == (raw, tmp_path / "corpus") and args[2].vocab_size == 32_768
-    assert (args[2].valid_file, args[2].test_file) == (valid, test)  # the held-out splits as files of their own
+    assert args == (raw, tmp_path / "corpus") and kwargs["opts"].vocab_size == 32_768
+    assert (kwargs["valid_file"], kwargs["test_file"]) == (valid, test)  # the held-out splits as files of their own
     assert not (tmp_path / "tiny_raw.txt").exists()
 
 
