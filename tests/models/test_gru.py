@@ -6,44 +6,26 @@ the terms' state parts) run it as every core; this file checks the cell function
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import Tensor, nn
 
+from tests.helpers import cells
+from tests.helpers.cells import F64, H, IN, TOL, cell_jacrev, load_torch_cell, check_jacobian, check_vjp
 from gradscope.models.gru import GRUConfig, GRUCore, gru_cell, gru_jacobian, gru_terms, gru_vjp
 
-F64 = torch.float64
-IN, H, B, R = 3, 4, 2, 5
-TOL = 1e-12
+GATES, WIDTH = 3, H  # gate blocks of W_hh; the layer state's width
 
-
-def weights(seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(W_ih (3H, in), W_hh (3H, H), b_ih (3H), b_hh (3H)), W_hh at gain 2 so every gate is away from linear."""
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(3 * H, IN, generator=gen, dtype=F64),
-            2 * torch.randn(3 * H, H, generator=gen, dtype=F64) / H ** 0.5,
-            torch.randn(3 * H, generator=gen, dtype=F64), torch.randn(3 * H, generator=gen, dtype=F64))
-
-
-def point(seed: int = 1) -> tuple[Tensor, Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(B, IN, generator=gen, dtype=F64), torch.randn(B, H, generator=gen, dtype=F64)
-
-
-def jacrev(x: Tensor, h: Tensor, w: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-    """The oracle: (∂h'/∂h (B, H, H), ∂h'/∂x (B, H, in)) of the cell by torch.func, per sequence."""
-    def one(x1: Tensor, h1: Tensor) -> Tensor:
-        return gru_cell(x1[None], h1[None], *w)[1][0]
-    j_x, j_h = torch.func.vmap(torch.func.jacrev(one, argnums=(0, 1)))(x, h)
-    return j_h, j_x
+weights = partial(cells.weights, GATES)  # (W_ih, W_hh, b_ih, b_hh), float64, seeded
+point = partial(cells.point, WIDTH)  # x (B, in) and a layer state
+jacrev = partial(cell_jacrev, gru_cell)  # the oracle: the cell's (∂s'/∂s, ∂s'/∂x) by torch.func
 
 
 def test_the_cell_is_torch_gru_cell() -> None:
     w = weights()
-    ref = nn.GRUCell(IN, H, dtype=F64)
-    with torch.no_grad():
-        for p, v in zip((ref.weight_ih, ref.weight_hh, ref.bias_ih, ref.bias_hh), w):
-            p.copy_(v)
+    ref = load_torch_cell(nn.GRUCell(IN, H, dtype=F64), w)
     x, h = point()
     out, state = gru_cell(x, h, *w)
     with torch.no_grad():
@@ -54,35 +36,13 @@ def test_the_cell_is_torch_gru_cell() -> None:
 
 @pytest.mark.parametrize("need_input", [False, True])
 def test_the_cell_jacobian_is_jacrev_of_the_cell(need_input: bool) -> None:
-    w = weights()
-    x, h = point()
-    j_h, j_x = gru_jacobian(x, h, w, need_input)
-    ref_h, ref_x = jacrev(x, h, w)
-    assert j_h.shape == (B, H, H)
-    torch.testing.assert_close(j_h, ref_h, rtol=0, atol=TOL)
-    if need_input:
-        assert j_x is not None and j_x.shape == (B, H, IN)
-        torch.testing.assert_close(j_x, ref_x, rtol=0, atol=TOL)
-    else:
-        assert j_x is None
-    assert ref_h.abs().max() > 0.1 and ref_x.abs().max() > 0.1
+    check_jacobian(gru_jacobian, gru_cell, weights(), WIDTH, need_input)
 
 
 @pytest.mark.parametrize("need_input", [False, True])
 def test_the_cell_vjp_is_rows_times_the_jacobian(need_input: bool) -> None:
     """Rows g on h' → g · ∂h'/∂h written into ``out``, and g · ∂h'/∂x returned when asked."""
-    w = weights()
-    x, h = point()
-    g = torch.randn(B, R, H, generator=torch.Generator().manual_seed(2), dtype=F64)
-    out = torch.full((B, R, H), float("nan"), dtype=F64)
-    rows_x = gru_vjp(x, h, w, g.clone(), out, need_input)
-    ref_h, ref_x = jacrev(x, h, w)
-    torch.testing.assert_close(out, g @ ref_h, rtol=0, atol=TOL)
-    if need_input:
-        assert rows_x is not None
-        torch.testing.assert_close(rows_x, g @ ref_x, rtol=0, atol=TOL)
-    else:
-        assert rows_x is None
+    check_vjp(gru_vjp, gru_cell, weights(), WIDTH, need_input)
 
 
 def test_each_terms_input_part_is_its_gates_own_path() -> None:

@@ -6,46 +6,27 @@ tests/models/test_rnn.py: the terms' state parts) run it as every core; this fil
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import Tensor, nn
 
+from tests.helpers import cells
+from tests.helpers.cells import B, F64, H, IN, TOL, cell_jacrev, load_torch_cell, check_jacobian, check_vjp
 from gradscope.models.lstm import LSTMConfig, LSTMCore, lstm_cell, lstm_jacobian, lstm_terms, lstm_vjp
 
-F64 = torch.float64
-IN, H, B, R = 3, 4, 2, 5
-TOL = 1e-12
+GATES, WIDTH = 4, 2 * H  # gate blocks of W_hh; the layer state's width
 
-
-def weights(seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(W_ih (4H, in), W_hh (4H, H), b_ih (4H), b_hh (4H)), W_hh at gain 2 so every gate is away from linear."""
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(4 * H, IN, generator=gen, dtype=F64),
-            2 * torch.randn(4 * H, H, generator=gen, dtype=F64) / H ** 0.5,
-            torch.randn(4 * H, generator=gen, dtype=F64), torch.randn(4 * H, generator=gen, dtype=F64))
-
-
-def point(seed: int = 1) -> tuple[Tensor, Tensor]:
-    """x (B, in) and a layer state [h, c] (B, 2H), c nonzero."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(B, IN, generator=gen, dtype=F64), torch.randn(B, 2 * H, generator=gen, dtype=F64)
-
-
-def jacrev(x: Tensor, s: Tensor, w: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-    """The oracle: (∂[h', c']/∂[h, c] (B, 2H, 2H), ∂[h', c']/∂x (B, 2H, in)) of the cell by torch.func."""
-    def one(x1: Tensor, s1: Tensor) -> Tensor:
-        return lstm_cell(x1[None], s1[None], *w)[1][0]
-    j_x, j_s = torch.func.vmap(torch.func.jacrev(one, argnums=(0, 1)))(x, s)
-    return j_s, j_x
+weights = partial(cells.weights, GATES)  # (W_ih, W_hh, b_ih, b_hh), float64, seeded
+point = partial(cells.point, WIDTH)  # x (B, in) and a layer state
+jacrev = partial(cell_jacrev, lstm_cell)  # the oracle: the cell's (∂s'/∂s, ∂s'/∂x) by torch.func
 
 
 def test_the_cell_is_torch_lstm_cell() -> None:
     """The output is h'; the new layer state is [h', c'], as nn.LSTMCell's (h', c')."""
     w = weights()
-    ref = nn.LSTMCell(IN, H, dtype=F64)
-    with torch.no_grad():
-        for p, v in zip((ref.weight_ih, ref.weight_hh, ref.bias_ih, ref.bias_hh), w):
-            p.copy_(v)
+    ref = load_torch_cell(nn.LSTMCell(IN, H, dtype=F64), w)
     x, s = point()
     out, state = lstm_cell(x, s, *w)
     with torch.no_grad():
@@ -57,36 +38,15 @@ def test_the_cell_is_torch_lstm_cell() -> None:
 
 @pytest.mark.parametrize("need_input", [False, True])
 def test_the_cell_jacobian_is_jacrev_of_the_cell(need_input: bool) -> None:
-    w = weights()
-    x, s = point()
-    j_s, j_x = lstm_jacobian(x, s, w, need_input)
-    ref_s, ref_x = jacrev(x, s, w)
-    assert j_s.shape == (B, 2 * H, 2 * H)
-    torch.testing.assert_close(j_s, ref_s, rtol=0, atol=TOL)
-    if need_input:
-        assert j_x is not None and j_x.shape == (B, 2 * H, IN)
-        torch.testing.assert_close(j_x, ref_x, rtol=0, atol=TOL)
-    else:
-        assert j_x is None
-    assert ref_s[:, :, H:].abs().max() > 0.1 and ref_x.abs().max() > 0.1  # the c columns too
+    ref_s, _ = check_jacobian(lstm_jacobian, lstm_cell, weights(), WIDTH, need_input)
+    assert ref_s[:, :, H:].abs().max() > 0.1  # the c columns too
 
 
 @pytest.mark.parametrize("need_input", [False, True])
 def test_the_cell_vjp_is_rows_times_the_jacobian(need_input: bool) -> None:
     """Rows g on [h', c'] → g · ∂[h', c']/∂[h, c] written into ``out``; g · ∂[h', c']/∂x returned when
     asked."""
-    w = weights()
-    x, s = point()
-    g = torch.randn(B, R, 2 * H, generator=torch.Generator().manual_seed(2), dtype=F64)
-    out = torch.full((B, R, 2 * H), float("nan"), dtype=F64)
-    rows_x = lstm_vjp(x, s, w, g.clone(), out, need_input)  # g: a spent buffer it may overwrite
-    ref_s, ref_x = jacrev(x, s, w)
-    torch.testing.assert_close(out, g @ ref_s, rtol=0, atol=TOL)
-    if need_input:
-        assert rows_x is not None
-        torch.testing.assert_close(rows_x, g @ ref_x, rtol=0, atol=TOL)
-    else:
-        assert rows_x is None
+    check_vjp(lstm_vjp, lstm_cell, weights(), WIDTH, need_input)
 
 
 def test_each_terms_input_part_is_its_gates_own_path() -> None:
