@@ -55,7 +55,7 @@ def report_command(
         refuse_given(ctx, ["score", "resamples", "seed"], "they set the stability figures, and no input is a "
                      "stability store")
     opts = dataclasses.replace(opts, command=command_line(ctx))
-    page, sections = render_report(items, opts)
+    page, sections = render_report(items, opts=opts)
     images = export_static(sections, out, opts.static, overwrite) if opts.static else []
     # exclusive without --overwrite: a report that appeared meanwhile is not replaced
     atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"), overwrite=overwrite, what="--out")

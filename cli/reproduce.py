@@ -149,9 +149,9 @@ def study_report(layout: Layout, runs: list[PlannedRun], command: str = "") -> P
 def write_report(paths: list[Path], report: Path, title: str, command: str) -> Path:
     """The offline HTML report over ``paths`` (runs and stores), written atomically to ``report``."""
     from gradscope.files.io import atomic_write_text
-    from gradscope.reports.build import ReportOptions, render_report
+    from gradscope.reports.build import render_report
     from gradscope.store.inputs import load_inputs
 
-    page, _ = render_report(load_inputs(paths), ReportOptions(title=title, command=command))
+    page, _ = render_report(load_inputs(paths), title=title, command=command)
     atomic_write_text(report, page)
     return report

@@ -228,3 +228,13 @@ PREDICT_CHUNK = 1024  # held-out sequences per forward pass when predicting (bou
 RARITY = 0.125  # dual distribution: the probability that a position holds a Rare token (docs/definitions.md §3)
 DT_MIN = 1e-3  # S4D and Mamba: the smallest initial step size Δ (log-uniform in [DT_MIN, DT_MAX])
 DT_MAX = 1e-1  # S4D and Mamba: the largest initial step size Δ
+
+
+def with_overrides(cls: type[C], opts: C | None, overrides: dict[str, Any], where: str) -> C:
+    """The options a public function runs with: ``opts`` (None: ``cls``'s defaults) with each of ``overrides``
+    (field names, as the command's flags) set; a name that is not a field of ``cls`` is one error naming it."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(overrides) - set(names))
+    check(not unknown, f"{unknown[0] if unknown else ''}: not an option of {where}; its options are {', '.join(names)}")
+    check(opts is None or isinstance(opts, cls), f"opts: got {type(opts).__name__}; expected {cls.__name__}(…)")
+    return dataclasses.replace(opts, **overrides) if opts is not None else cls(**overrides)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import importlib.metadata
 from pathlib import Path
+from typing import Any
 
 from gradscope.errors import GradscopeError
 from gradscope.files.publish import publish, remove_stale_temporaries, temp_path
@@ -13,6 +14,7 @@ from gradscope.store.dynamics import (flow_curves, gate_means, grid_means, lyapu
                                       lyapunov_spectra, radius_samples)
 from gradscope.store.accuracy import family_sections, store_family
 from gradscope.store.inputs import Input, mean_spectra, stability_curves, stability_samples
+from gradscope.fields import with_overrides
 from gradscope.workflows.study.options import STATIC_FORMATS, ReportOptions  # declared torch-free (report --help)
 
 from .accuracy_figures import grid_figure_accuracy, grid_figure_summary, training_figure, vocab_figure
@@ -163,8 +165,12 @@ def header_html(items: list[Input], command: str = "") -> str:
             f"{__version__}{f' with <code>{html.escape(public_command(command))}</code>' if command else ''}.</p>")
 
 
-def render_report(items: list[Input], opts: ReportOptions) -> tuple[str, list[Section]]:
-    """The page and its sections (the figures, for static export)."""
+def render_report(items: list[Input], *, opts: ReportOptions | None = None,
+                  **overrides: Any) -> tuple[str, list[Section]]:
+    """The page and its sections (the figures, for static export) of ``items`` (:func:`gradscope.store.inputs.
+    load_inputs`); ``opts``: :class:`ReportOptions` (None: its defaults), ``overrides`` its fields, named as the
+    flags."""
+    opts = with_overrides(ReportOptions, opts, overrides, "render_report")
     sections = build_sections(items, opts)
     return render_page(opts.title, header_html(items, opts.command), sections), sections
 

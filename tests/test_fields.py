@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from gradscope.errors import GradscopeError
-from gradscope.fields import as_count, as_int, as_seed, check_fields, from_dict, listed, option
+from gradscope.fields import as_count, as_int, as_seed, check_fields, from_dict, listed, option, with_overrides
+from gradscope.workflows.options import (AccuracyOptions, DynamicsOptions, StabilityOptions, SummarizeOptions,
+                                         TrainOptions)
 
 
 def test_an_integer_from_outside_is_an_int_within_its_bounds() -> None:
@@ -65,3 +67,20 @@ def test_a_dict_becomes_a_config_or_a_one_line_error() -> None:
 
 def test_choices_are_listed_for_a_help_text() -> None:
     assert listed(("a",)) == "a" and listed(["a", "b", "c"]) == "a, b or c" and listed(("x", "y"), "and") == "x and y"
+
+
+# --- with_overrides: the options a public function runs with -------------------------------------------------
+
+def test_overrides_replace_fields_of_the_options_given_or_of_the_defaults() -> None:
+    base = DynamicsOptions(sv=4, seed=2)
+    assert with_overrides(DynamicsOptions, base, {"seed": 5, "reorth": 3}, "dynamics") == \
+        DynamicsOptions(sv=4, seed=5, reorth=3)
+    assert with_overrides(AccuracyOptions, None, {"bins": "2"}, "accuracy") == AccuracyOptions(bins=2)
+    assert with_overrides(TrainOptions, None, {}, "train") == TrainOptions()
+
+
+def test_overrides_refuse_an_unknown_name_and_options_of_another_command() -> None:
+    with pytest.raises(GradscopeError, match=r"^abc: not an option of summarize; its options are kind, by, unit, "):
+        with_overrides(SummarizeOptions, None, {"zzz": 1, "abc": 2}, "summarize")  # the first, by name
+    with pytest.raises(GradscopeError, match=r"^opts: got StabilityOptions; expected AccuracyOptions\(…\)$"):
+        with_overrides(AccuracyOptions, StabilityOptions(), {}, "accuracy")

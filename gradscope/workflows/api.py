@@ -19,8 +19,8 @@ from gradscope.workflows.dynamics import (DynamicsPlan, DynamicsRun, run_checkpo
                                          run_model_dynamics)
 from gradscope.workflows.factory import build_model
 from gradscope.workflows.options import (HF, TEXT_BATCH, TEXT_MAX_LENGTH, TEXT_RESAMPLES, AccuracyOptions,
-                                         DynamicsOptions, SourceOptions, StabilityOptions, check_read, set_options,
-                                         with_overrides)
+                                         DynamicsOptions, SourceOptions, StabilityOptions, check_read, set_options)
+from gradscope.fields import with_overrides
 from gradscope.workflows.sources import Source, check_reads, source_of
 from gradscope.workflows.stability import StabilityRun, run_checkpoint_stability, run_model_stability
 from gradscope.workflows.text.accuracy import TextAccuracyOptions, TextAccuracyRun, run_text_accuracy

@@ -29,7 +29,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.guard import memory_budget
 from gradscope.files.publish import WRITE_ERRORS, disk_error, publish, remove_stale_temporaries, temp_path
 from gradscope.version import __version__
-from gradscope.workflows.options import with_overrides
+from gradscope.fields import with_overrides
 from gradscope.workflows.study.options import CorpusOptions  # declared torch-free
 
 

@@ -9,25 +9,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import (CHECKPOINT_BUDGET_SECONDS, CHECKPOINTS, CONFIDENCE, DEFAULT_BINS, DEFAULT_DEVICE,
                               DEFAULT_SCORE, ENGINES, EQUIVALENCE_MARGIN, ESTIMATOR, ESTIMATORS, GROUPS, INTERVAL,
                               INTERVALS, JACOBIAN_METHOD, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, PARTS, RESAMPLES,
                               SCALES, SCORE_KINDS, SUMMARY_CHECKPOINTS, bounded, check_fields, option)
-
-O = TypeVar("O")
-
-def with_overrides(cls: type[O], opts: O | None, overrides: dict[str, Any], where: str) -> O:
-    """The options a public function runs with: ``opts`` (None: ``cls``'s defaults) with each of ``overrides``
-    (field names, as the command's flags) set; a name that is not a field of ``cls`` is one error naming it."""
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    unknown = sorted(set(overrides) - set(names))
-    check(not unknown, f"{unknown[0] if unknown else ''}: not an option of {where}; its options are {', '.join(names)}")
-    check(opts is None or isinstance(opts, cls), f"opts: got {type(opts).__name__}; expected {cls.__name__}(…)")
-    return dataclasses.replace(opts, **overrides) if opts is not None else cls(**overrides)
-
 
 # the dynamics options each part alone reads, and those of the probe sequences (flow, grid, spectra, gates): one
 # given while --parts leaves its part out would be recorded in the store and ignored, so it is refused

@@ -25,7 +25,8 @@ from torch import nn
 
 from gradscope.errors import check
 from gradscope.files.checkpoint import Loaded
-from gradscope.workflows.options import SourceOptions, with_overrides
+from gradscope.fields import with_overrides
+from gradscope.workflows.options import SourceOptions
 
 
 @dataclass(frozen=True)

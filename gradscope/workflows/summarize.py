@@ -26,7 +26,8 @@ from gradscope.store.records import SummaryEntry, TrainingComparison, TrainingPo
 from gradscope.store.io import store_kind
 from gradscope.store.summary import (expand_store_paths, summary_attrs, summary_dataset, training_dataset,
                                      trial_records)
-from gradscope.workflows.options import SummarizeOptions, with_overrides
+from gradscope.fields import with_overrides
+from gradscope.workflows.options import SummarizeOptions
 
 # `--by` names of the shared fields; the registered cores' own settings add theirs (field_aliases)
 FIELD_ALIASES = {"model": "core", "core": "core", "pe": "pe", "combine": "pe_combine", "vocab": "vocab_size",

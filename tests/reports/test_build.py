@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from gradscope.errors import GradscopeError
 from gradscope.cli.app import app
 from gradscope.reports import ReportOptions, build_sections, render_page
 from gradscope.store.inputs import load_inputs
@@ -120,10 +121,23 @@ def test_static_images_appear_whole_or_not_at_all(report_inputs: dict, tmp_path:
 
     monkeypatch.setattr(pio, "write_images", dying)
     monkeypatch.setattr(build, "_kaleido_major", lambda: 1)
-    _, sections = render_report(load_inputs([report_inputs["stability"]]), ReportOptions())
+    _, sections = render_report(load_inputs([report_inputs["stability"]]), opts=ReportOptions())
     with pytest.raises(RuntimeError, match="kaleido died"):
         export_static(sections, tmp_path / "r.html", "png")
     assert not list(tmp_path.iterdir())
+
+
+def test_render_report_takes_opts_or_its_fields_by_name(report_inputs: dict) -> None:
+    """The analysis functions' shape: ``opts`` (ReportOptions) or its fields as keywords, the same page either way;
+    an unknown name is one line."""
+    from gradscope.reports.build import render_report
+
+    items = load_inputs([report_inputs["accuracy"]])
+    by_name, _ = render_report(items, title="a title of its own", command="gradscope report x")
+    by_opts, _ = render_report(items, opts=ReportOptions(title="a title of its own", command="gradscope report x"))
+    assert "a title of its own" in by_name and by_name == by_opts
+    with pytest.raises(GradscopeError, match="^titel: not an option of render_report; its options are "):
+        render_report(items, titel="typo")
 
 
 # --- figure builders against the stores' numbers ------------------------------------------------

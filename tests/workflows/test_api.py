@@ -53,7 +53,7 @@ def test_every_option_field_is_a_flag_of_its_command() -> None:
 
 
 def test_overrides_set_over_opts_and_an_unknown_name_is_one_error() -> None:
-    from gradscope.workflows.options import with_overrides
+    from gradscope.fields import with_overrides
 
     base = StabilityOptions(triplets=5, seed=3)
     assert with_overrides(StabilityOptions, base, {"seed": 4}, "stability") == StabilityOptions(triplets=5, seed=4)

@@ -16,29 +16,12 @@ from gradscope.fields import DEFAULT_BINS, PARTS, RESAMPLES
 from gradscope.workflows.options import (ACCURACY_BATCH, LADDERS, PROBE_SOURCE, AccuracyOptions, DynamicsOptions,
                                          SourceOptions, StabilityOptions, SummarizeOptions, TrainOptions,
                                          applied_options, check_read, derived_warmup, parse_bins, set_options,
-                                         unread_options, with_overrides)
+                                         unread_options)
 
 
 def refused(message: str) -> pytest.RaisesContext:
     """The whole one-line message, exactly."""
     return pytest.raises(GradscopeError, match=f"^{re.escape(message)}$")
-
-
-# --- with_overrides ----------------------------------------------------------------------------------------
-
-def test_overrides_replace_fields_of_the_options_given_or_of_the_defaults() -> None:
-    base = DynamicsOptions(sv=4, seed=2)
-    assert with_overrides(DynamicsOptions, base, {"seed": 5, "reorth": 3}, "dynamics") == \
-        DynamicsOptions(sv=4, seed=5, reorth=3)
-    assert with_overrides(AccuracyOptions, None, {"bins": "2"}, "accuracy") == AccuracyOptions(bins=2)
-    assert with_overrides(TrainOptions, None, {}, "train") == TrainOptions()
-
-
-def test_overrides_refuse_an_unknown_name_and_options_of_another_command() -> None:
-    with pytest.raises(GradscopeError, match=r"^abc: not an option of summarize; its options are kind, by, unit, "):
-        with_overrides(SummarizeOptions, None, {"zzz": 1, "abc": 2}, "summarize")  # the first, by name
-    with refused("opts: got StabilityOptions; expected AccuracyOptions(…)"):
-        with_overrides(AccuracyOptions, StabilityOptions(), {}, "accuracy")
 
 
 # --- the dynamics parts and their options -----------------------------------------------------------------

@@ -34,7 +34,7 @@ from gradscope.workflows.families.lm import check_probe_shape
 from gradscope.workflows.study.lm import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
 from gradscope.workflows.study.runs import Layout, PlannedRun, check_run_sizes, plan_runs
 from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
-from gradscope.workflows.options import with_overrides
+from gradscope.fields import with_overrides
 from gradscope.workflows.study.options import PROBE_LENGTH, PROBE_TARGET_POS, StudyOptions  # declared torch-free
 from gradscope.workflows.summarize import SummaryEntry, group_records, summarize_groups
 

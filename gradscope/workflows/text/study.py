@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import xarray as xr
 
-from gradscope.workflows.options import with_overrides
+from gradscope.fields import with_overrides
 from gradscope.errors import GradscopeError, check
 from gradscope.files.io import sha256_file
 from gradscope.guard import check_bytes
