@@ -217,15 +217,19 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def task_fields(stat: Path) -> list[str]:
+    """A thread's ``/proc/…/task/<tid>/stat`` fields after its name: [state, ppid, …]; [] for a thread that ended
+    while read."""
+    try:
+        return stat.read_text().rpartition(")")[2].split()
+    except OSError:
+        return []
+
+
 def own_running(tasks: Path | None = None) -> int:
     """This process's own runnable threads (state R in ``tasks``, its ``/proc/self/task``), at least 1 (the one
     reading): torch's OpenMP workers spin for a while after an operation, and the run queue counts them too."""
-    count = 0
-    for stat in (tasks if tasks is not None else OWN_TASKS).glob("*/stat"):
-        try:
-            count += stat.read_text().rpartition(")")[2].split()[0] == "R"
-        except (OSError, IndexError):  # a thread that ended while read
-            continue
+    count = sum(task_fields(stat)[:1] == ["R"] for stat in (tasks if tasks is not None else OWN_TASKS).glob("*/stat"))
     return max(1, count)
 
 
@@ -273,11 +277,11 @@ def queue_slowdown(threads: int, proc: Path = PROC, samples: int = SAMPLES, inte
         for stat in proc.glob("[0-9]*/task/[0-9]*/stat"):
             if stat.parent.parent.parent.name == str(me):
                 continue
+            fields = task_fields(stat)
             try:
-                fields = stat.read_text().rpartition(")")[2].split()
                 if fields[0] == "R":
                     weight += NICE0_WEIGHT / 1.25 ** int(fields[16])
-            except (OSError, IndexError, ValueError):  # a task that ended while read
+            except (IndexError, ValueError):  # a task that ended while read
                 continue
         busiest = max(busiest, weight)
         if k + 1 < samples:

@@ -45,7 +45,7 @@ import xarray as xr
 from tests.helpers.faultkit import Child, Gate, fork_call, slow, spawn, temporaries, wait_for, writing
 from tests.helpers.fuzzkit import Outcome, count, snapshot
 from tests.helpers.hardening import metrics, raw, run_differences, warm
-from tests.helpers.runs import DEFAULT_CORE
+from tests.helpers.runs import DEFAULT_CORE, TINY_POINT_SETTINGS
 
 TRAIN_OPTS = ["--core", DEFAULT_CORE, "--hidden-size", "16", "--embed-size", "8", "--vocab-size", "8", "--length", "4", "--heldout-size", "64",
               "--grid-per-cell", "2", "--batch-size", "16", "--iterations", "40", "--warmup", "3", "--threads", "1",
@@ -288,14 +288,7 @@ SPEC = """
 name = "faults"
 preset = "tiny"
 [settings]
-hidden_size = 16
-embed_size = 8
-vocab_size = 8
-length = 4
-heldout_size = 64
-grid_per_cell = 2
-batch_size = 16
-iterations = 40
+""" + TINY_POINT_SETTINGS + """iterations = 40
 checkpoint_every = 4
 log_every = 10
 warmup = 3

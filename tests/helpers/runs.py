@@ -43,3 +43,15 @@ def logged_iteration(run: Path) -> int:
         except (json.JSONDecodeError, KeyError):
             pass
     return last
+
+
+# the [settings] of a sweep point small enough to train in seconds on one core (a GRU of 16 units on 8 tokens of
+# length 4); a spec adds its iterations, checkpoints and axes
+TINY_POINT_SETTINGS = """hidden_size = 16
+embed_size = 8
+vocab_size = 8
+length = 4
+heldout_size = 64
+grid_per_cell = 2
+batch_size = 16
+"""

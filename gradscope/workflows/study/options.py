@@ -17,7 +17,7 @@ from gradscope.errors import GradscopeError, check
 from gradscope.fields import (BANDS, DEFAULT_DEVICE, DEFAULT_SCORE, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, MAX_VOCAB,
                               RESAMPLES, SCALES, bounded, check_fields, option)
 from gradscope.workflows.options import (COUNTS_TEXT_HELP, DEFAULT_BUDGET, HF, TEXT_MAX_LENGTH, TEXT_RESAMPLES,
-                                         TRIPLETS)
+                                         TRIPLETS, as_path)
 
 STATIC_FORMATS = ("png", "svg")  # what `gradscope report --static` writes beside the HTML
 
@@ -150,8 +150,7 @@ class ReproduceOptions:
                                           "and the report, into --out (docs/real-text.md).")
 
     def __post_init__(self) -> None:
-        if isinstance(self.model_dir, str):
-            object.__setattr__(self, "model_dir", Path(self.model_dir))
+        as_path(self, "model_dir")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,8 +290,7 @@ class CorpusOptions:
               and 4 <= self.vocab_size <= MAX_VOCAB,
               f"vocab: got {self.vocab_size!r}; need an integer in 4…{MAX_VOCAB:,}")
         for name in ("valid_file", "test_file"):
-            if isinstance(getattr(self, name), str):
-                object.__setattr__(self, name, Path(getattr(self, name)))
+            as_path(self, name)
         check_fields(self)
         check((self.valid_file is None) == (self.test_file is None), "valid_file/test_file: give both, or neither")
         if self.valid_file is not None:

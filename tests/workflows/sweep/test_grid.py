@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 import gradscope
 from gradscope.cli.app import app
 from gradscope.errors import GradscopeError
+from tests.helpers.runs import TINY_POINT_SETTINGS
 from gradscope.store import read_store
 from gradscope.store.manifest import read_manifest
 from gradscope.files.checkpoint import list_checkpoints
@@ -29,14 +30,7 @@ GRID = """
 name = "grid"
 preset = "tiny"
 [settings]
-hidden_size = 16
-embed_size = 8
-vocab_size = 8
-length = 4
-heldout_size = 64
-grid_per_cell = 2
-batch_size = 16
-iterations = {iterations}
+""" + TINY_POINT_SETTINGS + """iterations = {iterations}
 checkpoint_every = {every}
 warmup = 5
 log_every = 10

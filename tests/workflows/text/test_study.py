@@ -188,25 +188,32 @@ def test_a_text_study_is_keyed_by_content_never_by_path(saved, runner, tmp_path:
     refused(runner.invoke(app, args), "another study")
 
 
-def test_reproduce_with_text_runs_on_a_mamba2(runner, tmp_path: Path) -> None:  # noqa: ANN001
-    """Issue #48: ``reproduce --model-dir DIR --text FILE`` on a saved transformers Mamba-2 (tokenizer beside
-    it) writes the three stores and the report; the stability probes are rows of the text."""
+def small_study(runner, tmp_path: Path, name: str, build) -> tuple[Path, Path, Path]:  # noqa: ANN001
+    """``reproduce --model-dir DIR --text FILE`` (small options) on ``build(vocab)`` saved with the tokenizer of a
+    small text beside it, which must succeed and write the three stores and the report: (out, model_dir, text)."""
     text_path = tmp_path / "text.txt"
     text = make_text(2, 60)
     text_path.write_text(text)
-    model_dir = tmp_path / "mamba2"
+    model_dir = tmp_path / name
     save_tokenizer(model_dir, text)
     vocab = len(transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
     torch.manual_seed(0)
-    cfg = transformers.Mamba2Config(vocab_size=vocab, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
-                                    conv_kernel=3, num_heads=4, head_dim=8, n_groups=1, chunk_size=8)
-    transformers.Mamba2ForCausalLM(cfg).eval().save_pretrained(model_dir)
+    build(vocab).eval().save_pretrained(model_dir)
     out = tmp_path / "study"
     result = runner.invoke(app, ["reproduce", "--model-dir", str(model_dir), "--text", str(text_path), "-o", str(out),
                                  "--triplets", "3", "--target-pos", str(POS), "--probe-length", str(LENGTH),
                                  "--max-length", "64", "--resamples", "50", "--budget-seconds", "20"])
     assert result.exit_code == 0, (result.stdout, result.stderr)
     assert sorted(p.name for p in out.iterdir()) == ["accuracy.zarr", "dynamics.zarr", "report.html", "stability.zarr"]
+    return out, model_dir, text_path
+
+
+def test_reproduce_with_text_runs_on_a_mamba2(runner, tmp_path: Path) -> None:  # noqa: ANN001
+    """Issue #48: ``reproduce --model-dir DIR --text FILE`` on a saved transformers Mamba-2 (tokenizer beside
+    it) writes the three stores and the report; the stability probes are rows of the text."""
+    out, model_dir, text_path = small_study(runner, tmp_path, "mamba2", lambda vocab: transformers.Mamba2ForCausalLM(
+        transformers.Mamba2Config(vocab_size=vocab, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                                  conv_kernel=3, num_heads=4, head_dim=8, n_groups=1, chunk_size=8)))
     ids, bos, _ = encoded(model_dir, text_path)
     stab = read_store(out / "stability.zarr", kind="stability")
     assert all(tuple(r) in rows_of(ids, bos) for r in stab["probe_tokens"].values[:, 0])
@@ -220,29 +227,17 @@ def test_reproduce_with_text_runs_on_a_hybrid_and_a_transformer(kind: str, runne
     """Issue #49: the same study on a Gated DeltaNet hybrid (Qwen3-Next) and a Llama transformer: the attention
     caches are sized to the rows; the hybrid's dynamics hold them as inputs (the store says so); the
     transformer's dynamics are the flow and grid (its step spectra and exponents are not defined)."""
-    text_path = tmp_path / "text.txt"
-    text = make_text(2, 60)
-    text_path.write_text(text)
-    model_dir = tmp_path / kind
-    save_tokenizer(model_dir, text)
-    vocab = len(transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
-    torch.manual_seed(0)
-    common = dict(vocab_size=vocab, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=8)
-    if kind == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    else:
-        model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+    def build(vocab: int) -> torch.nn.Module:
+        common = dict(vocab_size=vocab, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+        if kind == "llama":
+            return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+        return transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
             **common, layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
             linear_num_key_heads=1, linear_key_head_dim=4, linear_value_head_dim=4, linear_conv_kernel_dim=3,
             num_experts=0))
-    model.eval().save_pretrained(model_dir)
-    out = tmp_path / "study"
-    result = runner.invoke(app, ["reproduce", "--model-dir", str(model_dir), "--text", str(text_path), "-o", str(out),
-                                 "--triplets", "3", "--target-pos", str(POS), "--probe-length", str(LENGTH),
-                                 "--max-length", "64", "--resamples", "50", "--budget-seconds", "20"])
-    assert result.exit_code == 0, (result.stdout, result.stderr)
-    assert sorted(p.name for p in out.iterdir()) == ["accuracy.zarr", "dynamics.zarr", "report.html", "stability.zarr"]
+
+    out, _, _ = small_study(runner, tmp_path, kind, build)
     stab = read_store(out / "stability.zarr", kind="stability")
     assert np.isfinite(stab["score_default"].values).all()
     dyn = read_store(out / "dynamics.zarr", kind="dynamics")
