@@ -55,7 +55,8 @@ def stability_table(rows: list[SummaryRow], kind: str, resamples: int, files: li
         first = pairs["same-target"]
         cells = {"model": first.model, "run": first.run, "file": files[checkpoint] if files else ""}
         # Text, not markup: rich would take "[nan, nan]" (and a label from a probes file) for a style tag
-        table.add_row(*(Text(cells[c]) for c in extra), str(first.iteration), Text(condition), Text(interval_text(st)),
+        iteration = str(first.iteration) if first.iteration >= 0 else "–"  # a library or factory model has none
+        table.add_row(*(Text(cells[c]) for c in extra), iteration, Text(condition), Text(interval_text(st)),
                       Text(interval_text(ss)), str(st.n), str(st.nan + ss.nan))
     return table
 

@@ -67,3 +67,20 @@ def test_existing_store_is_kept_unless_overwrite(runner: CliRunner, trained_runs
     assert _invoke(runner, ckpt, "--triplets", "3", "-o", out, "--overwrite").exit_code == 0
     assert read_store(out).sizes["triplet"] == 12
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
+
+
+def test_the_table_shows_no_iteration_for_a_model_without_one() -> None:
+    """A library or factory model has no training iteration (-1 in the store): the table shows '–', as dynamics'."""
+    from rich.console import Console
+
+    from gradscope.analysis.bootstrap import bootstrap_mean
+    from gradscope.cli.stability import stability_table
+    from gradscope.workflows.stability import SummaryRow
+
+    iv = bootstrap_mean(np.array([0.5, 0.7, 0.9]), resamples=50)
+    rows = [SummaryRow(it, "run", "rare/all", pair, iv, checkpoint=k) for k, it in enumerate((-1, 600))
+            for pair in ("same-target", "same-suffix")]
+    console = Console(width=200, record=True)
+    console.print(stability_table(rows, "default", 50))
+    lines = [line for line in console.export_text().splitlines() if "rare/all" in line]
+    assert [line.split("│")[1].strip() for line in lines] == ["–", "600"]
