@@ -51,8 +51,10 @@ def _cli_type(hint: Any) -> tuple[Any, bool]:
 def field_params(cls: type) -> tuple[Any, ...]:
     """One click option per field of ``cls`` that carries help (:func:`gradscope.fields.option`)."""
     hints = typing.get_type_hints(cls)
+    # the class's own fields first, then those it inherits (a task family's own options, FamilyOptions)
+    inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
     params = []
-    for f in dataclasses.fields(cls):
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name in inherited):
         if "help" not in f.metadata:
             continue
         kind, repeat = _cli_type(hints[f.name])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from gradscope.errors import GradscopeError, check
@@ -238,3 +239,11 @@ def with_overrides(cls: type[C], opts: C | None, overrides: dict[str, Any], wher
     check(not unknown, f"{unknown[0] if unknown else ''}: not an option of {where}; its options are {', '.join(names)}")
     check(opts is None or isinstance(opts, cls), f"opts: got {type(opts).__name__}; expected {cls.__name__}(…)")
     return dataclasses.replace(opts, **overrides) if opts is not None else cls(**overrides)
+
+
+def as_path(opts: Any, name: str) -> None:
+    """Field ``name`` of the frozen ``opts`` as a Path (None stays None; a str becomes a Path)."""
+    value = getattr(opts, name)
+    check(value is None or isinstance(value, (str, Path)), f"{name}: got {type(value).__name__}; expected a path")
+    if isinstance(value, str):
+        object.__setattr__(opts, name, Path(value))

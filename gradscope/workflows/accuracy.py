@@ -17,7 +17,7 @@ from gradscope.store.parts import record_checkpoint_configs
 from gradscope.tasks import TASKS
 from gradscope.train.device import resolve_device
 from gradscope.workflows.common import config_attrs, expand_checkpoints, load_source
-from gradscope.workflows.families import check_options, evaluation_of
+from gradscope.workflows.families.registry import check_options, evaluation_of
 from gradscope.workflows.options import AccuracyOptions  # declared there, torch-free (a command's --help)
 
 
@@ -26,7 +26,7 @@ class AccuracyRun:
     """A finished accuracy evaluation over checkpoints; :meth:`to_xarray` gives the accuracy store's dataset."""
 
     config: RunConfig  # of the first checkpoint
-    results: list[Any]  # each checkpoint's, as its family's evaluation gives them (gradscope.workflows.families)
+    results: list[Any]  # each checkpoint's, as its family's evaluation gives them (gradscope.workflows.families.registry)
     options: AccuracyOptions
     command: str = ""
     device: str = DEVICE_LABEL

@@ -51,7 +51,7 @@ from gradscope.tasks.probes import Probes, frequency_groups, make_probes, read_c
 from gradscope.tasks.vocab import sample_tokens
 from gradscope.tasks import make_task
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.workflows.families import check_probe_options, evaluation_of, text_families
+from gradscope.workflows.families.registry import check_probe_options, evaluation_of, text_families
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.workflows.factory import build_model
@@ -560,7 +560,7 @@ def run_checkpoint_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = 
                             command: str = "", on_plan: Callable[[DynamicsPlan], None] | None = None) -> DynamicsRun:
     """Dynamics of every checkpoint (run directories expand to all of theirs, oldest first), on the
     same probe sequences (``opts.target_freq`` × ``opts.disturbant``; the test paragraphs of a checkpoint probed on
-    its corpus, of ``opts.corpus`` if it moved) and the same trajectories. ``on_progress(1)`` after each checkpoint.
+    its corpus, moved where its family's own option says) and the same trajectories. ``on_progress(1)`` after each checkpoint.
     Checkpoints are loaded one at a time, each dropped before the next is loaded; a diverged one
     (NaN/Inf values) is stored as it is, with a :class:`DivergedWarning`. ``on_plan(plan)`` before any
     work: what :func:`plan_dynamics` chose for options left out, and why."""
@@ -574,7 +574,7 @@ def run_checkpoint_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = 
     check(text or task.name in probe_tasks(), f"checkpoint: its task is {task.name!r}; dynamics probes are defined "
                                               f"for {', '.join(probe_tasks())} (an input phase followed by query "
                                               f"tokens) and {' and '.join(text_families())}")
-    check_probe_options(loaded, opts)  # another family's probe options (corpus): refused, not ignored
+    check_probe_options(loaded, opts)  # another family's own probe options: refused, not ignored
     target_freq, disturbant = opts.target_freq, opts.disturbant
     check(not text or not (target_freq or disturbant),
           f"target_freq/disturbant: {task.name} checkpoints are probed on test paragraphs; each step is classed "
@@ -597,7 +597,7 @@ def run_checkpoint_dynamics(paths: list[Path | Loaded], opts: DynamicsOptions = 
     if on_plan is not None:
         on_plan(plan)
     if source is not None:
-        own = source.task(loaded, opts.corpus)
+        own = source.task(loaded, opts)
         tokens = source.sequences(own, opts.sequences, opts.seed)
         probes = Probes(tokens[:, None].expand(-1, 3, -1).clone(), (source.label,) * n, (source.label,) * n)
         classes = source.token_classes(tokens, own)

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from gradscope.errors import GradscopeError, check
+from gradscope.workflows.families.options import FAMILY_OPTIONS, FamilyOptions
 from gradscope.fields import (CHECKPOINT_BUDGET_SECONDS, CHECKPOINTS, CONFIDENCE, DEFAULT_BINS, DEFAULT_DEVICE,
                               DEFAULT_SCORE, ENGINES, EQUIVALENCE_MARGIN, ESTIMATOR, ESTIMATORS, GROUPS, INTERVAL,
                               INTERVALS, JACOBIAN_METHOD, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, PARTS, RESAMPLES,
-                              SCALES, SCORE_KINDS, SUMMARY_CHECKPOINTS, bounded, check_fields, option)
+                              SCALES, SCORE_KINDS, SUMMARY_CHECKPOINTS, as_path, bounded, check_fields, option)
 
 # the dynamics options each part alone reads, and those of the probe sequences (flow, grid, spectra, gates): one
 # given while --parts leaves its part out would be recorded in the store and ignored, so it is refused
@@ -40,8 +41,9 @@ def unread_options(parts: tuple[str, ...] | None, given: set[str], parts_name: s
     return None
 
 
-# the dynamics options that say where the probes come from: a store records the probes themselves instead
-PROBE_SOURCE = ("target_freq", "disturbant", "length", "token_counts", "corpus", "split")
+# the dynamics options that say where the probes come from (a family's own options among them: where its probe
+# text lies): a store records the probes themselves instead
+PROBE_SOURCE = ("target_freq", "disturbant", "length", "token_counts", "split", *FAMILY_OPTIONS)
 
 
 def applied_options(opts: "DynamicsOptions") -> dict[str, Any]:
@@ -98,14 +100,15 @@ ACCURACY_BATCH = 1024  # held-out sequences of a checkpoint per forward pass
 MAX_TEXT_ROW = 1 << 20  # tokens per row of a text: beyond this no model's positions reach
 DEVICE_LABEL = "cpu"  # a run's recorded device when none is given
 FACTORY_LENGTH = 32  # tokens per probe sequence of a model of one's own, and per row of a text
+# the stability probes of a study on text (a corpus's, or a pretrained LM's on a raw text), declared once: paragraph
+# token 16 (1-based) of rows of 32 tokens, the start token included
+PROBE_TARGET_POS, PROBE_LENGTH = 16, 32
 DEFAULT_BUDGET = 60.0  # seconds for the whole dynamics command, all parts and checkpoints (once 600 per part)
 
 
 # help texts two commands' options share, written once
 TARGET_HELP = 'Target token group: {groups} (repeatable). Default: frequent and rare for dual-frequency checkpoints, all otherwise.'
 DISTURBANT_HELP = 'Disturbant (prefix and suffix) group: {groups} (repeatable).'
-CORPUS_HELP = ("Checkpoints trained on a corpus: its directory, if it moved since training (its manifest must match "
-               "the run's).")
 FACTORY_HELP = ("Your own model: FILE.py:FUNC or package.module:FUNC, where FUNC(checkpoint_path) returns gradscope.wrap(...) "
                 "(runs your code: see the README's trust note); or hf[:CLASS]: a transformers model from a "
                 "save_pretrained directory, or from a weights file with --config (docs/models-from-libraries.md).")
@@ -164,14 +167,6 @@ class TrainOptions:
         check_fields(self)
 
 
-def as_path(opts: Any, name: str) -> None:
-    """Field ``name`` of the frozen ``opts`` as a Path (None stays None; a str becomes a Path)."""
-    value = getattr(opts, name)
-    check(value is None or isinstance(value, (str, Path)), f"{name}: got {type(value).__name__}; expected a path")
-    if isinstance(value, str):
-        object.__setattr__(opts, name, Path(value))
-
-
 def as_groups(opts: Any, name: str) -> None:
     """Field ``name`` of the frozen ``opts``: probe groups as a tuple, each once."""
     groups = getattr(opts, name)
@@ -192,7 +187,7 @@ class TableOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StabilityOptions:
+class StabilityOptions(FamilyOptions):
     """How to probe; each field is named as its ``gradscope stability`` flag (``target_pos`` is
     ``--target-pos``). Empty group tuples mean: the four {frequent, rare}² conditions for a
     dual-frequency checkpoint, all/all for a uniform one."""
@@ -220,8 +215,6 @@ class StabilityOptions:
     length: int | None = option(None, "With --token-counts: the probe length L. On checkpoints probed on their corpus: the probe rows' length (start token included; default: the run's --max-length). With --text: the row's length, start token included (default 32).", low=1, high=MAX_COUNT)
     filler: int | None = option(None, 'With --model-factory: output phase of L copies of this token id after each probe (default: none).', low=0, high=MAX_COUNT)
     split: float = bounded(SPLIT, low=0, high=1, exclusive="both")
-    # checkpoints trained on a corpus: this directory instead of the recorded one (it moved)
-    corpus: Path | None = option(None, CORPUS_HELP)
     # exact Jacobians, or a sketch with standard errors: auto is exact wherever it fits
     # checkpoint_budget_seconds (estimated before any work) and memory; sketch_units fixes the sketch's size
     estimator: str = option(ESTIMATOR, 'auto (exact Jacobians wherever they fit --checkpoint-budget-seconds and memory, else a sketch), exact, or sketch (Jacobian-vector products; standard errors stored beside each score).', choices=ESTIMATORS)
@@ -234,7 +227,8 @@ class StabilityOptions:
         as target_pos <= L, and the memory the probes need are checked once the checkpoint is known)."""
         for name in ("target_freq", "disturbant"):
             as_groups(self, name)
-        for name in ("probes", "token_counts", "corpus"):
+        super().__post_init__()  # the families' own options (FamilyOptions), checked by their families
+        for name in ("probes", "token_counts"):
             as_path(self, name)
         check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
         check_fields(self)
@@ -243,7 +237,7 @@ class StabilityOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DynamicsOptions:
+class DynamicsOptions(FamilyOptions):
     """What to compute. ``sequences`` probe sequences per condition; ``steps`` and ``lyap_warmup`` of each of
     ``trajectories`` Lyapunov trajectories, re-orthonormalised every ``reorth`` steps.
 
@@ -275,7 +269,6 @@ class DynamicsOptions:
     disturbant: tuple[str, ...] = option((), "Probe disturbant group(s) of a checkpoint's task: {groups} (repeatable).")
     length: int | None = option(None, f"With --model-factory: probe sequence length (default {FACTORY_LENGTH}), tokens uniform over the embedding's vocabulary; with --text: the row length, start token included (default {FACTORY_LENGTH}).", low=1, high=MAX_COUNT)
     token_counts: Path | None = option(None, "With --model-factory: counts per token id (.npy, or one per line): steps are classed frequent/rare by them.")
-    corpus: Path | None = option(None, CORPUS_HELP)
     split: float = bounded(SPLIT, low=0, high=1, exclusive="both")  # with text: the share of frequent types
 
     def __post_init__(self) -> None:
@@ -293,8 +286,8 @@ class DynamicsOptions:
             object.__setattr__(self, "parts", tuple(dict.fromkeys(self.parts)))
         for name in ("target_freq", "disturbant"):
             as_groups(self, name)
-        for name in ("token_counts", "corpus"):
-            as_path(self, name)
+        super().__post_init__()  # the families' own options (FamilyOptions), checked by their families
+        as_path(self, "token_counts")
         check(isinstance(self.device, str), f"device: got {self.device!r}; expected a device name such as cpu")
         check_fields(self)
         if self.lyap_warmup is None and self.steps is not None:
@@ -332,14 +325,15 @@ def parse_bins(text: str) -> int | tuple[int, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AccuracyOptions:
+class AccuracyOptions(FamilyOptions):
     """Each field is named as its ``gradscope accuracy`` flag. ``grid``: None = evaluate the grid when
     the checkpoint has one; True = require it, False = skip it. ``batch_size``: sequences per forward pass.
     ``decoding`` (feedback models, paper App. B.2): both = self-fed (autoregressive, the main
     figures) and ground-truth fed (teacher) side by side, or one of them. ``resamples``: bootstrap
     resamples of the per-position cosine-similarity intervals (vector tasks; None: 10,000), seeded by
     ``seed`` (None: 0). An option given (not None) where it does not apply (resamples or seed on a
-    token task, corpus on a checkpoint trained on no corpus) is refused, not ignored."""
+    token task, a family's own option (:class:`FamilyOptions`) on a checkpoint of another family) is refused,
+    not ignored."""
 
     # None: 4 (quarters) where there is a grid
     bins: int | tuple[int, ...] | str | None = option(None, 'Target-position bins of the grid: a count or 0-based edges (0,8,64). Default: 4 (quarters; one per position on a shorter grid); refused for a checkpoint without a grid.')
@@ -350,13 +344,10 @@ class AccuracyOptions:
     decoding: str = option(DECODING_CHOICES[0], 'Feedback models (trained with --decoding): both (self-fed and ground-truth fed, side by side), autoregressive or teacher.', choices=DECODING_CHOICES)
     resamples: int | None = option(None, 'Bootstrap resamples: of the per-position cosine-similarity CIs (families with vector outputs; default 10,000), or with --text of the CIs over paragraphs (default 1,000).', low=1, high=MAX_RESAMPLES)
     seed: int | None = option(None, 'Seed of the bootstrap resamples (families with vector outputs, or --text; default 0).', low=0, high=MAX_SEED)
-    # checkpoints trained on a corpus: read this directory instead of the recorded one
-    corpus: str | None = option(None, CORPUS_HELP)
     max_length: int | None = option(None, f"With --text: tokens per row, start token included (default {TEXT_MAX_LENGTH}); longer paragraphs are scored in overlapping windows.", low=2, high=MAX_TEXT_ROW)
 
     def __post_init__(self) -> None:
-        if isinstance(self.corpus, Path):
-            object.__setattr__(self, "corpus", str(self.corpus))
+        super().__post_init__()  # the families' own options (FamilyOptions), checked by their families
         if isinstance(self.bins, str):  # as the flag gives it: '4' or '0,8,64'
             object.__setattr__(self, "bins", parse_bins(self.bins))
         check_fields(self)

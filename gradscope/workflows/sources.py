@@ -26,6 +26,7 @@ from torch import nn
 from gradscope.errors import check
 from gradscope.files.checkpoint import Loaded
 from gradscope.fields import with_overrides
+from gradscope.workflows.families.options import FAMILY_OPTIONS
 from gradscope.workflows.options import SourceOptions
 
 
@@ -115,29 +116,33 @@ def source_of(source: Any, opts: SourceOptions | None = None, **overrides: Any) 
     return Source("checkpoints", paths=tuple(paths))
 
 
-# the options each kind of source does not read, per command, and why
+# the options each kind of source does not read, per command, and why; a task family's own options
+# (FAMILY_OPTIONS, such as where the corpus a checkpoint trained on lies now) are read for a gradscope checkpoint
+# of that family only
+OWN = ("a task family's own options, read for a gradscope checkpoint of that family (the corpus it trained on, say); "
+       "a model of your own has none")
 NOT_READ: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "stability": {
         "checkpoints": (("token_counts", "filler"), "they describe probes for a model of your own (--model-factory); "
                                                     "gradscope checkpoints generate their own"),
-        "model": (("corpus",), "it names the corpus a gradscope checkpoint trained on; a model of your own has none"),
-        "factory": (("corpus",), "it names the corpus a gradscope checkpoint trained on; a model of your own has none"),
-        "text": (("probes", "token_counts", "filler", "corpus"), "with text the probes are drawn from the text, "
-                                                                 "which is the corpus too; no output phase follows"),
+        "model": (FAMILY_OPTIONS, OWN),
+        "factory": (FAMILY_OPTIONS, OWN),
+        "text": (("probes", "token_counts", "filler", *FAMILY_OPTIONS), "with text the probes are drawn from the text, "
+                                                                        "which is the corpus too; no output phase follows"),
     },
     "dynamics": {
         "checkpoints": (("length", "token_counts"), "they describe probes for a model of your own (--model-factory); "
                                                     "a gradscope checkpoint draws its probes from its task"),
-        "model": (("target_freq", "disturbant", "corpus", "length"), "a model in memory is given its probe tokens, "
-                                                                     "and has no task groups or corpus"),
-        "factory": (("target_freq", "disturbant", "corpus"), "a model of your own has no task groups or corpus of "
-                                                             "its own (describe its tokens with token_counts)"),
-        "text": (("target_freq", "disturbant", "token_counts", "corpus"), "with text the steps are classed by the "
-                                                                          "text's own counts (or counts_text)"),
+        "model": (("target_freq", "disturbant", "length", *FAMILY_OPTIONS), "a model in memory is given its probe "
+                                                                             "tokens, and has no task family"),
+        "factory": (("target_freq", "disturbant", *FAMILY_OPTIONS), "a model of your own has no task family, groups or "
+                                                                     "corpus of its own (describe its tokens with token_counts)"),
+        "text": (("target_freq", "disturbant", "token_counts", *FAMILY_OPTIONS), "with text the steps are classed by "
+                                                                                 "the text's own counts (or counts_text)"),
     },
     "accuracy": {
         "checkpoints": (("max_length",), "it applies to text (a pretrained LM on raw text)"),
-        "text": (("bins", "grid", "decoding", "corpus"), "they apply to gradscope checkpoints, not to text"),
+        "text": (("bins", "grid", "decoding", *FAMILY_OPTIONS), "they apply to gradscope checkpoints, not to text"),
     },
 }
 # the kinds of source a command reads at all (others: every kind); a model of one's own has no held-out set, so

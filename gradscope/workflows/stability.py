@@ -33,7 +33,7 @@ from gradscope.tasks.probes import (Probes, check_probes_fit, frequency_groups, 
 from gradscope.files.checkpoint import Loaded
 from gradscope.train.device import resolve_device
 from gradscope.tasks.registry import TASKS, probe_tasks
-from gradscope.workflows.families import check_probe_options, evaluation_of
+from gradscope.workflows.families.registry import check_probe_options, evaluation_of
 from gradscope.workflows.common import (conditions_for, config_attrs, expand_checkpoints, load_source, model_id,
                                         warn_diverged)
 from gradscope.tasks import make_task
@@ -95,12 +95,12 @@ def build_probes(first: Loaded, opts: StabilityOptions, checkpoints: int = 1) ->
         check(set(opts.disturbant) <= {source.label},
               f"disturbant: got {', '.join(opts.disturbant)}; on {task.name} checkpoints the disturbants are "
               f"the corpus's own text ({source.label})")
-        own = source.task(first, opts.corpus)
+        own = source.task(first, opts)
         length = opts.length or task.length
         groups = opts.target_freq or source.groups
         check_bytes(result_bytes(len(groups) * opts.triplets, length, checkpoints, 64), "triplets")
         return source.probes(own, opts.triplets, opts.target_pos, length, groups, opts.seed)
-    check_probe_options(first, opts)  # another family's probe options (corpus, length): refused
+    check_probe_options(first, opts)  # another family's own probe options: refused
     check(task.name in probe_tasks(),
           f"checkpoint: its task is {task.name!r}; stability probes are defined for "
           f"{', '.join(probe_tasks())} (an input phase followed by query tokens)")

@@ -84,3 +84,13 @@ def test_the_flags_are_the_dataclass_fields(name: str, cls: type, function) -> N
 def test_a_bad_value_is_refused_by_the_dataclass_before_any_file_is_read(args: list[str], message: str) -> None:
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("name", ["stability", "dynamics", "accuracy"])
+def test_a_family_s_own_options_follow_the_command_s_own_in_help(name: str) -> None:
+    from gradscope.workflows.families.options import FAMILY_OPTIONS
+    command = typer.main.get_command(app).commands[name]
+    order = [p.name for p in command.get_params(typer.Context(command))]
+    own = [n for n in order if n not in FAMILY_OPTIONS and n in {f.name for f in dataclasses.fields(
+        {"stability": StabilityOptions, "dynamics": DynamicsOptions, "accuracy": AccuracyOptions}[name])}]
+    assert own and all(order.index(f) > order.index(own[-1]) for f in FAMILY_OPTIONS)

@@ -111,7 +111,7 @@ def check_evaluation(name: str) -> None:
     from dataclasses import fields
 
     from gradscope.tasks.registry import TASKS
-    from gradscope.workflows.families import TOKENS, Evaluation, evaluation_of
+    from gradscope.workflows.families.registry import TOKENS, Evaluation, evaluation_of
     from gradscope.workflows.options import AccuracyOptions
 
     cls = TASKS[name]

@@ -134,7 +134,7 @@ def test_a_family_with_an_evaluation_of_its_own_runs_through_every_layer(monkeyp
     from typer.testing import CliRunner
 
     from gradscope.cli.app import app
-    from gradscope.workflows.families import EVALUATIONS, Evaluation
+    from gradscope.workflows.families.registry import EVALUATIONS, Evaluation
 
     monkeypatch.setitem(TASKS, "echo", OwnEcho)
     monkeypatch.setitem(EVALUATIONS, OwnEcho, Evaluation(options=("seed",), evaluate=_own_evaluate,
@@ -168,7 +168,7 @@ def test_the_contract_fails_a_family_without_a_token_part_evaluated_as_tokens(mo
 def test_a_subclass_of_a_family_is_evaluated_as_its_base() -> None:
     """evaluation_of walks the class's bases: a family derived from one with its own evaluation gets
     that evaluation, a class with none in its bases the default token evaluation."""
-    from gradscope.workflows.families import EVALUATIONS, TOKENS, evaluation_of
+    from gradscope.workflows.families.registry import EVALUATIONS, TOKENS, evaluation_of
 
     base = next(iter(EVALUATIONS))
     derived = type("Derived", (base,), {"name": "derived"})

@@ -175,7 +175,7 @@ def test_bins_are_a_count_or_edges_from_zero() -> None:
 
 def test_accuracy_options_as_the_flags_give_them() -> None:
     assert AccuracyOptions(bins="0,2,4").bins == (0, 2, 4) and AccuracyOptions(bins="3").bins == 3
-    assert AccuracyOptions(corpus=Path("c")).corpus == "c"
+    assert AccuracyOptions(corpus="c").corpus == Path("c")  # a Path, as stability's and dynamics' (the lm family's option)
     with refused("bins: got '1,2'; edges must start at 0 and increase"):
         AccuracyOptions(bins="1,2")
 

@@ -21,7 +21,8 @@ class TextProbes:
     (the lm family). Declared here only: the task class below says nothing of it.
 
     label: the condition label of the text around a target (disturbants are real text); groups: the
-    default target classes; task(loaded, corpus) → the checkpoint's task (corpus: its moved directory);
+    default target classes; task(loaded, opts) → the checkpoint's task (opts: the command's options, of which
+    it reads its family's own, such as a moved corpus's directory);
     probes(task, n, position, length, groups, seed) → stability's triplets; sequences(task, n, seed) →
     dynamics' rows; token_classes(tokens, task) → each step's class; trajectories(model, task, steps, n,
     seed) → the Lyapunov trajectories' tokens; options: the stability and dynamics options only this probe source
@@ -39,7 +40,7 @@ class TextProbes:
 
 @dataclass(frozen=True, kw_only=True)
 class Evaluation:
-    """A family's evaluation (gradscope.workflows.families.EVALUATIONS).
+    """A family's evaluation (gradscope.workflows.families.registry.EVALUATIONS).
 
     options: the :class:`AccuracyOptions` fields of its own it reads (any other family's option given
     for one of its checkpoints is refused, not ignored); evaluate: one checkpoint → its result (the

@@ -4,7 +4,7 @@ Evaluation: every paragraph of the corpus's test split (first L tokens, as in tr
 result carries the usual token/sequence counts, and as the family's own counts the cross-entropy sums
 overall, by frequency bin and by position bin, which :meth:`gradscope.tasks.lm.LanguageModel.accuracy_part`
 turns into perplexities. The raw-text path (gradscope/workflows/text/accuracy.py) stores its counts the
-same way (:func:`lm_part`).
+same way (:meth:`~gradscope.analysis.perplexity.PerplexityCounts.arrays`).
 
 Probe source: stability's triplets and dynamics' sequences and trajectories are the corpus's own text
 (:func:`lm_probes`, :func:`lm_sequences`, :func:`lm_trajectories`), declared as the family's
@@ -21,7 +21,7 @@ import torch
 
 from gradscope.analysis.accuracy import token_correct
 from gradscope.analysis.distance import sequence_dl_distances
-from gradscope.analysis.lm import LMCounts, lm_counts, position_edges, rows_per_chunk, token_bins, token_nll
+from gradscope.analysis.perplexity import PerplexityCounts, perplexity_counts, position_edges, rows_per_chunk, token_bins, token_nll
 from gradscope.corpus.store import Corpus, frequency_bins
 from gradscope.errors import GradscopeError, check
 from gradscope.tasks import make_task
@@ -30,6 +30,8 @@ from gradscope.files.checkpoint import Loaded
 from gradscope.store.records import AccuracyResult
 from gradscope.tasks.lm import LanguageModel
 from gradscope.workflows.families.evaluation import Evaluation, TextProbes
+from gradscope.workflows.families.lm_options import LMOptions
+from gradscope.workflows.families.options import option_names
 from gradscope.workflows.families.tokens import tokens_dataset
 from gradscope.workflows.options import AccuracyOptions
 
@@ -38,12 +40,13 @@ PROBE_GROUPS = ("frequent", "rare")
 TEXT = "text"  # the disturbant label of probes on real text: the surrounding tokens are the corpus's own
 
 
-def lm_task(loaded: Loaded, corpus: str | Path | None = None) -> LanguageModel:
-    """The checkpoint's lm task, reading ``corpus`` instead of the recorded path when given (a
-    moved corpus; its manifest must still match the run's)."""
+def lm_task(loaded: Loaded, opts: LMOptions | None = None) -> LanguageModel:
+    """The checkpoint's lm task, reading the family's own option ``opts.corpus`` (``opts``: a command's options,
+    which hold every family's) instead of the recorded path when given (a moved corpus; its manifest must still
+    match the run's)."""
     cfg = loaded.config.task
-    if corpus is not None:
-        cfg = replace(cfg, corpus=str(Path(corpus).resolve()))
+    if opts is not None and opts.corpus is not None:
+        cfg = replace(cfg, corpus=str(Path(opts.corpus).resolve()))
     task = make_task(cfg)
     check(isinstance(task, LanguageModel), f"checkpoint: {loaded.path} is not a language model (task {cfg.name!r})")
     return task
@@ -159,7 +162,7 @@ def lm_trajectories(model: torch.nn.Module, task: LanguageModel, steps: int, n: 
 
 
 def evaluate_lm(model: torch.nn.Module, task: LanguageModel, device: torch.device, split: str = "test"
-                ) -> tuple[LMCounts, torch.Tensor, torch.Tensor, np.ndarray]:
+                ) -> tuple[PerplexityCounts, torch.Tensor, torch.Tensor, np.ndarray]:
     """Score every paragraph of ``split``: (counts, predictions (n, L), targets (n, L), types per
     frequency bin (12,)). Rows go through the model in chunks bounded by their logits' memory."""
     corpus = task.corpus
@@ -168,13 +171,13 @@ def evaluate_lm(model: torch.nn.Module, task: LanguageModel, device: torch.devic
     edges = position_edges(length)
     n = len(corpus.splits[split])
     chunk = rows_per_chunk(length, task.num_classes)
-    total: LMCounts | None = None
+    total: PerplexityCounts | None = None
     preds, targets = [], []
     model.eval()
     for start in range(0, n, chunk):
         batch = task.rows(split, np.arange(start, min(n, start + chunk)), width=length)
         nll, pred = token_nll(model, batch.inputs.to(device), batch.targets.to(device))
-        part = lm_counts(nll, pred, batch.targets, bins, edges)
+        part = perplexity_counts(nll, pred, batch.targets, bins, edges)
         total = part if total is None else total + part
         preds.append(pred.cpu())
         targets.append(batch.targets)
@@ -183,20 +186,10 @@ def evaluate_lm(model: torch.nn.Module, task: LanguageModel, device: torch.devic
     return total, torch.cat(preds), torch.cat(targets), bins.sum(1)
 
 
-def lm_part(counts: LMCounts, types: np.ndarray) -> dict[str, np.ndarray]:
-    """The lm family's own counts of one checkpoint (what its ``accuracy_part`` reads): the sums of
-    ``counts``, its bins' labels and position edges (P, 2), and ``types`` (token types per frequency bin)."""
-    return {"nll": np.float64(counts.nll), "n": np.int64(counts.n), "correct": np.int64(counts.correct),
-            "freq_nll": counts.freq_nll, "freq_n": counts.freq_n, "freq_correct": counts.freq_correct,
-            "pos_nll": counts.pos_nll, "pos_n": counts.pos_n, "pos_correct": counts.pos_correct,
-            "edges": np.array([[a, b] for a, b in counts.edges], dtype=np.int64).reshape(-1, 2),
-            "labels": np.asarray(counts.labels, dtype=object), "types": np.asarray(types)}
-
-
 def evaluate_lm_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.device) -> AccuracyResult:
     """An :class:`AccuracyResult` of an lm checkpoint on its corpus's test split (``opts.corpus``: the
     corpus's directory if it moved)."""
-    task = lm_task(loaded, opts.corpus)
+    task = lm_task(loaded, opts)
     model = loaded.model.to(device)
     counts, preds, targets, types = evaluate_lm(model, task, device)
     model.to("cpu")
@@ -204,11 +197,11 @@ def evaluate_lm_checkpoint(loaded: Loaded, opts: AccuracyOptions, device: torch.
     return AccuracyResult(
         loaded.path, loaded.iteration, loaded.path.parent.name,
         correct.sum(1).numpy(), scored.sum(1).numpy(), sequence_dl_distances(preds, targets).astype(np.float64),
-        correct.sum(0).numpy(), scored.sum(0).numpy(), family=lm_part(counts, types))
+        correct.sum(0).numpy(), scored.sum(0).numpy(), family=counts.arrays(types))
 
 
 # its store is the token part and its own, with the options attribute of a token store (as the stores written before the families had)
-LM = Evaluation(options=("corpus",), evaluate=evaluate_lm_checkpoint, dataset=tokens_dataset,
+LM = Evaluation(options=option_names(LMOptions), evaluate=evaluate_lm_checkpoint, dataset=tokens_dataset,
                 text_probes=TextProbes(label=TEXT, groups=PROBE_GROUPS, task=lm_task, probes=lm_probes,
                                        sequences=lm_sequences, token_classes=lm_token_classes,
-                                       trajectories=lm_trajectories, options=("corpus", "length")))
+                                       trajectories=lm_trajectories, options=(*option_names(LMOptions), "length")))

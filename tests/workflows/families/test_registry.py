@@ -1,4 +1,4 @@
-"""gradscope.workflows.families: a family's evaluation is declared once, on its line of EVALUATIONS, and what the
+"""gradscope.workflows.families.registry: a family's evaluation is declared once, on its line of EVALUATIONS, and what the
 rest of the library says about families is computed from those declarations, never a family's name typed in."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 from gradscope.tasks.registry import TASKS
-from gradscope.workflows.families import EVALUATIONS, evaluation_of, text_families
+from gradscope.workflows.families.registry import EVALUATIONS, evaluation_of, text_families
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_probed_on_its_own_text_is_declared_once_on_the_evaluation() -> None:
