@@ -18,7 +18,7 @@ from .generated import build_options, generated_command
 
 console = make_console()
 Opt = typer.Option
-corpus_app = typer.Typer(name="corpus", help="Text corpora for language modelling (--task lm).", no_args_is_help=True,
+corpus_app = typer.Typer(name="corpus", help="Text corpora to train on (gradscope train --corpus DIR).", no_args_is_help=True,
                          add_completion=False, rich_markup_mode=None)
 
 

@@ -4,7 +4,7 @@ per paragraph (the bootstrap's unit) and their bootstrap intervals. Pure functio
 
 Frequency bins: the types that occur in the counts text, sorted by count (most frequent first, ties
 by id), cut into equal quantiles of types exactly as the language-model task cuts a corpus's vocabulary
-(:func:`gradscope.analysis.lm.token_bins`: frequent/rare halves, deciles); a type that never occurs
+(:func:`gradscope.analysis.perplexity.token_bins`: frequent/rare halves, deciles); a type that never occurs
 in the counts text is in bin ``unseen`` (rarer than any seen; empty when the counts come from the
 scored text itself).
 """
@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import torch
 
-from gradscope.analysis.lm import FREQ_LABELS
+from gradscope.analysis.perplexity import FREQ_LABELS
 from gradscope.corpus.store import frequency_ranks
 from gradscope.errors import check
 from gradscope.fields import CONFIDENCE

@@ -131,7 +131,7 @@ class LanguageModel(Task):
               f"heldout_size: got {self.cfg.heldout_size}; the corpus's valid split has {len(valid)} paragraphs")
         return self.rows("valid", np.arange(self.cfg.heldout_size), width=self.cfg.length)
 
-    # --- its own part of the accuracy store (the counts: gradscope.workflows.families.lm.lm_part) ---
+    # --- its own part of the accuracy store (the counts: gradscope.analysis.perplexity.PerplexityCounts.arrays) ---
 
     @classmethod
     def accuracy_part(cls, counts: Sequence[Mapping[str, np.ndarray]]) -> tuple[Part, Part]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradscope.analysis.lm import FREQ_LABELS
+from gradscope.analysis.perplexity import FREQ_LABELS
 from gradscope.cli.app import app
 from gradscope.config import RunConfig
 from gradscope.corpus import open_corpus

@@ -26,7 +26,7 @@ from torch import nn
 
 from gradscope.fields import DEFAULT_DEVICE
 from gradscope.workflows.options import DEVICE_LABEL, HF, MAX_TEXT_ROW, TEXT_BATCH, TEXT_MAX_LENGTH, TEXT_RESAMPLES
-from gradscope.analysis.lm import LMCounts, position_edges
+from gradscope.analysis.perplexity import PerplexityCounts, position_edges
 from gradscope.analysis.text import TEXT_FREQ_LABELS, column_sums, ratio_interval, target_nll, text_bins, windows
 from gradscope.errors import check
 from gradscope.fields import as_int
@@ -37,7 +37,6 @@ from gradscope.store.accuracy import accuracy_dataset
 from gradscope.store.records import AccuracyResult
 from gradscope.train.device import resolve_device
 from gradscope.fields import MAX_COUNT, as_count
-from gradscope.workflows.families.lm import lm_part  # read as the lm family (tasks.registry.READ_AS)
 from gradscope.workflows.text.tokenize import TokenizedText, tokenize_text
 
 LOGITS_BUDGET = 1 << 28  # bytes of float32 logits per forward batch (at most; one row always goes)
@@ -240,8 +239,8 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
     net.to("cpu")
     tot_nll, tot_n, tot_hit = s_nll.sum(0), s_n.sum(0).astype(np.int64), s_hit.sum(0).astype(np.int64)
     f, g = slice(1, 1 + n_freq), slice(1 + n_freq, cols)
-    lm = LMCounts(float(tot_nll[0]), int(tot_n[0]), int(tot_hit[0]), tot_nll[f], tot_n[f], tot_hit[f],
-                  tot_nll[g], tot_n[g], tot_hit[g], tuple(edges), TEXT_FREQ_LABELS)
+    sums = PerplexityCounts(float(tot_nll[0]), int(tot_n[0]), int(tot_hit[0]), tot_nll[f], tot_n[f], tot_hit[f],
+                            tot_nll[g], tot_n[g], tot_hit[g], tuple(edges), TEXT_FREQ_LABELS)
     scored = s_n[:, 0] > 0
     a_nll, a_n, a_hit = s_nll[scored], s_n[scored], s_hit[scored]
     ppl_low, ppl_high = ratio_interval(a_nll, a_n, log_scale=True, resamples=opts.resamples, seed=opts.seed)
@@ -253,7 +252,7 @@ def _run(model: Any, opts: TextAccuracyOptions, model_factory: str, on_start: Ca
     }
     freq_types = bins.sum(1)
     result = AccuracyResult(Path(source), 0, Path(source).name, s_hit[:, 0].astype(np.int64), s_n[:, 0].astype(np.int64),
-                            np.full(n_par, np.nan), t_hit, t_n, family=lm_part(lm, freq_types))
+                            np.full(n_par, np.nan), t_hit, t_n, family=sums.arrays(freq_types))
     configs = {"model_config": _describe(net, vocab),
                "task_config": {"name": "text", "vocab_size": vocab, "length": opts.max_length,
                                "text": str(text.path.resolve()), "text_sha256": text.sha256,

@@ -51,7 +51,7 @@ from gradscope.fields import MAX_COUNT, as_count
 from gradscope.workflows.dynamics import (DynamicsOptions, DynamicsPlan, DynamicsRun, defined_parts, plan_core,
                                          run_model_dynamics)
 from gradscope.workflows.sources import TextSource
-from gradscope.workflows.study.options import PROBE_LENGTH
+from gradscope.workflows.options import PROBE_LENGTH
 from gradscope.workflows.stability import StabilityOptions, StabilityRun, result_bytes, run_model_stability
 from gradscope.workflows.text.tokenize import TokenizedText, tokenize_text
 from gradscope.workflows.text.accuracy import _quiet_transformers

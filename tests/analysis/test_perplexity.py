@@ -9,7 +9,9 @@ from pathlib import Path
 
 import torch
 
-from gradscope.analysis.lm import FREQ_LABELS, position_edges
+import numpy as np
+
+from gradscope.analysis.perplexity import FREQ_LABELS, PerplexityCounts, position_edges
 from gradscope.corpus import frequency_bins
 from gradscope.models import SeqModel
 from gradscope.tasks import make_task
@@ -51,3 +53,18 @@ def test_perplexity_is_exp_mean_cross_entropy_computed_independently(corpus_dir:
         sel = (pos >= a) & (pos <= b)
         assert counts.pos_n[j] == sel.sum() and math.isclose(counts.pos_nll[j], loss[sel].sum(), rel_tol=1e-5)
     assert list(types) == [30, 30] + [6] * 10  # token types per bin: two halves and ten deciles of 60
+
+
+def test_the_sums_as_arrays_are_the_store_part_and_add_up() -> None:
+    edges = tuple(position_edges(4))
+    one = PerplexityCounts(2.5, 3, 1, np.arange(12.0), np.arange(12), np.ones(12, dtype=np.int64),
+                           np.ones(len(edges)), np.full(len(edges), 2), np.zeros(len(edges), dtype=np.int64), edges)
+    both = one + one
+    assert (both.nll, both.n, both.correct) == (5.0, 6, 2) and math.isclose(both.perplexity, math.exp(5.0 / 6))
+    part = both.arrays(np.full(12, 7))
+    assert set(part) == {"nll", "n", "correct", "freq_nll", "freq_n", "freq_correct", "pos_nll", "pos_n",
+                         "pos_correct", "edges", "labels", "types"}
+    assert part["nll"].dtype == np.float64 and part["n"].dtype == np.int64 and part["n"] == 6
+    assert part["edges"].shape == (len(edges), 2) and part["edges"].tolist() == [list(e) for e in edges]
+    assert list(part["labels"]) == list(FREQ_LABELS) and part["types"].tolist() == [7] * 12
+    assert np.array_equal(part["freq_nll"], 2 * np.arange(12.0))

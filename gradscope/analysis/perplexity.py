@@ -1,6 +1,6 @@
-"""Language-model evaluation: per-token cross-entropy, perplexity and accuracy, overall,
+"""A language model's scores: per-token cross-entropy, perplexity and accuracy, overall,
 by token-frequency bin and by position bin. Pure functions on tensors and arrays, split into an
-update step (:func:`lm_counts` per chunk of rows) and a compute step (:func:`perplexity`).
+update step (:func:`perplexity_counts` per chunk of rows) and a compute step (:func:`perplexity`).
 
 Perplexity = exp(mean cross-entropy, natural log, over the scored target tokens). A frequency
 bin's perplexity averages over the target tokens whose id falls in that bin; bins are quantiles of
@@ -43,7 +43,7 @@ def token_bins(counts: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class LMCounts:
+class PerplexityCounts:
     """Sums over scored target tokens: ``nll`` (float64, nats), ``n`` tokens, ``correct`` argmax
     hits; the same per frequency bin (12: FREQ_LABELS) and per position bin (``edges``)."""
 
@@ -59,9 +59,9 @@ class LMCounts:
     edges: tuple[tuple[int, int], ...]
     labels: tuple[str, ...] = FREQ_LABELS  # the frequency bins' names (raw text adds "unseen": analysis/text.py)
 
-    def __add__(self, other: "LMCounts") -> "LMCounts":
-        check(self.edges == other.edges and self.labels == other.labels, "LMCounts: bins differ")
-        return LMCounts(self.nll + other.nll, self.n + other.n, self.correct + other.correct,
+    def __add__(self, other: "PerplexityCounts") -> "PerplexityCounts":
+        check(self.edges == other.edges and self.labels == other.labels, "PerplexityCounts: bins differ")
+        return PerplexityCounts(self.nll + other.nll, self.n + other.n, self.correct + other.correct,
                         self.freq_nll + other.freq_nll, self.freq_n + other.freq_n,
                         self.freq_correct + other.freq_correct, self.pos_nll + other.pos_nll,
                         self.pos_n + other.pos_n, self.pos_correct + other.pos_correct, self.edges, self.labels)
@@ -73,6 +73,16 @@ class LMCounts:
     @property
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else float("nan")
+
+    def arrays(self, types: np.ndarray) -> dict[str, np.ndarray]:
+        """The sums as plain arrays, with the bins' labels, the position edges (P, 2) and ``types`` (token types per
+        frequency bin): an accuracy store's part of a language model (its family's ``accuracy_part`` reads them,
+        and a text's store is read as that family, gradscope.tasks.registry.READ_AS)."""
+        return {"nll": np.float64(self.nll), "n": np.int64(self.n), "correct": np.int64(self.correct),
+                "freq_nll": self.freq_nll, "freq_n": self.freq_n, "freq_correct": self.freq_correct,
+                "pos_nll": self.pos_nll, "pos_n": self.pos_n, "pos_correct": self.pos_correct,
+                "edges": np.array([[a, b] for a, b in self.edges], dtype=np.int64).reshape(-1, 2),
+                "labels": np.asarray(self.labels, dtype=object), "types": np.asarray(types)}
 
 
 @torch.no_grad()
@@ -86,8 +96,8 @@ def token_nll(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> 
     return torch.where(scored, nll, 0.0), logits.argmax(-1)
 
 
-def lm_counts(nll: torch.Tensor, preds: torch.Tensor, targets: torch.Tensor, bins: np.ndarray,
-              edges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> LMCounts:
+def perplexity_counts(nll: torch.Tensor, preds: torch.Tensor, targets: torch.Tensor, bins: np.ndarray,
+              edges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> PerplexityCounts:
     """The update step: sums of one chunk. nll, preds, targets (n, T); bins (12, K) from
     :func:`token_bins`; ``edges`` from :func:`position_edges` (position = column + 1)."""
     scored = (targets != IGNORE).cpu()
@@ -97,7 +107,7 @@ def lm_counts(nll: torch.Tensor, preds: torch.Tensor, targets: torch.Tensor, bin
     pos = (torch.nonzero(scored)[:, 1] + 1).numpy()
     member = bins[:, tgt]  # (12, m)
     pos_bin = np.stack([(pos >= a) & (pos <= b) for a, b in edges])  # (P, m)
-    return LMCounts(float(loss.sum()), int(loss.size), int(hit.sum()),
+    return PerplexityCounts(float(loss.sum()), int(loss.size), int(hit.sum()),
                     (member * loss).sum(1), member.sum(1).astype(np.int64), (member & hit).sum(1).astype(np.int64),
                     (pos_bin * loss).sum(1), pos_bin.sum(1).astype(np.int64), (pos_bin & hit).sum(1).astype(np.int64),
                     tuple(tuple(e) for e in edges))
