@@ -27,6 +27,9 @@ from gradscope.workflows.corpus import CorpusOptions, prepare_corpus
 from gradscope.corpus.store import MANIFEST
 from gradscope.errors import check
 from gradscope.tasks.lm import LanguageModel
+from gradscope.workflows.families.lm import check_probe_shape
+from gradscope.workflows.options import PROBE_LENGTH, PROBE_TARGET_POS, StabilityOptions
+from gradscope.workflows.study.options import StudyOptions
 from gradscope.workflows.study.runs import PES, PlannedRun
 from gradscope.fields import as_seed
 
@@ -106,3 +109,18 @@ def plan_lm_runs(scale: str, corpus: Path, seeds: list[int], iterations: int | N
                 base, model=dataclasses.replace(base.model, pe=pe),
                 train=dataclasses.replace(train, seed=as_seed(seed, "seeds"))))
             for pe in PES for seed in seeds]
+
+
+def plan_lm_study(options: StudyOptions, out: Path) -> tuple[list[PlannedRun], StabilityOptions]:
+    """The lm study's runs (vanilla and PE LSTM × ``options.seeds``, by default 111, 222, 333 tiny and 111–555
+    paper) and the stability options they share (probes at ``options.target_pos`` of rows of
+    ``options.probe_length``). Its corpus is prepared first, under ``out`` (its vocabulary sizes the runs);
+    the probes' shape is checked before that."""
+    target_pos = PROBE_TARGET_POS if options.target_pos is None else options.target_pos
+    length = PROBE_LENGTH if options.probe_length is None else options.probe_length
+    stability = StabilityOptions(triplets=options.triplets, target_pos=target_pos, length=length)
+    if options.scale in ROW_LENGTH:  # before any work (an unknown scale is refused where the corpus is made)
+        check_probe_shape(target_pos, length, ROW_LENGTH[options.scale], "probe_length")
+    corpus = prepare_study_corpus(options.scale, out, options.corpus_text, options.valid_file, options.test_file)
+    seeds = options.seeds or ((111, 222, 333) if options.scale == "tiny" else tuple(PAPER_SEEDS))
+    return plan_lm_runs(options.scale, corpus, list(seeds), options.iterations), stability

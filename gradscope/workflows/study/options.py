@@ -15,9 +15,10 @@ from pathlib import Path
 
 from gradscope.errors import GradscopeError, check
 from gradscope.fields import (BANDS, DEFAULT_DEVICE, DEFAULT_SCORE, MAX_COUNT, MAX_RESAMPLES, MAX_SEED, MAX_VOCAB,
-                              RESAMPLES, SCALES, bounded, check_fields, option)
-from gradscope.workflows.options import (COUNTS_TEXT_HELP, DEFAULT_BUDGET, HF, TEXT_MAX_LENGTH, TEXT_RESAMPLES,
-                                         TRIPLETS, as_path)
+                              RESAMPLES, SCALES, as_path, bounded, check_fields, option)
+from gradscope.workflows.options import (COUNTS_TEXT_HELP, DEFAULT_BUDGET, HF, PROBE_LENGTH, PROBE_TARGET_POS,
+                                         TEXT_MAX_LENGTH, TEXT_RESAMPLES, TRIPLETS)
+from gradscope.workflows.study.lm_options import LMStudyOptions
 
 STATIC_FORMATS = ("png", "svg")  # what `gradscope report --static` writes beside the HTML
 
@@ -63,37 +64,33 @@ def _items(value: object, name: str, example: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-STUDIES = ("reverse", "lm")
-# the stability probes of the lm and text studies, declared once: paragraph token 16 (1-based) of rows of 32 tokens,
-# the start token included (gradscope.workflows.text.probes.DEFAULT_LENGTH is this row length)
-PROBE_TARGET_POS, PROBE_LENGTH = 16, 32
+SYNTHETIC = "reverse"  # the synthetic study (docs/definitions.md §3), the default: its runs are study/runs.py's
+STUDY_BASES = (LMStudyOptions,)  # one base per other study with options of its own (its name, notes and rules)
+STUDIES = (SYNTHETIC, *(b.STUDY for b in STUDY_BASES))
+
+
+def _notes(key: str) -> str:
+    """What each other study's help says of shared option ``key``: " (lm: …)"."""
+    return "".join(f" ({b.STUDY}: {b.NOTES[key]})" for b in STUDY_BASES if key in b.NOTES)
 
 
 @dataclass(frozen=True, kw_only=True)
-class StudyOptions:
-    """The synthetic (``study="reverse"``, docs/definitions.md §3) or language-modelling (``"lm"``, docs/lm.md) study,
-    each field named as its `gradscope reproduce` flag. None: the study's default (models gru, lstm,
-    s4d — lm: the paper's lstm; seeds 1, 2, 3 — lm: 111, 222, 333 tiny, 111–555 paper; lm's probes at
-    paragraph token 16 of rows of 32). ``models``/``seeds`` may be comma-separated text, as the flags
-    give them. ``extend_to``: also the vocabulary-extension experiment (paper §4.2)."""
+class StudyOptions(*STUDY_BASES):  # type: ignore[misc]
+    """The synthetic study (``study="reverse"``, docs/definitions.md §3) or another study of :data:`STUDY_BASES`
+    (each declares its own options, defaults and rules: the language-modelling study, study/lm_options.py), each
+    field named as its `gradscope reproduce` flag. None: the study's default (models gru, lstm, s4d; seeds 1, 2,
+    3; another study's own). ``models``/``seeds`` may be comma-separated text, as the flags give them.
+    ``extend_to``: also the vocabulary-extension experiment (paper §4.2)."""
 
-    study: str = option("reverse", "reverse: the synthetic study (docs/definitions.md §3); lm: the language-modelling appendix "
-                                   "(LSTM vanilla vs PE on a text corpus, docs/lm.md).")
-    scale: str = option("tiny", "tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: docs/definitions.md §3, for a GPU "
-                                "(lm: WikiText-103, SentencePiece 32,768, first 1,024 tokens per paragraph, 5 seeds).")
-    corpus_text: Path | None = option(None, "--study lm --scale paper: your WikiText-103 wiki.train.raw (nothing is "
-                                            "downloaded).")
-    valid_file: Path | None = option(None, "--study lm --scale paper: wiki.valid.raw.")
-    test_file: Path | None = option(None, "--study lm --scale paper: wiki.test.raw.")
-    target_pos: int | None = option(None, "--study lm or --text: the stability probes' target position (paragraph "
-                                          f"token, 1-based; default {PROBE_TARGET_POS}).")
-    probe_length: int | None = option(None, "--study lm or --text: the stability probe rows' length (start token "
-                                            f"included; with --text, dynamics' rows too; default {PROBE_LENGTH}).")
+    study: str = option(SYNTHETIC, "reverse: the synthetic study (docs/definitions.md §3); " +
+                        "; ".join(f"{b.STUDY}: {b.ABOUT}" for b in STUDY_BASES) + ".")
+    scale: str = option("tiny", "tiny: the CPU-scale study (≈5–10 min per run on 2 cores); paper: docs/definitions.md §3, "
+                                f"for a GPU{_notes('scale')}.")
     models: tuple[str, ...] | str | None = option(None, "Comma-separated cores (names in the core registry; the study "
                                                         "of the docs ran gru, lstm, s4d, mingru and mamba). Default: "
-                                                        "gru,lstm,s4d (--study lm: lstm, the paper's).")
-    seeds: tuple[int, ...] | str | None = option(None, "Comma-separated training seeds (trials). Default: 1,2,3 (lm: "
-                                                       "111,222,333 tiny, 111–555 paper).")
+                                                        f"gru,lstm,s4d{_notes('models')}.")
+    seeds: tuple[int, ...] | str | None = option(None, "Comma-separated training seeds (trials). Default: "
+                                                       f"1,2,3{_notes('seeds')}.")
     iterations: int | None = option(None, "Override the scale's training iterations (for a quick look).", low=1)
     triplets: int = option(TRIPLETS, "Stability probe triplets per condition.", low=1, high=MAX_COUNT)
     extend_to: int | None = option(None, "Also run the vocabulary-extension experiment (paper §4.2): extend each study "
@@ -120,16 +117,10 @@ class StudyOptions:
             if value is not None:
                 check(len(set(value)) == len(value), f"{name}: got {', '.join(map(str, value))}; a value repeats "
                                                      f"(each names its runs)")
-        if self.study == "lm":
-            check(self.models is None or self.models == ("lstm",),
-                  f"models: got {', '.join(map(repr, self.models or ()))}; the lm study trains the paper's LSTM only")
-        else:
-            check(self.target_pos is None and self.probe_length is None,
-                  "target_pos/probe_length: they set the lm study's probes (study lm)")
-            check(self.corpus_text is None and self.valid_file is None and self.test_file is None,
-                  "corpus_text/valid_file/test_file: they belong to the lm study (study lm)")
+        for base in STUDY_BASES:  # each study's rules between the study and its own options
+            base.check_study(self)
         if self.extend_to is not None or self.extend_iterations is not None:
-            check(self.study == "reverse" and self.extend_to is not None,
+            check(self.study == SYNTHETIC and self.extend_to is not None,
                   "extend_to/extend_iterations: the extension experiment extends the synthetic study's runs "
                   "(study reverse); give extend_to K'")
             check(self.extend_to <= MAX_COUNT, f"extend_to: got {self.extend_to}; it must be at most {MAX_COUNT}")
@@ -142,8 +133,8 @@ class ReproduceOptions:
     ``model_dir``, a pretrained LM's study of a text instead (its options: :class:`TextStudyOptions`,
     :func:`gradscope.workflows.text.study.reproduce_text`). Each field is named as its flag."""
 
-    dry_run: bool = option(False, "Print the plan and estimated compute; train nothing (--study lm prepares its corpus "
-                                  "first: the plan needs its vocabulary).")
+    dry_run: bool = option(False, "Print the plan and estimated compute; train nothing (a study on a text corpus "
+                                  "prepares the corpus first: the plan needs its vocabulary).")
     measure: bool = option(True, "With --dry-run: time a few training steps per model to estimate CPU time.")
     model_dir: Path | None = option(None, "With --text: a pretrained LM's save_pretrained directory, its tokenizer "
                                           "beside it: accuracy, stability and dynamics by token frequency on the text, "

@@ -30,12 +30,11 @@ from gradscope.train.loop import (EVAL_FILE, discard_unstarted, is_run_dir, loss
                                   resumable, train)
 from gradscope.workflows.accuracy import AccuracyOptions, run_checkpoint_accuracy
 from gradscope.workflows.study.extension import study_extension, study_extension_plans
-from gradscope.workflows.families.lm import check_probe_shape
-from gradscope.workflows.study.lm import PAPER_SEEDS, ROW_LENGTH, plan_lm_runs, prepare_study_corpus
-from gradscope.workflows.study.runs import Layout, PlannedRun, check_run_sizes, plan_runs
+from gradscope.workflows.study.registry import STUDY_PLANS
+from gradscope.workflows.study.runs import Layout, PlannedRun, check_run_sizes
 from gradscope.workflows.stability import StabilityOptions, run_checkpoint_stability
 from gradscope.fields import with_overrides
-from gradscope.workflows.study.options import PROBE_LENGTH, PROBE_TARGET_POS, StudyOptions  # declared torch-free
+from gradscope.workflows.study.options import StudyOptions  # declared torch-free
 from gradscope.workflows.summarize import SummaryEntry, group_records, summarize_groups
 
 SUMMARY_FIELDS = ("core", "pe")
@@ -98,20 +97,9 @@ def estimate_seconds(runs: list[PlannedRun]) -> dict[str, float]:
 
 def plan_study(options: StudyOptions, out: Path) -> Study:
     """The study's runs, checked before anything runs (memory of every run's training and stability;
-    the extension's sizes). The lm study prepares its corpus first (its vocabulary sizes the runs)."""
-    if options.study == "lm":
-        target_pos = PROBE_TARGET_POS if options.target_pos is None else options.target_pos
-        length = PROBE_LENGTH if options.probe_length is None else options.probe_length
-        stability = StabilityOptions(triplets=options.triplets, target_pos=target_pos, length=length)
-        if options.scale in ROW_LENGTH:  # before any work (an unknown scale is refused where the corpus is made)
-            check_probe_shape(target_pos, length, ROW_LENGTH[options.scale], "probe_length")
-        corpus = prepare_study_corpus(options.scale, out, options.corpus_text, options.valid_file, options.test_file)
-        seeds = options.seeds or ((111, 222, 333) if options.scale == "tiny" else tuple(PAPER_SEEDS))
-        runs = plan_lm_runs(options.scale, corpus, list(seeds), options.iterations)
-    else:
-        stability = StabilityOptions(triplets=options.triplets)
-        runs = plan_runs(options.scale, list(options.models or ("gru", "lstm", "s4d")), list(options.seeds or (1, 2, 3)),
-                         options.iterations)
+    the extension's sizes), by the study's own plan (:data:`STUDY_PLANS`; a study on a corpus prepares it first: its
+    vocabulary sizes the runs)."""
+    runs, stability = STUDY_PLANS[options.study](options, out)
     for r in runs:  # before anything runs: every run's training and stability must fit in memory
         check_run_sizes(r, stability)
     if options.extend_to is not None:  # checked now, not after hours of training

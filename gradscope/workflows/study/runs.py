@@ -21,6 +21,7 @@ from gradscope.tasks.registry import probe_tasks
 from gradscope.fields import as_seed
 from gradscope.workflows.common import conditions_for
 from gradscope.workflows.stability import StabilityOptions, result_bytes
+from gradscope.workflows.study.options import StudyOptions
 
 PES = ("none", "sinusoidal")
 
@@ -97,6 +98,15 @@ def plan_runs(scale: str, models: list[str], seeds: list[int], iterations: int |
                                 train=dataclasses.replace(train_cfg, seed=seed))
                 runs.append(PlannedRun(f"{core}-{pe}-s{seed}", cfg))
     return runs
+
+
+def plan_synthetic_study(options: StudyOptions, out: Path) -> tuple[list[PlannedRun], StabilityOptions]:
+    """The synthetic study's runs (``options.models`` × PEs × ``options.seeds``, by default gru, lstm, s4d and
+    seeds 1, 2, 3) and the stability options they share (``options.triplets``); ``out`` is unused (its runs
+    need no files prepared)."""
+    runs = plan_runs(options.scale, list(options.models or ("gru", "lstm", "s4d")), list(options.seeds or (1, 2, 3)),
+                     options.iterations)
+    return runs, StabilityOptions(triplets=options.triplets)
 
 
 def check_run_sizes(r: PlannedRun, stability: StabilityOptions | None = None, checkpoints: int | None = None) -> None:

@@ -145,3 +145,18 @@ def test_the_runs_refuse_bad_seeds_and_iterations(corpus: Path) -> None:
     for bad in (0, -5):
         with refused(f"iterations: got {bad}; it must be positive"):
             plan_lm_runs("tiny", corpus, [1], iterations=bad)
+
+
+def test_the_study_plan_prepares_nothing_before_it_checks_the_probes(tmp_path: Path, corpus: Path) -> None:
+    from gradscope.workflows.study.lm import plan_lm_study
+    from gradscope.workflows.study.options import StudyOptions
+    with refused("probe_length: got 200; probes on this checkpoint take 2…128"):
+        plan_lm_study(StudyOptions(study="lm", probe_length=200), tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    root = tmp_path / "b"
+    (root / "corpus").parent.mkdir(parents=True)
+    import shutil
+    shutil.copytree(corpus, root / "corpus")  # a prepared corpus is used as it is
+    runs, stability = plan_lm_study(StudyOptions(study="lm", seeds="7", iterations=4, target_pos=3, probe_length=9), root)
+    assert [r.name for r in runs] == [f"lstm-{pe}-s7" for pe in PES]
+    assert (stability.target_pos, stability.length) == (3, 9)

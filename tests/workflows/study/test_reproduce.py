@@ -15,7 +15,8 @@ from tests.helpers.runs import DEFAULT_CORE
 
 def test_half_trained_runs_are_resumed_and_foreign_runs_refused(tmp_path: Path) -> None:
     from gradscope.train import train
-    from gradscope.workflows.study.reproduce import Layout, plan_runs, train_step
+    from gradscope.workflows.study.reproduce import Layout, train_step
+    from gradscope.workflows.study.runs import plan_runs
     layout = Layout(tmp_path / "study")
     planned = plan_runs("tiny", [DEFAULT_CORE], [1], iterations=8, pes=("none",))[0]
     train(planned.config, layout.run(planned), stop_after=4)
