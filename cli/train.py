@@ -1,14 +1,14 @@
-"""`gradscope train`: parse options → build configs → call gradscope.train.train → print results."""
+"""`gradscope train`: parse the options → plan the run and train it (gradscope.workflows.training) → print the
+held-out evaluation."""
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from gradscope.errors import GradscopeError
 from gradscope.workflows.options import TrainOptions  # torch-free
 
 from .common import SETTINGS, command_line, make_console, warn
@@ -16,21 +16,8 @@ from .errors import user_errors
 from .generated import build_options, command_with, field_params, setting_params
 from .progress import make_progress
 
-if TYPE_CHECKING:
-    from gradscope.config import RunConfig
-
 console = make_console()
 TRAIN_FIELDS = {f for f in TrainOptions.__dataclass_fields__}
-
-def default_run_dir(cfg: RunConfig, preset: str) -> Path:
-    """runs/<preset>-<core>-<pe>-K<K>-s<seed>, numbered -2, -3… if it already exists."""
-    stem = f"{preset}-{cfg.model.core}-{cfg.model.pe}-K{cfg.task.vocab_size}-s{cfg.train.seed}"
-    path, n = Path("runs") / stem, 1
-    while path.exists():
-        n += 1
-        path = Path("runs") / f"{stem}-{n}"
-    return path
-
 
 def print_result(result: dict[str, Any], run_dir: Path) -> None:
     from rich.table import Table
@@ -68,29 +55,6 @@ Opt = typer.Option
 TrainCommand = command_with(lambda: [*field_params(TrainOptions), *setting_params()], "out")
 
 
-def extension_run_config(parent: Path, options: dict[str, Any], new_item_share: float | None) -> RunConfig:
-    """The config of `gradscope train --extend-from PARENT --vocab-size K'`: the parent's model (no
-    model option may be given), its task with task options given applied, and its training settings
-    with the training options given applied."""
-    from gradscope.presets import settings
-    from gradscope.train.extend import extension_config
-
-    known = settings()
-    given = {k: v for k, v in options.items() if v is not None}
-    fixed = sorted(k for k in given if k in known and known[k].section in ("model", "core"))
-    if fixed:
-        raise GradscopeError(f"--extend-from: the extended model keeps its parent's architecture; remove "
-                             f"{', '.join('--' + k.replace('_', '-') for k in fixed)}")
-    if "vocab_size" not in given:
-        raise GradscopeError("--vocab-size: give the extended vocabulary size K' (larger than the checkpoint's)")
-    task = {known[k].field: v for k, v in given.items()
-            if k in known and known[k].section == "task" and k != "vocab_size"}
-    train = {known[k].field: v for k, v in given.items() if k in known and known[k].section == "train"}
-    if "beta1" in given or "beta2" in given:
-        raise GradscopeError("--beta1/--beta2: an extension keeps its parent's Adam betas")
-    return extension_config(parent, given["vocab_size"], new_item_share=new_item_share, train=train, task=task)
-
-
 @user_errors
 def train_command(
     ctx: typer.Context,
@@ -99,40 +63,15 @@ def train_command(
 ) -> None:
     """Train a model on a synthetic task, writing a run directory with checkpoints. Every setting
     (--core, --hidden-size, --vocab-size, …) is named as its config field, as in sweep specs."""
-    from gradscope.presets import build_config
-    from gradscope.train.loop import UnstartedRunWarning, is_run_dir, read_run_config, train
+    from gradscope.train.loop import UnstartedRunWarning
+    from gradscope.workflows.training import plan_training, run_plan
 
     settings = dict(ctx.meta.get(SETTINGS, {}))
-    start = build_options(TrainOptions, settings)  # checked in its __post_init__
-    resume, preset, extend_from, stop_after = start.resume, start.preset, start.extend_from, start.stop_after
-    max_length, new_item_share = start.max_length, start.new_item_share
-    options: dict[str, Any] = {k: v for k, v in settings.items() if k not in TRAIN_FIELDS}
-    options.update(beta1=start.beta1, beta2=start.beta2)
-    if max_length is not None:
-        if options.get("length") is not None and options["length"] != max_length:
-            raise GradscopeError(f"--max-length: got {max_length} and --length {options['length']}; they name the same "
-                                 f"setting")
-        options["length"] = max_length
-    if resume is not None:
-        given = sorted(k for k, v in {**options, "extend_from": extend_from, "new_item_share": new_item_share}.items()
-                       if v is not None)
-        if given or out is not None:
-            raise GradscopeError(f"--resume: a resumed run keeps its own configuration; remove "
-                                 f"{', '.join('--' + g.replace('_', '-') for g in given) or '--out'}")
-        if not is_run_dir(resume):
-            raise GradscopeError(f"--resume: {resume} is not a gradscope run directory (no config.json)")
-        cfg, run_dir = read_run_config(resume), resume
-    elif extend_from is not None:
-        cfg = extension_run_config(extend_from, options, new_item_share)
-        run_dir = out if out is not None else default_run_dir(cfg, "extend")
-    else:
-        if new_item_share is not None:
-            raise GradscopeError("--new-item-share: only an extension (--extend-from) has new items")
-        cfg = build_config(preset, options)
-        run_dir = out if out is not None else default_run_dir(cfg, preset)
+    plan = plan_training(out, build_options(TrainOptions, settings),  # checked in its __post_init__, then planned
+                         {k: v for k, v in settings.items() if k not in TRAIN_FIELDS})
     command = command_line(ctx)
     with make_progress(console, "loss", "acc") as progress:
-        bar = progress.add_task("training", total=cfg.train.iterations, loss="-", acc="-", visible=not quiet)
+        bar = progress.add_task("training", total=plan.config.train.iterations, loss="-", acc="-", visible=not quiet)
 
         def on_step(iteration: int, log: dict[str, float] | None) -> None:
             if log is None:
@@ -142,14 +81,13 @@ def train_command(
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UnstartedRunWarning)
-            result = train(cfg, run_dir, resume=resume is not None, stop_after=stop_after, on_step=on_step,
-                           command=command, extend_from=extend_from if resume is None else None)
+            run = run_plan(plan, on_step=on_step, command=command)
         for w in caught:
             if issubclass(w.category, UnstartedRunWarning):
                 warn(str(w.message))
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    if result:
-        print_result(result, run_dir)
+    if run.result:
+        print_result(run.result, run.run_dir)
     else:
-        console.print(f"stopped early; continue with: gradscope train --resume {run_dir}")
+        console.print(f"stopped early; continue with: gradscope train --resume {run.run_dir}")

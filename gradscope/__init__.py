@@ -15,6 +15,8 @@ command line start fast):
   docs/real-text.md);
   :func:`reproduce_text` accuracy, stability and dynamics of a model on a text into one folder
   (``gradscope reproduce --model-dir DIR --text FILE`` adds the report);
+- :func:`train_run` — one training run, as ``gradscope train`` (a preset and settings, ``resume=DIR`` or
+  ``extend_from=CHECKPOINT``) → :class:`TrainRun` (its directory, config and held-out evaluation);
 - :func:`reproduce` — the whole synthetic or lm study (train vanilla and PE × seeds, accuracy,
   stability, summaries; ``gradscope reproduce`` adds the report), options :class:`StudyOptions`;
 - tensor-level functions: :func:`state_jacobian`, :func:`probe_stability`, :func:`lyapunov_spectrum`, and the
@@ -47,6 +49,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name i
     from gradscope.workflows.summarize import summarize
     from gradscope.workflows.study.reproduce import StudyOptions, reproduce
     from gradscope.workflows.text.study import reproduce_text
+    from gradscope.workflows.training import TrainRun, train_run
 
 _EXPORTS = {
     "__version__": "gradscope.version",
@@ -59,6 +62,7 @@ _EXPORTS = {
     "stability": "gradscope.workflows.api", "dynamics": "gradscope.workflows.api", "source": "gradscope.workflows.api",
     "accuracy": "gradscope.workflows.api", "summarize": "gradscope.workflows.summarize",
     "reproduce_text": "gradscope.workflows.text.study",
+    "train_run": "gradscope.workflows.training", "TrainRun": "gradscope.workflows.training",
     "reproduce": "gradscope.workflows.study.reproduce", "StudyOptions": "gradscope.workflows.study.reproduce",
     "Probes": "gradscope.tasks.probes", "make_probes": "gradscope.tasks.probes",
     "frequency_groups": "gradscope.tasks.probes",
@@ -68,7 +72,7 @@ _EXPORTS = {
 __all__ = ["GradscopeError", "__version__", "load", "Loaded", "wrap", "WrappedModel", "state_jacobian",
            "JacobianResult", "jvp_products", "vjp_products", "probe_stability", "StabilityResult", "lyapunov_spectrum",
            "LyapunovResult", "stability", "dynamics", "accuracy", "summarize", "source",
-           "reproduce_text", "reproduce", "StudyOptions", "Probes", "make_probes",
+           "reproduce_text", "reproduce", "StudyOptions", "train_run", "TrainRun", "Probes", "make_probes",
            "frequency_groups",
            "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "CORES"]  # GradscopeError and _EXPORTS (tests/project/test_startup.py)
 

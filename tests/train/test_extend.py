@@ -134,7 +134,7 @@ def test_task_config_refuses_share_without_split() -> None:
     (["--vocab-size", "8"], "--vocab-size: got 8"),
     (["--vocab-size", "12", "--task", "sort"], "--task: got 'sort'"),
     (["--vocab-size", "12", "--dim", "4"], "--dim: got 4"),
-    (["--vocab-size", "12", "--hidden-size", "4"], "remove --hidden-size"),
+    (["--vocab-size", "12", "--hidden-size", "4"], "--hidden-size: an extension keeps its parent's architecture"),
     (["--vocab-size", "12", "--new-item-share", "1.5"], "--new-item-share: got 1.5"),
     (["--vocab-size", "12", "--new-item-share", "1"], "--new-item-share: got 1.0; it must be > 0.0 and < 1.0"),
     (["--vocab-size", "12", "--new-item-share", "0"], "--new-item-share: got 0.0"),
