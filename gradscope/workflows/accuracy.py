@@ -44,7 +44,7 @@ def run_checkpoint_accuracy(paths: list[Path | Loaded], opts: AccuracyOptions, *
                             device_label: str | None = None) -> AccuracyRun:
     """Evaluate every checkpoint (run directories expand to all their checkpoints, oldest first),
     loading one at a time (a :class:`Loaded` is used as it is), as its task family's evaluation
-    (:func:`gradscope.workflows.families.evaluation_of`) does."""
+    (:func:`gradscope.workflows.families.registry.evaluation_of`) does."""
     opts = dataclasses.replace(opts, batch_size=opts.batch_used)  # an evaluation reads a number of sequences
     files = expand_checkpoints(paths)
     device = resolve_device(opts.device)

@@ -19,6 +19,7 @@ from gradscope.train.loop import StepCallback, is_run_dir, read_run_config, trai
 from gradscope.workflows.options import TrainOptions
 
 RUNS = Path("runs")  # where a run without -o/out goes, under the working directory
+PRESET = TrainOptions.__dataclass_fields__["preset"].default  # the preset a new run starts from unless told
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ def extension_run_config(parent: Path, given: dict[str, Any], new_item_share: fl
     setting may be given), its task with the task settings given applied, and its training with the training
     settings given applied (the Adam betas stay the parent's)."""
     known = settings()
+    unknown = sorted(set(given) - set(known) - {"beta1", "beta2"})  # build_config refuses them for a new run
+    check(not unknown, f"{unknown[0] if unknown else ''}: not a setting of a run; valid settings are "
+                       f"{', '.join(known)}")
     fixed = sorted(k for k in given if k in known and known[k].section in ("model", "core"))
     check(not fixed, _leave_out(fixed, "an extension keeps its parent's architecture"))
     check("vocab_size" in given, "vocab_size: give the extended vocabulary size K' (larger than the checkpoint's)")
@@ -82,19 +86,22 @@ def plan_training(out: str | Path | None, opts: TrainOptions, run_settings: dict
     left out (the preset's value)."""
     given = {k: v for k, v in run_settings.items() if v is not None}
     given.update({k: v for k, v in (("beta1", opts.beta1), ("beta2", opts.beta2)) if v is not None})
+    named = [*given, *(["max_length"] if opts.max_length is not None else [])]  # the settings as the caller named them
     if opts.max_length is not None:
         check(given.get("length") in (None, opts.max_length),
-              f"max_length: got {opts.max_length} and length {given.get('length')}; they name the same setting "
+              f"max_length/length: got {opts.max_length} and {given.get('length')}; they name the same setting "
               f"(give one)")
         given["length"] = opts.max_length
     out = None if out is None else Path(out)
+    preset = ["preset"] if opts.preset != PRESET else []  # a resumed run or an extension starts from no preset
     if opts.resume is not None:
-        extra = sorted([*given, *(k for k in ("extend_from", "new_item_share") if getattr(opts, k) is not None)])
+        extra = sorted([*named, *preset, *(k for k in ("extend_from", "new_item_share") if getattr(opts, k) is not None)])
         extra += ["out"] if out is not None else []
         check(not extra, _leave_out(extra, "a resumed run keeps its own configuration and directory"))
         check(is_run_dir(opts.resume), f"resume: {opts.resume} is not a gradscope run directory (no config.json)")
         return TrainPlan(read_run_config(opts.resume), opts.resume, resume=True, stop_after=opts.stop_after)
     if opts.extend_from is not None:
+        check(not preset, _leave_out(preset, "an extension starts from its parent's configuration"))
         cfg = extension_run_config(opts.extend_from, given, opts.new_item_share)
         return TrainPlan(cfg, out or default_run_dir(cfg, "extend"), extend_from=opts.extend_from,
                          stop_after=opts.stop_after)

@@ -1,4 +1,4 @@
-"""The language model's counts on a corpus (analysis.lm, as the lm family's evaluation sums them):
+"""The language model's counts on a corpus (analysis.perplexity, as the lm family's evaluation sums them):
 perplexity is exp(mean cross-entropy), per frequency bin and per position bin, computed here one
 paragraph at a time. The tiny corpus comes from tests/corpus/test_lm.py."""
 
@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-
 import numpy as np
+import torch
 
 from gradscope.analysis.perplexity import FREQ_LABELS, PerplexityCounts, position_edges
 from gradscope.corpus import frequency_bins

@@ -106,7 +106,7 @@ def check_declarations(name: str) -> None:
 
 
 def check_evaluation(name: str) -> None:
-    """The family's evaluation (its own line in gradscope.workflows.families, or the default) reads
+    """The family's evaluation (its own line in gradscope.workflows.families.registry, or the default) reads
     options that exist, and a family whose store is its own part alone has an evaluation of its own."""
     from dataclasses import fields
 

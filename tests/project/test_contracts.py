@@ -98,7 +98,7 @@ def test_the_contract_fails_a_family_that_stores_what_it_did_not_declare(monkeyp
 
 
 class OwnEcho(Echo):
-    """Echo with an evaluation of its own (gradscope.workflows.families), registered only inside these
+    """Echo with an evaluation of its own (gradscope.workflows.families.registry), registered only inside these
     tests: its store is its own part alone (no token part), and its evaluation reads the seed option."""
 
     token_part: ClassVar[bool] = False

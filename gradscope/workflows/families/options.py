@@ -16,11 +16,14 @@ from gradscope.workflows.families.lm_options import LMOptions
 
 @dataclass(frozen=True, kw_only=True)
 class FamilyOptions(LMOptions):  # one base per family with options of its own
-    """Every family's own options. A command's ``__post_init__`` calls this one first: each family's checks."""
+    """Every family's own options. Each command's ``__post_init__`` calls this one (before its own range checks):
+    the checks of each family that has any."""
 
     def __post_init__(self) -> None:
         for base in FamilyOptions.__bases__:
-            base.__post_init__(self)
+            own = getattr(base, "__post_init__", None)
+            if own is not None:
+                own(self)
 
 
 def option_names(cls: type) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ own part through its ``score`` and ``accuracy_part``. gradscope/workflows/accura
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from gradscope.errors import GradscopeError
@@ -25,6 +26,11 @@ from gradscope.workflows.families.lm import LM
 from gradscope.workflows.families.reverse_continuous import VECTORS
 from gradscope.workflows.families.tokens import TOKENS
 from gradscope.workflows.options import AccuracyOptions
+
+def as_given(value: Any) -> str:
+    """A value as a message shows it: a path as the text it was given as."""
+    return repr(str(value)) if isinstance(value, Path) else repr(value)
+
 
 EVALUATIONS: dict[type[Task], Evaluation] = {
     LanguageModel: LM,
@@ -61,7 +67,7 @@ def check_probe_options(loaded: Loaded, opts: Any) -> None:
     for option in sorted(set(readers) - mine):
         value = getattr(opts, option, defaults.get(option))
         if option in defaults and value != defaults[option]:
-            raise GradscopeError(f"{option}: got {value!r}, but {loaded.path} is a {loaded.config.task.name} "
+            raise GradscopeError(f"{option}: got {as_given(value)}, but {loaded.path} is a {loaded.config.task.name} "
                                  f"checkpoint; it applies to {', '.join(readers[option])} runs only (leave it out)")
 
 
@@ -74,5 +80,5 @@ def check_options(loaded: Loaded, opts: AccuracyOptions, evaluation: Evaluation)
         if field.name not in own or field.name in evaluation.options or value is False or value == field.default:
             continue
         where = [n for n, cls in TASKS.items() if field.name in evaluation_of(cls).options]
-        raise GradscopeError(f"{field.name}: got {value!r}, but {loaded.path} is a {loaded.config.task.name} "
+        raise GradscopeError(f"{field.name}: got {as_given(value)}, but {loaded.path} is a {loaded.config.task.name} "
                              f"checkpoint; it applies to {', '.join(where)} runs only (leave it out)")

@@ -49,3 +49,16 @@ def test_another_familys_probe_option_is_refused_naming_the_families_that_read_i
                          (lambda: gradscope.stability(run, length=8), "length")):
         with pytest.raises(gradscope.GradscopeError, match=rf"^{option}: got .* it applies to {readers} runs only"):
             call()
+
+
+def test_a_refused_path_option_is_shown_as_given(tmp_path: Path) -> None:
+    """A family's path option (a Path in every command's options) reads in the refusal as the text it was given as,
+    not as a PosixPath(...) repr."""
+    import pytest
+
+    import gradscope
+
+    run = ROOT / "sample_checkpoints" / "gru-none-s1"
+    for call in (lambda: gradscope.accuracy(run, corpus=tmp_path), lambda: gradscope.stability(run, corpus=str(tmp_path))):
+        with pytest.raises(gradscope.GradscopeError, match=rf"^corpus: got '{re.escape(str(tmp_path))}', but "):
+            call()
