@@ -152,6 +152,12 @@ def listed(names: tuple[str, ...] | list[str], last: str = "or") -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
+def leave_out(names: list[str], why: str) -> str:
+    """A refusal of the options ``names``, named first (a command prints them as its flags), then ``why``:
+    "a/b: why; leave them out"."""
+    return f"{'/'.join(names)}: {why}; leave {'them' if len(names) > 1 else 'it'} out"
+
+
 def named_choices() -> dict[str, str]:
     """The torch-free registries' placeholders for help texts: ``{scores}``, ``{parts}``, ``{estimators}``,
     ``{engines}``, ``{groups}``, ``{intervals}`` → "a, b or c" (:func:`gradscope.presets.with_choices` adds

@@ -149,10 +149,16 @@ def build_config(preset: str, options: dict[str, Any]) -> RunConfig:
     and beta2); the model's
     vocabulary and PE length are sized to the task. An error names the setting, as its field."""
     check(preset in PRESETS, f"preset: got {preset!r}; valid presets are {', '.join(PRESETS)}")
-    unknown = sorted(set(options) - set(settings()) - set(BETAS))  # a misspelt name was silently ignored
+    check_setting_names(options)
+    return _build(PRESETS[preset], options)
+
+
+def check_setting_names(options: dict[str, Any]) -> None:
+    """Refuse a name in ``options`` that is no setting of a run (:func:`settings`, beta1, beta2): a misspelt
+    name would be silently ignored."""
+    unknown = sorted(set(options) - set(settings()) - set(BETAS))
     check(not unknown, f"{unknown[0] if unknown else ''}: not a setting of a run; valid settings are "
                        f"{', '.join([*settings(), *BETAS])}")
-    return _build(PRESETS[preset], options)
 
 
 def _build(base: RunConfig, options: dict[str, Any]) -> RunConfig:

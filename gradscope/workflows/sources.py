@@ -25,7 +25,7 @@ from torch import nn
 
 from gradscope.errors import check
 from gradscope.files.checkpoint import Loaded
-from gradscope.fields import with_overrides
+from gradscope.fields import leave_out, with_overrides
 from gradscope.workflows.families.options import FAMILY_OPTIONS
 from gradscope.workflows.options import SourceOptions
 
@@ -160,4 +160,4 @@ def check_reads(source: Source, opts: Any, command: str) -> None:
     names, why = NOT_READ[command][source.kind]
     defaults = {f.name: f.default for f in dataclasses.fields(opts)}
     given = [n for n in names if getattr(opts, n) != defaults[n]]
-    check(not given, f"{'/'.join(given)}: {why}; leave {'them' if len(given) > 1 else 'it'} out")
+    check(not given, leave_out(given, why))

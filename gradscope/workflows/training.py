@@ -12,8 +12,8 @@ from typing import Any
 
 from gradscope.config import RunConfig
 from gradscope.errors import check
-from gradscope.fields import with_overrides
-from gradscope.presets import build_config, settings
+from gradscope.fields import leave_out, with_overrides
+from gradscope.presets import build_config, check_setting_names, settings
 from gradscope.train.extend import extension_config
 from gradscope.train.loop import StepCallback, is_run_dir, read_run_config, train
 from gradscope.workflows.options import TrainOptions
@@ -55,24 +55,17 @@ def default_run_dir(cfg: RunConfig, label: str, root: Path = RUNS) -> Path:
     return path
 
 
-def _leave_out(names: list[str], why: str) -> str:
-    """One line naming the options ``names`` first (the command prints them as its flags), then ``why``."""
-    return f"{'/'.join(names)}: {why}; leave {'them' if len(names) > 1 else 'it'} out"
-
-
 def extension_run_config(parent: Path, given: dict[str, Any], new_item_share: float | None) -> RunConfig:
     """The config of an extension of ``parent`` to ``given["vocab_size"]`` K' items: the parent's model (no model
     setting may be given), its task with the task settings given applied, and its training with the training
     settings given applied (the Adam betas stay the parent's)."""
+    check_setting_names(given)  # as a new run's (build_config)
     known = settings()
-    unknown = sorted(set(given) - set(known) - {"beta1", "beta2"})  # build_config refuses them for a new run
-    check(not unknown, f"{unknown[0] if unknown else ''}: not a setting of a run; valid settings are "
-                       f"{', '.join(known)}")
     fixed = sorted(k for k in given if k in known and known[k].section in ("model", "core"))
-    check(not fixed, _leave_out(fixed, "an extension keeps its parent's architecture"))
+    check(not fixed, leave_out(fixed, "an extension keeps its parent's architecture"))
     check("vocab_size" in given, "vocab_size: give the extended vocabulary size K' (larger than the checkpoint's)")
     betas = [k for k in ("beta1", "beta2") if k in given]
-    check(not betas, _leave_out(betas, "an extension keeps its parent's Adam betas"))
+    check(not betas, leave_out(betas, "an extension keeps its parent's Adam betas"))
     task = {known[k].field: v for k, v in given.items() if k in known and known[k].section == "task" and k != "vocab_size"}
     train_settings = {known[k].field: v for k, v in given.items() if k in known and known[k].section == "train"}
     return extension_config(parent, given["vocab_size"], new_item_share=new_item_share, train=train_settings, task=task)
@@ -97,11 +90,11 @@ def plan_training(out: str | Path | None, opts: TrainOptions, run_settings: dict
     if opts.resume is not None:
         extra = sorted([*named, *preset, *(k for k in ("extend_from", "new_item_share") if getattr(opts, k) is not None)])
         extra += ["out"] if out is not None else []
-        check(not extra, _leave_out(extra, "a resumed run keeps its own configuration and directory"))
+        check(not extra, leave_out(extra, "a resumed run keeps its own configuration and directory"))
         check(is_run_dir(opts.resume), f"resume: {opts.resume} is not a gradscope run directory (no config.json)")
         return TrainPlan(read_run_config(opts.resume), opts.resume, resume=True, stop_after=opts.stop_after)
     if opts.extend_from is not None:
-        check(not preset, _leave_out(preset, "an extension starts from its parent's configuration"))
+        check(not preset, leave_out(preset, "an extension starts from its parent's configuration"))
         cfg = extension_run_config(opts.extend_from, given, opts.new_item_share)
         return TrainPlan(cfg, out or default_run_dir(cfg, "extend"), extend_from=opts.extend_from,
                          stop_after=opts.stop_after)
